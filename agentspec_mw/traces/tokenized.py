@@ -1,0 +1,212 @@
+"""Tokenized traces, cached on disk by content hash.
+
+Tokenizing the shared traces naively takes ~15 minutes; the cache makes a second replay
+skip it. The key is ``sha256(trace file bytes)`` + a fingerprint of the tokenizer
+(vocabulary, merges, chat template) + :data:`RENDER_VERSION`. An entry is a folder with
+``calls.json`` (per-call metadata), ``tokens.bin`` (int32, prompt then output per call)
+and ``offsets.npy``; it is written to a temporary folder and renamed into place, so an
+interrupted run never leaves a half entry. Tokens are memory-mapped, not loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from agentspec_mw.errors import MissingDependencyError
+from agentspec_mw.traces.loader import LoadStats, iter_records
+from agentspec_mw.traces.render import RENDER_VERSION, render_prompt_text
+from agentspec_mw.traces.schema import TraceRecord
+
+__all__ = [
+    "CallMeta",
+    "TokenizedTrace",
+    "default_cache_dir",
+    "load_tokenizer",
+    "tokenize_trace",
+    "tokenizer_fingerprint",
+]
+
+_CHUNK = 128
+
+
+def default_cache_dir() -> Path:
+    """``$AGENTSPEC_CACHE`` or ``$XDG_CACHE_HOME/agentspec_mw`` (``~/.cache/agentspec_mw``)."""
+    env = os.environ.get("AGENTSPEC_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "agentspec_mw"
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """Load a Hugging Face tokenizer (offline paths work; no hub access is needed).
+
+    ``"default"`` is the embedded default model's tokenizer (see ``agentspec_mw.default_model``).
+    """
+    if name_or_path == "default":
+        from agentspec_mw.default_model import default_model_dir
+
+        name_or_path = str(default_model_dir())
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise MissingDependencyError(
+            "transformers", "tokenizing traces", "pip install 'agentspec-mw[tokenizers]'"
+        ) from None
+    return AutoTokenizer.from_pretrained(name_or_path)
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A stable hash of what decides token ids: vocabulary/merges, template, render version."""
+    h = hashlib.sha256(f"render-v{RENDER_VERSION}".encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        h.update(backend.to_str().encode())
+    else:
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    h.update(str(getattr(tokenizer, "chat_template", None)).encode())
+    return h.hexdigest()[:16]
+
+
+def _file_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class CallMeta:
+    """Per-call metadata kept with the tokens (everything but the text)."""
+
+    workload: str
+    run_id: str
+    call_index: int
+    agent: str
+    segment_hint: str
+    parent_group: str | None
+
+
+class TokenizedTrace:
+    """The calls of one trace file as token ids (memory-mapped)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        raw = json.loads((folder / "calls.json").read_text())
+        self.source = raw["source"]
+        self.calls = [CallMeta(*row) for row in raw["calls"]]
+        self.prompt_lens = np.asarray(raw["prompt_lens"], dtype=np.int64)
+        self.offsets = np.load(folder / "offsets.npy")
+        size = int(self.offsets[-1]) if len(self.offsets) else 0
+        self.tokens = (
+            np.memmap(folder / "tokens.bin", dtype=np.int32, mode="r", shape=(size,))
+            if size
+            else np.zeros(0, dtype=np.int32)
+        )
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def prompt(self, i: int) -> np.ndarray:
+        """Prompt token ids of call ``i`` (a read-only view)."""
+        start = int(self.offsets[i])
+        return self.tokens[start : start + int(self.prompt_lens[i])]
+
+    def output(self, i: int) -> np.ndarray:
+        """Output token ids of call ``i`` (a read-only view)."""
+        start = int(self.offsets[i]) + int(self.prompt_lens[i])
+        return self.tokens[start : int(self.offsets[i + 1])]
+
+
+def _encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+
+
+def _write_entry(
+    records: Iterator[TraceRecord], tokenizer: Any, out: Path, source: str, progress: bool
+) -> None:
+    calls: list[list[Any]] = []
+    prompt_lens: list[int] = []
+    offsets = [0]
+    with (
+        (out / "tokens.bin").open("wb") as fh,
+        tqdm(desc=f"tokenizing {Path(source).name}", unit=" calls", disable=not progress) as bar,
+    ):
+        chunk: list[TraceRecord] = []
+
+        def flush() -> None:
+            prompts = _encode(tokenizer, [render_prompt_text(r.prompt, tokenizer) for r in chunk])
+            outputs = _encode(tokenizer, [r.output for r in chunk])
+            for rec, p_ids, o_ids in zip(chunk, prompts, outputs, strict=True):
+                arr = np.asarray(p_ids + o_ids, dtype=np.int32)
+                fh.write(arr.tobytes())
+                offsets.append(offsets[-1] + len(arr))
+                prompt_lens.append(len(p_ids))
+                calls.append(
+                    [
+                        rec.workload,
+                        rec.run_id,
+                        rec.call_index,
+                        rec.agent,
+                        rec.segment_hint,
+                        rec.parent_group,
+                    ]
+                )
+            bar.update(len(chunk))
+            chunk.clear()
+
+        for rec in records:
+            chunk.append(rec)
+            if len(chunk) >= _CHUNK:
+                flush()
+        if chunk:
+            flush()
+    np.save(out / "offsets.npy", np.asarray(offsets, dtype=np.int64))
+    (out / "calls.json").write_text(
+        json.dumps({"source": source, "calls": calls, "prompt_lens": prompt_lens})
+    )
+
+
+def tokenize_trace(
+    path: str | Path,
+    tokenizer: Any,
+    *,
+    cache_dir: Path | None = None,
+    skip_malformed: bool = False,
+    stats: LoadStats | None = None,
+    progress: bool = True,
+) -> TokenizedTrace:
+    """Tokenize one trace file, or load it from the cache when its content was seen."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"trace file not found: {p}")
+    cache = cache_dir if cache_dir is not None else default_cache_dir()
+    key = f"{_file_hash(p)}-{tokenizer_fingerprint(tokenizer)}-{'s' if skip_malformed else 'x'}"
+    entry = cache / "tokens" / key
+    if (entry / "calls.json").is_file():
+        return TokenizedTrace(entry)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=entry.parent))
+    try:
+        recs = iter_records(p, skip_malformed=skip_malformed, stats=stats)
+        _write_entry(recs, tokenizer, tmp, str(p), progress)
+        try:
+            tmp.rename(entry)
+        except OSError:  # another process won the race: use its entry
+            if not (entry / "calls.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return TokenizedTrace(entry)

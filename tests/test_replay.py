@@ -1,0 +1,276 @@
+"""Replay arithmetic on hand-made cases, the peers on the sample, and the CLI end to end."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agentspec_mw.cli import main
+from agentspec_mw.costmodel import PRESETS, get_cost_model
+from agentspec_mw.peers.none import NoProposer
+from agentspec_mw.proposer import EMPTY_DRAFT, Draft, StepContext, TokenIds
+from agentspec_mw.registry import make_proposer
+from agentspec_mw.replay.run import ReplayConfig, build_calls, run_replay
+from agentspec_mw.replay.sim import ReplayCall, replay_workload
+from agentspec_mw.traces.tokenized import tokenize_trace
+
+COST = get_cost_model("llama8b-h100")
+
+
+class Oracle:
+    """Drafts exactly the recorded continuation (a perfect proposer)."""
+
+    name = "oracle"
+
+    def __init__(self, truth: dict[str, np.ndarray]) -> None:
+        self.truth = truth
+        self.pos: dict[str, int] = {}
+
+    def start(self, req_id: str, prompt_ids: TokenIds, tags: object = None) -> None:
+        self.pos[req_id] = 0
+
+    def extend(self, req_id: str, token_ids: TokenIds) -> None:
+        self.pos[req_id] += len(token_ids)
+
+    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        return [
+            Draft(tuple(self.truth[r][self.pos[r] : self.pos[r] + k].tolist())) for r in req_ids
+        ]
+
+    def stop(self, req_id: str) -> None:
+        del self.pos[req_id]
+
+
+class Wrong:
+    """Always drafts k tokens that are never right."""
+
+    name = "wrong"
+
+    def start(self, req_id: str, prompt_ids: TokenIds, tags: object = None) -> None: ...
+    def extend(self, req_id: str, token_ids: TokenIds) -> None: ...
+    def stop(self, req_id: str) -> None: ...
+
+    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        return [Draft((-1,) * k) for _ in req_ids]
+
+
+def _calls(lengths: list[int], runs: int = 1) -> list[ReplayCall]:
+    out = []
+    for i, n in enumerate(lengths):
+        out.append(
+            ReplayCall(
+                req_id=f"r{i}",
+                run_id=f"run{i % runs}",
+                prompt=np.arange(10, dtype=np.int32),
+                output=np.arange(100, 100 + n, dtype=np.int32),
+            )
+        )
+    return out
+
+
+def test_none_gives_exactly_one_token_per_step() -> None:
+    calls = _calls([1, 7, 30, 0], runs=2)
+    r = replay_workload(calls, NoProposer(), batch=2, k=8, cost_model=COST)
+    assert r.output_tokens == 38 and r.steps == 38 and r.mat == 1.0
+    assert r.drafted == 0 and r.rejection_rate == 0.0
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_perfect_proposer_gives_k_plus_one_until_the_tail(k: int) -> None:
+    n = 50
+    calls = _calls([n])
+    oracle = Oracle({"r0": calls[0].output})
+    r = replay_workload(calls, oracle, batch=1, k=k, cost_model=COST)
+    # prefill emits 1 token, then ceil((n - 1) / (k + 1)) verification steps
+    assert r.steps == 1 + -(-(n - 1) // (k + 1))
+    assert r.rejection_rate == 0.0
+    assert r.accepted == r.drafted
+
+
+def test_wrong_proposer_rejects_everything_and_costs_time() -> None:
+    calls = _calls([20, 20])
+    base = replay_workload(calls, NoProposer(), batch=2, k=4, cost_model=COST)
+    r = replay_workload(calls, Wrong(), batch=2, k=4, cost_model=COST)
+    assert r.steps == base.steps and r.rejection_rate == 1.0
+    assert r.sim_time_s > base.sim_time_s
+
+
+def test_runs_are_sequential_and_batch_counts_runs_in_flight() -> None:
+    seen: list[tuple[str, ...]] = []
+
+    class Spy(NoProposer):
+        def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+            seen.append(tuple(req_ids))
+            assert step.batch_size <= 2
+            return [EMPTY_DRAFT] * len(req_ids)
+
+    # calls r0, r2 belong to run0; r1, r3 to run1: never two of one run at once
+    replay_workload(_calls([3, 3, 3, 3], runs=2), Spy(), batch=4, k=2, cost_model=COST)
+    for ids in seen:
+        runs = [int(r[1:]) % 2 for r in ids]
+        assert len(runs) == len(set(runs))
+
+
+def test_overlong_draft_is_an_error() -> None:
+    class TooLong(Wrong):
+        def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+            return [Draft((1,) * (k + 1)) for _ in req_ids]
+
+    with pytest.raises(RuntimeError, match="> k="):
+        replay_workload(_calls([5]), TooLong(), batch=1, k=2, cost_model=COST)
+
+
+def test_cost_model_forms() -> None:
+    lin, roof = PRESETS["llama8b-h100"], PRESETS["llama8b-h100-roofline"]
+    assert lin.step_time(1, 0) == pytest.approx(5.886e-3 + 21e-6 + 1.207e-3)
+    assert lin.marginal_token_cost(10, 1000) == pytest.approx(21e-6)
+    # roofline: batched tokens are free below the ridge, then cost c_tok each
+    assert roof.marginal_token_cost(10, 0) == 0.0
+    assert roof.marginal_token_cost(1000, 0) == pytest.approx(21e-6)
+    with pytest.raises(ValueError, match="not a preset"):
+        get_cost_model("nope")
+
+
+@pytest.fixture(scope="module")
+def sample_calls(tiny_tokenizer, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from tests.conftest import SAMPLE
+
+    tr = tokenize_trace(
+        SAMPLE, tiny_tokenizer, cache_dir=tmp_path_factory.mktemp("c"), progress=False
+    )
+    return build_calls([tr])
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("name", ["ngram", "suffix"])
+def test_peers_draft_on_the_sample_and_respect_k(name: str, sample_calls) -> None:  # type: ignore[no-untyped-def]
+    for k in (1, 4):
+        r = replay_workload(
+            sample_calls["sample_tool_agent"], make_proposer(name), batch=1, k=k, cost_model=COST
+        )
+        assert r.drafted > 0 and r.accepted > 0
+        assert r.mat > 1.0
+        assert r.drafted <= k * r.steps
+
+
+@pytest.mark.peers
+def test_stateless_ngram_counts_do_not_depend_on_batch(sample_calls) -> None:  # type: ignore[no-untyped-def]
+    calls = sample_calls["sample_tool_agent"] + sample_calls["sample_react"]
+    counts = {
+        b: (lambda r: (r.steps, r.drafted, r.accepted))(
+            replay_workload(calls, make_proposer("ngram"), batch=b, k=4, cost_model=COST)
+        )
+        for b in (1, 2, 8)
+    }
+    assert len(set(counts.values())) == 1
+
+
+@pytest.mark.peers
+def test_same_inputs_same_numbers(sample_calls) -> None:  # type: ignore[no-untyped-def]
+    cfg = ReplayConfig(
+        traces=["x"], tokenizer="t", proposers=["none", "suffix"], batch=[1, 4], k=[4]
+    )
+    a = run_replay(cfg, sample_calls, progress=False)
+    b = run_replay(cfg, sample_calls, progress=False)
+    assert [r.model_dump(exclude={"propose_us_p50", "propose_us_p99"}) for r in a] == [
+        r.model_dump(exclude={"propose_us_p50", "propose_us_p99"}) for r in b
+    ]
+    assert {r.workload for r in a} == {"sample_tool_agent", "sample_react", "ALL"}
+
+
+@pytest.mark.peers
+def test_cli_end_to_end(
+    sample_path: Path, tiny_tokenizer_dir: Path, tmp_path: Path, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "out.json"
+    rc = main(
+        [
+            "replay",
+            "--traces",
+            str(sample_path),
+            "--tokenizer",
+            str(tiny_tokenizer_dir),
+            "--proposers",
+            "none,ngram,suffix",
+            "--batch",
+            "1,4",
+            "--k",
+            "4",
+            "--json",
+            str(out),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-progress",
+            "--set",
+            "suffix.min_token_prob=0.1",
+        ]
+    )
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "suffix" in printed and "speedup" in printed
+    report = json.loads(out.read_text())
+    assert report["version"] == 1 and report["config"]["k"] == [4]
+    keys = {
+        "proposer",
+        "workload",
+        "batch",
+        "k",
+        "calls",
+        "output_tokens",
+        "steps",
+        "mat",
+        "rejection_rate",
+        "drafted_per_step",
+        "propose_us_p50",
+        "propose_us_p99",
+        "speedup",
+    }
+    assert all(keys == set(r) for r in report["results"])
+    rows = {(r["proposer"], r["workload"], r["batch"]): r for r in report["results"]}
+    assert rows[("none", "ALL", 1)]["mat"] == 1.0 and rows[("none", "ALL", 4)]["speedup"] == 1.0
+    assert rows[("suffix", "ALL", 1)]["mat"] > 1.0
+    png = out.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_reports_bad_input_cleanly(
+    sample_path: Path, tiny_tokenizer_dir: Path, tmp_path: Path, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(sample_path.read_text().splitlines()[0] + "\n{oops\n")
+    rc = main(
+        [
+            "replay",
+            "--traces",
+            str(bad),
+            "--tokenizer",
+            str(tiny_tokenizer_dir),
+            "--proposers",
+            "none",
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--no-progress",
+        ]
+    )
+    assert rc == 2
+    assert f"{bad}:2: malformed trace record" in capsys.readouterr().err
+    rc = main(
+        [
+            "replay",
+            "--traces",
+            str(sample_path),
+            "--tokenizer",
+            str(tiny_tokenizer_dir),
+            "--proposers",
+            "none,nosuch",
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--no-progress",
+        ]
+    )
+    assert rc == 2
+    assert "nosuch" in capsys.readouterr().err

@@ -1,0 +1,111 @@
+"""Trace schema, streaming loaders, rendering and the token cache."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import lzma
+from pathlib import Path
+
+import pytest
+
+from agentspec_mw.errors import TraceFormatError
+from agentspec_mw.traces import LoadStats, iter_records
+from agentspec_mw.traces.render import fallback_render, render_prompt_text
+from agentspec_mw.traces.schema import Message
+from agentspec_mw.traces.tokenized import tokenize_trace
+
+
+def test_loads_sample_in_file_order(sample_path: Path) -> None:
+    recs = list(iter_records(sample_path))
+    assert len(recs) == 18
+    assert [r.call_index for r in recs[:4]] == [0, 1, 2, 3]
+    assert recs[0].workload == "sample_tool_agent"
+    assert isinstance(recs[-1].prompt, str)
+
+
+@pytest.mark.parametrize("suffix,opener", [(".jsonl.xz", lzma.open), (".jsonl.gz", gzip.open)])
+def test_compressed_files_stream(sample_path: Path, tmp_path: Path, suffix: str, opener) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / f"sample{suffix}"
+    with opener(out, "wt", encoding="utf-8") as fh:
+        fh.write(sample_path.read_text())
+    assert [r.output for r in iter_records(out)] == [r.output for r in iter_records(sample_path)]
+
+
+def _write(tmp_path: Path, lines: list[str]) -> Path:
+    p = tmp_path / "bad.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_malformed_record_names_file_and_line(sample_path: Path, tmp_path: Path) -> None:
+    good = sample_path.read_text().splitlines()
+    bad = json.loads(good[1])
+    del bad["output"]
+    p = _write(tmp_path, [good[0], json.dumps(bad), "{not json", good[2]])
+    with pytest.raises(TraceFormatError) as err:
+        list(iter_records(p))
+    assert err.value.line == 2 and str(p) in str(err.value) and "output" in str(err.value)
+
+
+def test_skip_malformed_counts(sample_path: Path, tmp_path: Path) -> None:
+    good = sample_path.read_text().splitlines()
+    p = _write(tmp_path, [good[0], "{not json", "[1, 2]", good[2], '{"workload": "x"}'])
+    stats = LoadStats()
+    recs = list(iter_records(p, skip_malformed=True, stats=stats))
+    assert len(recs) == 2 and stats.records == 2 and stats.skipped == 3
+    assert any(":2:" in e and "invalid JSON" in e for e in stats.errors)
+
+
+def test_negative_call_index_rejected(sample_path: Path, tmp_path: Path) -> None:
+    rec = json.loads(sample_path.read_text().splitlines()[0])
+    rec["call_index"] = -1
+    with pytest.raises(TraceFormatError, match="call_index"):
+        list(iter_records(_write(tmp_path, [json.dumps(rec)])))
+
+
+def test_unknown_extension_and_missing_file(tmp_path: Path) -> None:
+    (tmp_path / "x.csv").write_text("a")
+    with pytest.raises(ValueError, match="unknown trace file type"):
+        list(iter_records(tmp_path / "x.csv"))
+    with pytest.raises(FileNotFoundError):
+        list(iter_records(tmp_path / "nope.jsonl"))
+
+
+def test_tool_calls_fold_into_content_when_template_ignores_them(tiny_tokenizer) -> None:  # type: ignore[no-untyped-def]
+    msgs = [
+        Message(role="user", content="hi"),
+        Message.model_validate(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"function": {"name": "f", "arguments": '{"a":1}'}}],
+            }
+        ),
+        Message(role="tool", content="ok"),
+    ]
+    text = render_prompt_text(msgs, tiny_tokenizer)
+    assert '{"name": "f", "arguments": {"a":1}}' in text
+    assert text.endswith("<|im_start|>assistant\n")
+    fb = fallback_render([m.model_dump(exclude_none=True) for m in msgs])
+    assert fb.startswith("<|user|>\nhi\n") and '{"name": "f"' in fb
+    assert render_prompt_text("plain prompt", tiny_tokenizer) == "plain prompt"
+
+
+def test_token_cache_skips_tokenization(sample_path: Path, tiny_tokenizer, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    first = tokenize_trace(sample_path, tiny_tokenizer, cache_dir=tmp_path, progress=False)
+    assert len(first) == 18
+    assert tiny_tokenizer.decode(first.output(0)) == next(iter_records(sample_path)).output
+
+    class Exploding:
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            if name in ("backend_tokenizer", "chat_template"):
+                return getattr(tiny_tokenizer, name)
+            raise AssertionError(f"tokenizer.{name} used on a cache hit")
+
+        def __call__(self, *a, **k):  # type: ignore[no-untyped-def]
+            raise AssertionError("tokenized again on a cache hit")
+
+    second = tokenize_trace(sample_path, Exploding(), cache_dir=tmp_path, progress=False)
+    assert second.folder == first.folder
+    assert (second.output(3) == first.output(3)).all()

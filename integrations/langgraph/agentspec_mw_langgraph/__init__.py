@@ -1,1 +1,45 @@
-"""AgentSpec-MW for LangGraph (see docs/architecture.md)."""
+"""AgentSpec-MW for LangGraph: ``with_agentspec(graph)``, the callback adapter, the
+redundancy graph, tag-forwarding chat models and trace recording (docs/langgraph.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentspec_mw_langgraph.config import AgentSpecConfig
+from agentspec_mw_langgraph.context import current_tags, current_wire_tags
+from agentspec_mw_langgraph.handler import AdapterStats, AgentSpecCallbackHandler
+from agentspec_mw_langgraph.recorder import TraceRecorder
+from agentspec_mw_langgraph.redundancy import CallNode, Edge, Group, RedundancyGraph
+from agentspec_mw_langgraph.wrap import get_handler, with_agentspec
+
+__all__ = [
+    "AdapterStats",
+    "AgentSpecCallbackHandler",
+    "AgentSpecConfig",
+    "CallNode",
+    "ChatAgentSpecVLLM",
+    "Edge",
+    "Group",
+    "RedundancyGraph",
+    "TraceRecorder",
+    "agentspec_http_clients",
+    "current_tags",
+    "current_wire_tags",
+    "get_handler",
+    "with_agentspec",
+]
+
+_LAZY = {
+    "ChatAgentSpecVLLM": "agentspec_mw_langgraph.engine_chat",
+    "agentspec_http_clients": "agentspec_mw_langgraph.openai",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the chat-model layers on first use (they pull optional dependencies)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentspec_mw_langgraph' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

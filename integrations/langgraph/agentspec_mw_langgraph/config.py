@@ -1,0 +1,47 @@
+"""Configuration of the LangGraph adapter (one validated object)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agentspec_mw.tags import MAX_DELIM_CHARS, Segment
+
+__all__ = ["AgentSpecConfig"]
+
+
+class AgentSpecConfig(BaseModel):
+    """How :func:`~agentspec_mw_langgraph.with_agentspec` tags a graph's LLM calls."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tags_scope: str = Field(default="default", min_length=1, max_length=256)
+    """Isolation scope put on every tag (tenant key): history never crosses scopes."""
+    tags_blocks: tuple[tuple[str, str], ...] | None = None
+    """Block delimiters for every call; ``None`` derives them per call (see docs/langgraph.md)."""
+    tags_segment_by_node: dict[str, Segment] = Field(default_factory=dict)
+    """Node name -> segment: overrides the predicted segment for that node's calls."""
+    tags_query_from_thread: bool = True
+    """Use the run's ``thread_id`` as query id when it has one (else the root run id)."""
+    adapter_raise_errors: bool = False
+    """Re-raise adapter failures (tests); by default a failure means no tags + a warning."""
+    graph_history: int = Field(default=64, ge=0)
+    """How many finished queries' redundancy graphs the handler keeps for inspection."""
+    trace_path: Path | None = None
+    """Append every LLM call to this JSONL file (the ``TraceRecord`` schema); ``None``: off."""
+    trace_workload: str = Field(default="langgraph", min_length=1)
+    """The ``workload`` field of recorded traces."""
+
+    @field_validator("tags_blocks")
+    @classmethod
+    def _check_blocks(
+        cls, v: tuple[tuple[str, str], ...] | None
+    ) -> tuple[tuple[str, str], ...] | None:
+        for start, end in v or ():
+            if not start or not end or len(start) > MAX_DELIM_CHARS or len(end) > MAX_DELIM_CHARS:
+                raise ValueError(
+                    f"tags_blocks entry {(start, end)!r} must be two non-empty strings of "
+                    f"at most {MAX_DELIM_CHARS} chars"
+                )
+        return v

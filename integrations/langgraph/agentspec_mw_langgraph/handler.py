@@ -1,0 +1,613 @@
+"""The inline callback adapter: tags every LLM call of a graph run and builds its
+redundancy graph.
+
+One :class:`AgentSpecCallbackHandler` serves any number of concurrent runs. Its state is
+keyed by root run (the outermost run it sees) and guarded by one lock; the work per event
+is a few dict operations, so it never blocks the event loop. A root's state is released
+when the root run ends (or errors, e.g. on an interrupt); the redundancy graph of a query
+outlives it (the last ``graph_history`` finished queries are kept for inspection).
+
+Events seen twice (the same handler passed again at call time) are ignored by run id.
+Any failure inside the adapter means "no tags" for that call, a logged warning and
+``stats.adapter_errors += 1`` -- unless ``raise_error`` is set (tests), then it raises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import BaseMessage
+from langchain_core.outputs import LLMResult
+
+from agentspec_mw.tags import MAX_ID_CHARS, Segment, StructureTags
+from agentspec_mw.traces.schema import Message, TraceRecord
+from agentspec_mw_langgraph import derive
+from agentspec_mw_langgraph.config import AgentSpecConfig
+from agentspec_mw_langgraph.context import set_current_tags
+from agentspec_mw_langgraph.messages import (
+    is_tool_result,
+    output_text,
+    to_openai_messages,
+    trailing_tool_call_ids,
+)
+from agentspec_mw_langgraph.recorder import TraceRecorder
+from agentspec_mw_langgraph.redundancy import CallNode, RedundancyGraph
+
+__all__ = ["AdapterStats", "AgentSpecCallbackHandler"]
+
+_log = logging.getLogger(__name__)
+_TRACE_SOURCE = "agentspec-mw-langgraph"
+
+
+@dataclass
+class AdapterStats:
+    """Counters of one handler (read :attr:`AgentSpecCallbackHandler.stats`)."""
+
+    llm_calls: int = 0
+    """LLM calls seen."""
+    tagged_calls: int = 0
+    """LLM calls that got tags."""
+    adapter_errors: int = 0
+    """Adapter failures (each meant no tags for a call or a lost graph update)."""
+    duplicate_events: int = 0
+    """Events ignored because their run id was already seen."""
+    traces_recorded: int = 0
+    """Trace records queued for writing."""
+
+
+@dataclass
+class _Run:
+    root: UUID
+    parent: UUID | None
+    node: str | None  # set for node runs (name == metadata["langgraph_node"])
+    step: int | None
+    namespace: str
+    push_index: int | None
+
+
+@dataclass
+class _Root:
+    query_id: str
+    run_ids: set[UUID] = field(default_factory=set)
+    ordinals: dict[UUID | None, int] = field(default_factory=dict)  # node run -> next ordinal
+    attempts: dict[tuple[str, int], str] = field(default_factory=dict)  # (ns, ordinal) -> call
+
+
+@dataclass
+class _Query:
+    graph: RedundancyGraph
+    active_roots: int = 0
+    next_call_index: int = 0
+    last_by_instance: dict[str, str] = field(default_factory=dict)
+    after_tool: dict[str, Segment] = field(default_factory=dict)  # agent -> actual segment
+    observations: dict[str, str] = field(default_factory=dict)  # tool_call_id -> call id
+
+
+@dataclass
+class _Live:
+    root: UUID
+    node_run: UUID | None
+    call: CallNode
+    query_id: str
+    tags: StructureTags
+    call_index: int
+    after_tool: bool
+    prompt: list[dict[str, Any]] | str
+    model: str
+
+
+def _bounded(text: str) -> str:
+    """Keep an id within the tag limit (long ids keep a prefix and get a hash suffix)."""
+    if len(text) <= MAX_ID_CHARS:
+        return text
+    digest = hashlib.sha1(text.encode()).hexdigest()[:16]
+    return f"{text[: MAX_ID_CHARS - 17]}~{digest}"
+
+
+def _push_index(path: Any) -> int | None:
+    if isinstance(path, tuple | list) and len(path) >= 2 and path[0] == "__pregel_push":
+        return path[1] if isinstance(path[1], int) else None
+    return None
+
+
+class AgentSpecCallbackHandler(BaseCallbackHandler):
+    """Derives structure tags for every LLM call and publishes them (see the module doc).
+
+    The tags of the call in progress are set in a ContextVar
+    (:func:`~agentspec_mw_langgraph.context.current_tags`) for the request layer, and are
+    also available by run id (:meth:`tags_for_call`).
+    """
+
+    run_inline = True
+
+    def __init__(self, config: AgentSpecConfig | None = None, *, engine: Any = None) -> None:
+        super().__init__()
+        self.config = config or AgentSpecConfig()
+        self.raise_error = self.config.adapter_raise_errors
+        self.engine = engine
+        """The engine or chat model given to ``with_agentspec`` (kept for the user)."""
+        self.recorder = TraceRecorder(self.config.trace_path) if self.config.trace_path else None
+        self._stats = AdapterStats()
+        self._lock = threading.Lock()
+        self._runs: dict[UUID, _Run] = {}
+        self._roots: dict[UUID, _Root] = {}
+        self._live: dict[UUID, _Live] = {}
+        self._queries: dict[str, _Query] = {}
+        self._finished: OrderedDict[str, _Query] = OrderedDict()
+
+    # ------------------------------------------------------------------ public
+    @property
+    def stats(self) -> AdapterStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            return replace(self._stats)
+
+    def graph(self, query_id: str) -> RedundancyGraph:
+        """A copy of the redundancy graph of ``query_id`` (live or recently finished)."""
+        with self._lock:
+            query = self._queries.get(query_id) or self._finished.get(query_id)
+            if query is None:
+                raise KeyError(f"no redundancy graph for query {query_id!r}")
+            return query.graph.copy()
+
+    def graphs(self) -> dict[str, RedundancyGraph]:
+        """Copies of every graph held (live queries first, then finished ones)."""
+        with self._lock:
+            both = {**self._queries, **self._finished}
+            return {qid: q.graph.copy() for qid, q in both.items()}
+
+    def tags_for_call(self, run_id: UUID) -> StructureTags | None:
+        """The tags of a live LLM call by its run id."""
+        with self._lock:
+            live = self._live.get(run_id)
+            return None if live is None else live.tags
+
+    def live_state(self) -> dict[str, int]:
+        """Sizes of the per-run state (all zero when no run is in flight)."""
+        with self._lock:
+            return {"runs": len(self._runs), "roots": len(self._roots), "calls": len(self._live)}
+
+    def close(self) -> None:
+        """Flush and close the trace recorder, if any."""
+        if self.recorder is not None:
+            self.recorder.close()
+
+    # ------------------------------------------------------------ error policy
+    def _failed(self, where: str, exc: BaseException) -> None:
+        if self.raise_error:
+            raise exc
+        with self._lock:
+            self._stats.adapter_errors += 1
+        _log.warning(
+            "agentspec: %s failed (%s: %s); continuing without tags", where, type(exc).__name__, exc
+        )
+
+    # ------------------------------------------------------------------ runs
+    def _register(
+        self, run_id: UUID, parent_run_id: UUID | None, name: str | None, md: Mapping[str, Any]
+    ) -> _Run | None:
+        """Record a run; ``None`` if it was already seen. Caller holds the lock."""
+        if run_id in self._runs:
+            self._stats.duplicate_events += 1
+            return None
+        parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
+        if parent is None:
+            root = run_id
+            thread = md.get("thread_id")
+            query_id = derive.query_id_for(str(run_id), thread, self.config.tags_query_from_thread)
+            self._roots[root] = _Root(query_id=_bounded(query_id))
+            self._open_query(self._roots[root].query_id)
+        else:
+            root = parent.root
+        node = md.get("langgraph_node")
+        is_node = node is not None and name == node
+        run = _Run(
+            root=root,
+            parent=parent_run_id if parent is not None else None,
+            node=str(node) if is_node else None,
+            step=md.get("langgraph_step") if is_node else None,
+            namespace=str(md.get("langgraph_checkpoint_ns", "")) if is_node else "",
+            push_index=_push_index(md.get("langgraph_path")) if is_node else None,
+        )
+        self._runs[run_id] = run
+        self._roots[root].run_ids.add(run_id)
+        return run
+
+    def _open_query(self, query_id: str) -> None:
+        query = self._queries.get(query_id) or self._finished.pop(query_id, None)
+        if query is None:
+            query = _Query(graph=RedundancyGraph(query_id))
+        query.active_roots += 1
+        self._queries[query_id] = query
+
+    def _release(self, run_id: UUID) -> None:
+        """Drop a root's state when the root run ends. Caller holds the lock."""
+        root = self._roots.pop(run_id, None)
+        if root is None:
+            return
+        for rid in root.run_ids:
+            self._runs.pop(rid, None)
+            self._live.pop(rid, None)
+        query = self._queries.get(root.query_id)
+        if query is None:
+            return
+        query.active_roots -= 1
+        if query.active_roots <= 0:
+            del self._queries[root.query_id]
+            self._finished[root.query_id] = query
+            while len(self._finished) > self.config.graph_history:
+                self._finished.popitem(last=False)
+
+    def on_chain_start(
+        self,
+        serialized: dict[str, Any] | None,
+        inputs: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        try:
+            with self._lock:
+                self._register(run_id, parent_run_id, kwargs.get("name"), metadata or {})
+        except Exception as exc:  # noqa: BLE001 - the error policy
+            self._failed("on_chain_start", exc)
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        try:
+            with self._lock:
+                self._release(run_id)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_chain_end", exc)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        try:
+            with self._lock:
+                self._release(run_id)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_chain_error", exc)
+
+    # ------------------------------------------------------------- LLM calls
+    def on_chat_model_start(
+        self,
+        serialized: dict[str, Any] | None,
+        messages: list[list[BaseMessage]],
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        prompt = list(messages[0]) if messages else []
+        self._start_llm(serialized, prompt, run_id, parent_run_id, metadata or {}, kwargs)
+
+    def on_llm_start(
+        self,
+        serialized: dict[str, Any] | None,
+        prompts: list[str],
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        prompt = prompts[0] if prompts else ""
+        self._start_llm(serialized, prompt, run_id, parent_run_id, metadata or {}, kwargs)
+
+    def _start_llm(
+        self,
+        serialized: dict[str, Any] | None,
+        prompt: Sequence[BaseMessage] | str,
+        run_id: UUID,
+        parent_run_id: UUID | None,
+        md: Mapping[str, Any],
+        kwargs: Mapping[str, Any],
+    ) -> None:
+        with self._lock:
+            duplicate = run_id in self._live or run_id in self._runs
+        if duplicate:  # the same handler registered twice: the first event did the work
+            with self._lock:
+                self._stats.duplicate_events += 1
+            return
+        set_current_tags(None)
+        try:
+            tags = self._tag_call(serialized, prompt, run_id, parent_run_id, md, kwargs)
+        except Exception as exc:  # noqa: BLE001 - the error policy: no tags for this call
+            with self._lock:
+                self._stats.llm_calls += 1
+            self._failed("tagging an LLM call", exc)
+            return
+        set_current_tags(tags)
+
+    def _tag_call(
+        self,
+        serialized: dict[str, Any] | None,
+        prompt: Sequence[BaseMessage] | str,
+        run_id: UUID,
+        parent_run_id: UUID | None,
+        md: Mapping[str, Any],
+        kwargs: Mapping[str, Any],
+    ) -> StructureTags:
+        params: Mapping[str, Any] = kwargs.get("invocation_params") or {}
+        ids = (serialized or {}).get("id") or []
+        model_name = str(kwargs.get("name") or (ids[-1] if ids else "") or "llm")
+        is_messages = not isinstance(prompt, str)
+        last = prompt[-1] if is_messages and prompt else None
+        after_tool = is_tool_result(last) if isinstance(last, BaseMessage) else False
+        wire_prompt: list[dict[str, Any]] | str = (
+            to_openai_messages(prompt) if not isinstance(prompt, str) else prompt
+        )
+        trailing = trailing_tool_call_ids(prompt) if not isinstance(prompt, str) else []
+        with self._lock:
+            self._stats.llm_calls += 1
+            run = self._register(run_id, parent_run_id, None, {})
+            assert run is not None  # duplicates were filtered by the caller
+            root = self._roots[run.root]
+            query = self._queries[root.query_id]
+            # the step template: node runs from the outermost graph to this call
+            levels: list[_Run] = []
+            cursor = run.parent
+            while cursor is not None and cursor in self._runs:
+                parent = self._runs[cursor]
+                if parent.node is not None:
+                    levels.append(parent)
+                cursor = parent.parent
+            levels.reverse()
+            inner = levels[-1] if levels else None
+            node_run = None
+            if inner is not None:
+                cursor = run.parent
+                while cursor is not None and self._runs[cursor] is not inner:
+                    cursor = self._runs[cursor].parent
+                node_run = cursor
+            node = inner.node if inner else None
+            namespace = inner.namespace if inner else ""
+            agent_id = _bounded(derive.agent_from_namespace(namespace, node, model_name))
+            template = tuple((lv.node or "", lv.step) for lv in levels)
+            ordinal = root.ordinals.get(node_run, 0)
+            root.ordinals[node_run] = ordinal + 1
+            segment = derive.predict_segment(
+                node=node,
+                tools_bound=bool(params.get("tools")),
+                tool_choice=params.get("tool_choice"),
+                last_is_tool_result=after_tool,
+                previous_after_tool=query.after_tool.get(agent_id),
+                overrides=self.config.tags_segment_by_node,
+            )
+            call = CallNode(
+                call_id=str(run_id),
+                kind="llm",
+                agent_id=agent_id,
+                node=node,
+                step=inner.step if inner else None,
+                template=template,
+                namespace=namespace,
+                ordinal=ordinal,
+                segment=segment,
+                name=model_name,
+                send_index=inner.push_index if inner else None,
+            )
+            graph = query.graph
+            graph.add_call(call)
+            qid = root.query_id
+            tmpl = "/".join(f"{n}@{s}" for n, s in template)
+            # relations: retry > fanout > repeat on the tags; all of them in the graph
+            group: tuple[str, Any] | None = None
+            attempt_key = (namespace, ordinal)
+            previous_attempt = root.attempts.get(attempt_key) if inner else None
+            if previous_attempt is not None:
+                gid = _bounded(f"{qid}|retry|{namespace}#{ordinal}")
+                graph.join(gid, "retry", previous_attempt)
+                graph.join(gid, "retry", call.call_id)
+                graph.link(previous_attempt, call.call_id, "retry")
+                group = (gid, "retry")
+            if inner is not None:
+                root.attempts[attempt_key] = call.call_id
+            if any(lv.push_index is not None for lv in levels):
+                gid = _bounded(f"{qid}|fanout|{tmpl}#{ordinal}")
+                graph.join(gid, "fanout", call.call_id)
+                group = group or (gid, "fanout")
+            if inner is not None:
+                parent_tmpl = "/".join(f"{n}@{s}" for n, s in template[:-1])
+                graph.join(
+                    _bounded(f"{qid}|superstep|{parent_tmpl}|{inner.step}"),
+                    "superstep",
+                    call.call_id,
+                )
+            instance = (
+                "/".join(
+                    lv.node + ("" if lv.push_index is None else f"[{lv.push_index}]")
+                    for lv in levels
+                    if lv.node
+                )
+                or agent_id
+            )
+            previous = query.last_by_instance.get(instance)
+            if previous is not None and previous_attempt is None:
+                gid = _bounded(f"{qid}|repeat|{instance}")
+                graph.join(gid, "repeat", previous)
+                graph.join(gid, "repeat", call.call_id)
+                graph.link(previous, call.call_id, "repeat")
+                group = group or (gid, "repeat")
+            query.last_by_instance[instance] = call.call_id
+            for tool_call_id in trailing:
+                obs = query.observations.get(tool_call_id)
+                if obs is not None:
+                    graph.link(obs, call.call_id, "observation")
+            if group is not None:
+                call.group_id, call.group_kind = group[0], group[1]
+            tags = StructureTags(
+                scope=self.config.tags_scope,
+                agent_id=agent_id,
+                query_id=qid,
+                segment=segment,
+                blocks=derive.blocks_for(params, self.config.tags_blocks),
+                group_id=call.group_id,
+                group_kind=call.group_kind,
+            )
+            self._live[run_id] = _Live(
+                root=run.root,
+                node_run=node_run,
+                call=call,
+                query_id=qid,
+                tags=tags,
+                call_index=query.next_call_index,
+                after_tool=after_tool,
+                prompt=wire_prompt,
+                model=str(params.get("model") or params.get("model_name") or model_name),
+            )
+            query.next_call_index += 1
+            self._stats.tagged_calls += 1
+            return tags
+
+    def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
+        try:
+            self._end_llm(run_id, response, None)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_llm_end", exc)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        try:
+            self._end_llm(run_id, None, error)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_llm_error", exc)
+
+    def _end_llm(
+        self, run_id: UUID, response: LLMResult | None, error: BaseException | None
+    ) -> None:
+        with self._lock:
+            live = self._live.pop(run_id, None)
+            if live is None:
+                return
+            set_current_tags(None)
+            call = live.call
+            root = self._roots.get(live.root)
+            query = self._queries.get(live.query_id)
+            if error is not None or response is None:
+                call.status = "error"
+                if root is not None:  # a failed attempt does not take an ordinal
+                    root.ordinals[live.node_run] = max(0, root.ordinals.get(live.node_run, 1) - 1)
+                record = None
+            else:
+                call.status = "ok"
+                gen = response.generations[0][0] if response.generations else None
+                message = getattr(gen, "message", None)
+                calls = bool(getattr(message, "tool_calls", None))
+                call.actual_segment = derive.actual_segment(call.segment, calls)
+                if live.after_tool and query is not None:
+                    query.after_tool[call.agent_id] = call.actual_segment
+                text = output_text(message) if message is not None else (gen.text if gen else "")
+                record = self._trace_record(live, text) if self.recorder else None
+            if live.root == run_id:  # a call outside any graph run is its own root
+                self._release(run_id)
+        if record is not None and self.recorder is not None:
+            self.recorder.record(record)
+            with self._lock:
+                self._stats.traces_recorded += 1
+
+    def _trace_record(self, live: _Live, output: str) -> TraceRecord:
+        call = live.call
+        prompt: list[Message] | str = (
+            live.prompt
+            if isinstance(live.prompt, str)
+            else [Message.model_validate(m) for m in live.prompt]
+        )
+        return TraceRecord(
+            workload=self.config.trace_workload,
+            source=_TRACE_SOURCE,
+            run_id=live.query_id,
+            call_index=live.call_index,
+            agent=call.agent_id,
+            segment_hint=call.segment or "other",
+            parent_group=call.group_id,
+            prompt=prompt,
+            output=output,
+            meta={
+                "step": call.step,
+                "node": call.node,
+                "namespace": call.namespace,
+                "template": [list(t) for t in call.template],
+                "group_kind": call.group_kind,
+                "actual_segment": call.actual_segment,
+                "model": live.model,
+                "call_id": call.call_id,
+            },
+        )
+
+    # ----------------------------------------------------------------- tools
+    def on_tool_start(
+        self,
+        serialized: dict[str, Any] | None,
+        input_str: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        try:
+            with self._lock:
+                run = self._register(run_id, parent_run_id, None, {})
+                if run is None or run.root == run_id:
+                    if run is not None:  # a tool outside any graph run: not tracked
+                        self._release(run_id)
+                    return
+                md = metadata or {}
+                namespace = str(md.get("langgraph_checkpoint_ns", ""))
+                node = md.get("langgraph_node")
+                query = self._queries[self._roots[run.root].query_id]
+                query.graph.add_call(
+                    CallNode(
+                        call_id=str(run_id),
+                        kind="tool",
+                        agent_id=derive.agent_from_namespace(namespace, node, "tool"),
+                        node=node,
+                        step=md.get("langgraph_step"),
+                        template=(),
+                        namespace=namespace,
+                        ordinal=0,
+                        segment="observation",
+                        name=kwargs.get("name") or (serialized or {}).get("name"),
+                    )
+                )
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_tool_start", exc)
+
+    def _end_tool(self, run_id: UUID, output: Any, status: str) -> None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None or run.root not in self._roots:
+                return
+            query = self._queries.get(self._roots[run.root].query_id)
+            call = query.graph.calls.get(str(run_id)) if query else None
+            if query is None or call is None or call.status != "running":
+                return
+            call.status = "ok" if status == "ok" else "error"
+            tool_call_id = getattr(output, "tool_call_id", None)
+            if tool_call_id:
+                query.observations[str(tool_call_id)] = call.call_id
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        try:
+            self._end_tool(run_id, output, "ok")
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_tool_end", exc)
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        try:
+            self._end_tool(run_id, None, "error")
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_tool_error", exc)

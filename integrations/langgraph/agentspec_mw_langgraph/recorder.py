@@ -1,0 +1,88 @@
+"""Trace recording: every LLM call as one JSONL line in the ``TraceRecord`` schema.
+
+Records are queued and written by one background thread, so the callback that produces
+them (which may run on the event loop) never waits for the disk. :meth:`close` (also run
+at interpreter exit) drains the queue. The file is appended to, so several runs can share
+it; ``agentspec replay --traces FILE`` reads it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import queue
+import threading
+from pathlib import Path
+
+from agentspec_mw.traces.schema import TraceRecord
+
+__all__ = ["TraceRecorder"]
+
+_log = logging.getLogger(__name__)
+_STOP = object()
+
+
+class TraceRecorder:
+    """Append :class:`TraceRecord` lines to ``path`` from a writer thread."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.written = 0
+        """Records written so far."""
+        self.failed = 0
+        """Records that could not be written (logged)."""
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def record(self, rec: TraceRecord) -> None:
+        """Queue one record (never blocks on I/O)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"trace recorder for {self.path} is closed")
+            if self._thread is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="agentspec-trace-writer", daemon=True
+                )
+                self._thread.start()
+                atexit.register(self.close)
+        self._queue.put(rec.model_dump_json(exclude_none=False) + "\n")
+
+    def flush(self) -> None:
+        """Block until every record queued so far is on disk."""
+        done = threading.Event()
+        with self._lock:
+            if self._thread is None:
+                return
+        self._queue.put(done)
+        done.wait()
+
+    def close(self) -> None:
+        """Drain the queue and stop the writer thread (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(_STOP)
+            thread.join()
+
+    def _run(self) -> None:
+        with self.path.open("a", encoding="utf-8") as fh:
+            while True:
+                item = self._queue.get()
+                if item is _STOP:
+                    return
+                if isinstance(item, threading.Event):
+                    fh.flush()
+                    item.set()
+                    continue
+                try:
+                    fh.write(str(item))
+                    self.written += 1
+                except OSError as exc:
+                    self.failed += 1
+                    _log.warning("agentspec: could not write a trace record: %s", exc)

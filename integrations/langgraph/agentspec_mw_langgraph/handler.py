@@ -322,11 +322,14 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                 self._stats.duplicate_events += 1
             return
         set_current_tags(None)
+        with self._lock:
+            self._stats.llm_calls += 1
         try:
             tags = self._tag_call(serialized, prompt, run_id, parent_run_id, md, kwargs)
         except Exception as exc:  # noqa: BLE001 - the error policy: no tags for this call
             with self._lock:
-                self._stats.llm_calls += 1
+                if run_id in self._roots:  # a call outside a graph: nothing will end it
+                    self._release(run_id)
             self._failed("tagging an LLM call", exc)
             return
         set_current_tags(tags)
@@ -351,7 +354,6 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         )
         trailing = trailing_tool_call_ids(prompt) if not isinstance(prompt, str) else []
         with self._lock:
-            self._stats.llm_calls += 1
             run = self._register(run_id, parent_run_id, None, {})
             assert run is not None  # duplicates were filtered by the caller
             root = self._roots[run.root]
@@ -419,13 +421,9 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                 gid = _bounded(f"{qid}|fanout|{tmpl}#{ordinal}")
                 graph.join(gid, "fanout", call.call_id)
                 group = group or (gid, "fanout")
-            if inner is not None:
-                parent_tmpl = "/".join(f"{n}@{s}" for n, s in template[:-1])
-                graph.join(
-                    _bounded(f"{qid}|superstep|{parent_tmpl}|{inner.step}"),
-                    "superstep",
-                    call.call_id,
-                )
+            if inner is not None:  # same superstep at every graph level: parallel agents
+                steps = "/".join(str(s) for _, s in template)
+                graph.join(_bounded(f"{qid}|superstep|{steps}"), "superstep", call.call_id)
             instance = (
                 "/".join(
                     lv.node + ("" if lv.push_index is None else f"[{lv.push_index}]")

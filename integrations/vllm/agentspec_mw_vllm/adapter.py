@@ -1,0 +1,99 @@
+"""The vLLM ``custom_class`` drafter that runs any core proposer inside the engine loop.
+
+Use::
+
+    speculative_config={"method": "custom_class",
+                        "model": "agentspec_mw_vllm.adapter.AgentSpecDrafter",
+                        "num_speculative_tokens": k}
+
+(:func:`agentspec_mw_vllm.engine.build_llm` and ``agentspec serve`` do this). vLLM builds
+it as ``AgentSpecDrafter(vllm_config)`` in the engine-core process; which proposer it
+drives comes from :class:`~agentspec_mw_vllm.config.DrafterConfig` (``additional_config``
+or ``AGENTSPEC_*`` environment variables). The proposer gets a
+:class:`~agentspec_mw.proposer.ProposerEnv` built once: the model tokenizer's token-id →
+bytes table, the configured cost-model preset and ``max_k = k``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from agentspec_mw.costmodel import get_cost_model
+from agentspec_mw.proposer import Proposer, ProposerEnv
+from agentspec_mw.registry import make_proposer
+from agentspec_mw.tokens import token_bytes_table
+from agentspec_mw_vllm.config import DrafterConfig
+from agentspec_mw_vllm.context import BatchContext
+from agentspec_mw_vllm.plugin import ensure_installed
+from agentspec_mw_vllm.session import DraftSession
+
+__all__ = ["AgentSpecDrafter"]
+
+logger = logging.getLogger("agentspec_mw_vllm.adapter")
+
+
+def _token_bytes(model_config: Any) -> list[bytes]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_config.tokenizer,
+        revision=getattr(model_config, "tokenizer_revision", None),
+        trust_remote_code=bool(getattr(model_config, "trust_remote_code", False)),
+    )
+    return token_bytes_table(tokenizer)
+
+
+class AgentSpecDrafter:
+    """vLLM's ``custom_class`` drafter: the plugin's batch context + a core proposer.
+
+    Raises at construction (so the engine does not start) when the installed vLLM is not
+    the supported one, or the configured proposer cannot be built.
+    """
+
+    def __init__(self, vllm_config: Any, proposer: Proposer | None = None) -> None:
+        ensure_installed()
+        spec = vllm_config.speculative_config
+        self.k = int(spec.num_speculative_tokens)
+        self.config = DrafterConfig.from_sources(
+            getattr(vllm_config, "additional_config", None) or {}
+        )
+        if proposer is None:
+            env = ProposerEnv(
+                token_bytes=_token_bytes(vllm_config.model_config),
+                cost_model=get_cost_model(self.config.cost_model),
+                max_k=self.k,
+            )
+            proposer = make_proposer(self.config.proposer, env, **self.config.options)
+        self.proposer = proposer
+        self.session = DraftSession(
+            proposer, self.k, max_model_len=int(vllm_config.model_config.max_model_len)
+        )
+        self._batch: BatchContext | None = None
+        logger.info(
+            "agentspec drafter: proposer %r (%s), k=%d, cost model %s",
+            self.config.proposer,
+            type(proposer).__qualname__,
+            self.k,
+            self.config.cost_model,
+        )
+
+    def set_batch_context(self, ctx: BatchContext | None) -> None:
+        """Called by the plugin's wrapper around every draft call (``None`` after it)."""
+        self._batch = ctx
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """No draft model to load (vLLM's CPU runner always calls this)."""
+
+    def propose(
+        self,
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        slot_mappings: Any = None,
+    ) -> list[list[int]]:
+        """vLLM's ``custom_class`` call: one draft (at most ``k`` ids) per batch row."""
+        return self.session.step(self._batch, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)

@@ -1,0 +1,80 @@
+"""Which proposer the adapter drives, and how: one validated config object.
+
+Read, in this order of precedence, from
+
+1. ``vllm_config.additional_config["agentspec"]`` — a dict with the fields below
+   (``LLM(additional_config=...)``, ``--additional-config '{"agentspec": {...}}'`` on the
+   server; :func:`agentspec_mw_vllm.engine.build_llm` and ``agentspec serve`` fill it in);
+2. the environment: ``AGENTSPEC_PROPOSER``, ``AGENTSPEC_PROPOSER_OPTIONS`` (JSON object),
+   ``AGENTSPEC_COST_MODEL``;
+3. the defaults below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agentspec_mw.costmodel import PRESETS
+from agentspec_mw.registry import resolve_proposer_class
+
+__all__ = ["ADDITIONAL_CONFIG_KEY", "DrafterConfig"]
+
+#: The key of our section in vLLM's ``additional_config``.
+ADDITIONAL_CONFIG_KEY = "agentspec"
+
+
+class DrafterConfig(BaseModel):
+    """What the vLLM adapter drives."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    proposer: str = Field(default="agentspec", min_length=1)
+    """A builtin proposer name (none, ngram, suffix, agentspec) or a dotted class path."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword options for the proposer's constructor."""
+    cost_model: str = "llama8b-h100"
+    """The :mod:`agentspec_mw.costmodel` preset handed to the proposer for its budget."""
+
+    @field_validator("cost_model")
+    @classmethod
+    def _known_cost_model(cls, v: str) -> str:
+        if v not in PRESETS:
+            raise ValueError(f"cost_model={v!r} is not a preset; choose one of {sorted(PRESETS)}")
+        return v
+
+    def check_proposer(self) -> None:
+        """Raise :class:`~agentspec_mw.errors.ProposerLoadError` if the class can't load."""
+        resolve_proposer_class(self.proposer)
+
+    @classmethod
+    def from_sources(
+        cls, additional_config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
+    ) -> DrafterConfig:
+        """Merge ``additional_config["agentspec"]`` over the environment over the defaults."""
+        env = os.environ if environ is None else environ
+        merged: dict[str, Any] = {}
+        if env.get("AGENTSPEC_PROPOSER"):
+            merged["proposer"] = env["AGENTSPEC_PROPOSER"]
+        if env.get("AGENTSPEC_PROPOSER_OPTIONS"):
+            try:
+                merged["options"] = json.loads(env["AGENTSPEC_PROPOSER_OPTIONS"])
+            except json.JSONDecodeError as exc:
+                raise ValueError(
+                    f"AGENTSPEC_PROPOSER_OPTIONS is not a JSON object: {exc}"
+                ) from None
+        if env.get("AGENTSPEC_COST_MODEL"):
+            merged["cost_model"] = env["AGENTSPEC_COST_MODEL"]
+        section = (additional_config or {}).get(ADDITIONAL_CONFIG_KEY)
+        if section is not None:
+            if not isinstance(section, Mapping):
+                raise ValueError(
+                    f"additional_config[{ADDITIONAL_CONFIG_KEY!r}] must be a dict, "
+                    f"got {type(section).__name__}"
+                )
+            merged.update(section)
+        return cls(**merged)

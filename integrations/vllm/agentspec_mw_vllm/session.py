@@ -1,0 +1,259 @@
+"""Drive a core :class:`~agentspec_mw.proposer.Proposer` from vLLM's draft calls (no vLLM import).
+
+:class:`DraftSession` turns each draft call (rows of token buffers plus the plugin's
+:class:`~agentspec_mw_vllm.context.BatchContext`) into the proposer's lifecycle:
+
+* a request id seen for the first time (or again after it left the batch, e.g. after
+  preemption) is ``start``-ed with its prompt and its decoded wire tags, then ``extend``-ed
+  with every output token it already has;
+* each step, a request is ``extend``-ed with the tokens vLLM accepted since the last call
+  (read from ``token_ids_cpu`` up to ``num_tokens_no_spec``, so nothing is lost or doubled);
+* requests no longer in the batch are ``stop``-ped before anything new starts;
+* ``propose`` gets the rows that want drafts, and every row is cut to
+  ``min(k, max_model_len - num_tokens - 1)`` tokens (more than ``k`` crashes vLLM).
+
+Error policy: wire tags that fail to decode make that request tag-free (a warning and
+``tag_rejections``); a proposer exception is caught, logged once per kind (verb and
+exception type), counted in ``faults``, and costs only drafts: a failing ``propose`` gives
+the whole step no drafts; a failing ``start``/``extend`` gives that request no drafts for
+the rest of its life. The engine never sees the exception.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from agentspec_mw.errors import TagError
+from agentspec_mw.proposer import Proposer, StepContext
+from agentspec_mw.tags import StructureTags, tags_from_wire
+from agentspec_mw_vllm.context import BatchContext
+from agentspec_mw_vllm.metrics import DrafterMetrics, get_metrics
+
+__all__ = ["DraftSession", "decode_tags"]
+
+logger = logging.getLogger("agentspec_mw_vllm.session")
+_MAX_TAG_WARNINGS = 20
+
+
+@dataclass(slots=True)
+class _Request:
+    """What the session keeps per live request."""
+
+    fed: int
+    """Tokens of prompt + output the proposer has seen."""
+    agent: str
+    """Metrics label of the request's agent."""
+    segment: str | None
+    broken: bool = False
+    """A start/extend raised: no drafts for this request any more."""
+
+
+def _rejection_reason(exc: TagError) -> str:
+    text = str(exc)
+    if "version" in text:
+        return "version"
+    if "chars on the wire" in text:
+        return "oversized"
+    return "invalid"
+
+
+def decode_tags(
+    extra: Mapping[str, Any] | None, metrics: DrafterMetrics, req_id: str = "?"
+) -> StructureTags | None:
+    """Decode a request's wire tags; on :class:`TagError` warn, count and return ``None``."""
+    try:
+        return tags_from_wire(extra)
+    except TagError as exc:
+        reason = _rejection_reason(exc)
+        metrics.record_tag_rejection(reason)
+        if sum(metrics.snapshot().tag_rejections.values()) <= _MAX_TAG_WARNINGS:
+            logger.warning("request %s runs tag-free: %s", req_id, exc)
+        return None
+
+
+class DraftSession:
+    """Per-request bookkeeping between vLLM's rows and one proposer (see module doc)."""
+
+    def __init__(
+        self,
+        proposer: Proposer,
+        k: int,
+        *,
+        max_model_len: int | None = None,
+        metrics: DrafterMetrics | None = None,
+    ) -> None:
+        if k < 1:
+            raise ValueError(f"k={k} must be >= 1")
+        self.proposer = proposer
+        self.k = k
+        self.max_model_len = max_model_len
+        self.metrics = metrics or get_metrics()
+        self._reqs: dict[str, _Request] = {}
+        self._logged: set[str] = set()
+        self._step = 0
+        block_of = getattr(proposer, "block_of", None)
+        self._block_of: Callable[[str], str | None] | None = (
+            block_of if callable(block_of) else None
+        )
+
+    @property
+    def live_requests(self) -> frozenset[str]:
+        """Request ids the proposer currently holds state for."""
+        return frozenset(self._reqs)
+
+    def _fault(self, verb: str, exc: BaseException) -> None:
+        kind = f"{verb}:{type(exc).__name__}"
+        self.metrics.record_fault(kind)
+        if kind not in self._logged:
+            self._logged.add(kind)
+            logger.error(
+                "proposer %r raised in %s (no drafts; logged once per kind, counted in "
+                "agentspec_proposer_faults_total{kind=%r}): %r",
+                getattr(self.proposer, "name", type(self.proposer).__name__),
+                verb,
+                kind,
+                exc,
+                exc_info=exc,
+            )
+
+    def _stop(self, req_id: str) -> None:
+        self._reqs.pop(req_id, None)
+        try:
+            self.proposer.stop(req_id)
+        except Exception as exc:
+            self._fault("stop", exc)
+
+    def _admit(self, req_id: str, extra: Mapping[str, Any] | None, prompt: np.ndarray) -> _Request:
+        tags = decode_tags(extra, self.metrics, req_id)
+        state = _Request(
+            fed=len(prompt),
+            agent=self.metrics.agent_label(tags.agent_id if tags else None),
+            segment=tags.segment if tags else None,
+        )
+        self._reqs[req_id] = state
+        try:
+            self.proposer.start(req_id, prompt, tags)
+        except Exception as exc:
+            state.broken = True
+            self._fault("start", exc)
+        return state
+
+    def _block(self, req_id: str, state: _Request) -> str:
+        if self._block_of is not None:
+            try:
+                block = self._block_of(req_id)
+            except Exception as exc:
+                self._fault("block_of", exc)
+                block = None
+            if block:
+                return block
+        return state.segment or "none"
+
+    def close(self) -> None:
+        """Stop every live request."""
+        for rid in list(self._reqs):
+            self._stop(rid)
+
+    def step(
+        self,
+        ctx: BatchContext | None,
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+    ) -> list[list[int]]:
+        """One vLLM draft call: returns one draft (at most ``k`` ids) per row."""
+        t0 = time.perf_counter()
+        n = len(sampled_token_ids)
+        out: list[list[int]] = [[] for _ in range(n)]
+        offered = 0
+        try:
+            if ctx is None:
+                raise RuntimeError(
+                    "no batch context: the agentspec vLLM plugin did not wrap this runner"
+                )
+            if len(ctx.req_ids) < n:
+                raise RuntimeError(f"batch context has {len(ctx.req_ids)} rows, call has {n}")
+            present = set(ctx.req_ids[:n])
+            for rid in [r for r in self._reqs if r not in present]:
+                self._stop(rid)
+            max_len = self.max_model_len or ctx.max_model_len
+            ask_ids: list[str] = []
+            ask_rows: list[int] = []
+            caps: list[int] = []
+            lens: list[int] = []
+            for i in range(n):
+                sampled = sampled_token_ids[i]
+                if not sampled:  # a partial prefill, or a discarded row
+                    continue
+                rid = ctx.req_ids[i]
+                num_tokens = int(num_tokens_no_spec[i])
+                state = self._reqs.get(rid)
+                if state is None:
+                    prompt = np.array(token_ids_cpu[i, : ctx.num_prompt_tokens[i]], dtype=np.int32)
+                    state = self._admit(rid, ctx.extra_args[i], prompt)
+                else:
+                    drafted = len(ctx.scheduled_spec_decode_tokens.get(rid, ()))
+                    if drafted:
+                        accepted = min(drafted, max(0, len(sampled) - 1))
+                        self.metrics.record_verified(
+                            state.agent, self._block(rid, state), drafted, accepted
+                        )
+                if state.broken:
+                    continue
+                if num_tokens > state.fed:
+                    new = np.array(token_ids_cpu[i, state.fed : num_tokens], dtype=np.int32)
+                    try:
+                        self.proposer.extend(rid, new)
+                    except Exception as exc:
+                        state.broken = True
+                        self._fault("extend", exc)
+                        continue
+                    state.fed = num_tokens
+                cap = min(self.k, max_len - num_tokens - 1)
+                if cap <= 0:
+                    continue
+                ask_ids.append(rid)
+                ask_rows.append(i)
+                caps.append(cap)
+                lens.append(num_tokens)
+            if ask_ids:
+                offered = sum(caps)
+                self._step += 1
+                context = StepContext(
+                    batch_size=len(ask_ids),
+                    num_kv_tokens=sum(lens),
+                    max_num_batched_tokens=ctx.max_num_batched_tokens,
+                    step_index=self._step,
+                    context_lens=tuple(lens),
+                )
+                out = self._propose(ask_ids, ask_rows, caps, context, out)
+        except Exception as exc:
+            self._fault("adapter", exc)
+            out = [[] for _ in range(n)]
+        self.metrics.record_step(offered, sum(map(len, out)), time.perf_counter() - t0)
+        return out
+
+    def _propose(
+        self,
+        ask_ids: list[str],
+        ask_rows: list[int],
+        caps: list[int],
+        context: StepContext,
+        out: list[list[int]],
+    ) -> list[list[int]]:
+        try:
+            drafts = self.proposer.propose(ask_ids, self.k, context)
+            if len(drafts) != len(ask_ids):
+                raise ValueError(f"propose returned {len(drafts)} drafts for {len(ask_ids)} rows")
+            for row, cap, draft in zip(ask_rows, caps, drafts, strict=True):
+                out[row] = [int(t) for t in draft.token_ids[:cap]]
+        except Exception as exc:
+            self._fault("propose", exc)
+            return [[] for _ in out]
+        return out

@@ -1,0 +1,109 @@
+"""Proposers for the adapter tests: a recording probe, a scripted drafter, a thrower.
+
+They are importable by dotted path (``tests.vllm.fakes.ProbeProposer``) so the real engine
+can load them through the adapter too.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from agentspec_mw.proposer import Draft, StepContext, TokenIds
+from agentspec_mw.tags import StructureTags
+
+#: What every ProbeProposer in this process saw (the engine builds its own instance).
+PROBE_LOG: list[tuple[str, Any]] = []
+_LOCK = threading.Lock()
+
+
+class ProbeProposer:
+    """Records every verb call; drafts by n-gram-free *echo*: repeats the last token.
+
+    With ``inner`` (a builtin proposer name) it drafts with that proposer instead, so the
+    real engine verifies real drafts. If any request in a ``propose`` batch carries the tag
+    ``agent_id == "explode"`` it raises, to test fault isolation.
+    """
+
+    name = "probe"
+
+    def __init__(self, env: Any = None, inner: str | None = None, draft_len: int = 3) -> None:
+        self.draft_len = draft_len
+        self.tags: dict[str, StructureTags | None] = {}
+        self.tokens: dict[str, list[int]] = {}
+        self.inner: Any = None
+        if inner is not None:
+            from agentspec_mw.registry import make_proposer
+
+            self.inner = make_proposer(inner, env)
+
+    def _log(self, event: str, payload: Any) -> None:
+        with _LOCK:
+            PROBE_LOG.append((event, payload))
+
+    def start(self, req_id: str, prompt_ids: TokenIds, tags: StructureTags | None = None) -> None:
+        self.tags[req_id] = tags
+        self.tokens[req_id] = [int(t) for t in prompt_ids]
+        self._log("start", (req_id, tags, len(prompt_ids)))
+        if self.inner is not None:
+            self.inner.start(req_id, prompt_ids, tags)
+
+    def extend(self, req_id: str, token_ids: TokenIds) -> None:
+        self.tokens[req_id].extend(int(t) for t in token_ids)
+        self._log("extend", (req_id, [int(t) for t in token_ids]))
+        if self.inner is not None:
+            self.inner.extend(req_id, token_ids)
+
+    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        self._log("propose", (list(req_ids), k, step))
+        for rid in req_ids:
+            tags = self.tags.get(rid)
+            if tags is not None and tags.agent_id == "explode":
+                raise RuntimeError("probe: injected fault")
+        if self.inner is not None:
+            drafts: list[Draft] = self.inner.propose(req_ids, k, step)
+            return drafts
+        return [Draft((self.tokens[rid][-1],) * self.draft_len) for rid in req_ids]
+
+    def stop(self, req_id: str) -> None:
+        self._log("stop", req_id)
+        self.tags.pop(req_id, None)
+        self.tokens.pop(req_id, None)
+        if self.inner is not None:
+            self.inner.stop(req_id)
+
+
+class GreedyLongProposer(ProbeProposer):
+    """Always proposes far more than ``k`` tokens (the adapter must cut them)."""
+
+    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        return [Draft(tuple(range(1, 4 * k + 1))) for _ in req_ids]
+
+
+class ExplodingProposer(ProbeProposer):
+    """Raises in the verb named by ``fail_in`` (start, extend, propose, stop)."""
+
+    def __init__(self, env: Any = None, fail_in: str = "propose") -> None:
+        super().__init__(env)
+        self.fail_in = fail_in
+
+    def start(self, req_id: str, prompt_ids: TokenIds, tags: StructureTags | None = None) -> None:
+        if self.fail_in == "start":
+            raise KeyError("boom-start")
+        super().start(req_id, prompt_ids, tags)
+
+    def extend(self, req_id: str, token_ids: TokenIds) -> None:
+        if self.fail_in == "extend":
+            raise ValueError("boom-extend")
+        super().extend(req_id, token_ids)
+
+    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        if self.fail_in == "propose":
+            raise RuntimeError("boom-propose")
+        return super().propose(req_ids, k, step)
+
+    def stop(self, req_id: str) -> None:
+        if self.fail_in == "stop":
+            raise RuntimeError("boom-stop")
+        super().stop(req_id)

@@ -22,6 +22,7 @@ __all__ = [
     "Group",
     "RedundancyGraph",
     "TraceRecorder",
+    "agentspec_chat_openai",
     "agentspec_http_clients",
     "current_tags",
     "current_wire_tags",
@@ -31,6 +32,7 @@ __all__ = [
 
 _LAZY = {
     "ChatAgentSpecVLLM": "agentspec_mw_langgraph.engine_chat",
+    "agentspec_chat_openai": "agentspec_mw_langgraph.openai",
     "agentspec_http_clients": "agentspec_mw_langgraph.openai",
 }
 

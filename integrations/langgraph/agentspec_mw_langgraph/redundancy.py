@@ -6,8 +6,8 @@ Relations are of two shapes:
 * **groups** (hyperedges) — ``fanout``: the calls at the same position (same step
   template and call ordinal) of the siblings of a ``Send`` fan-out, including calls inside
   subgraphs those siblings run; ``superstep``: the LLM calls that run in the same superstep at
-  every graph level (parallel agents, also across sibling subgraphs); ``repeat``: the calls of one agent across loop steps;
-  ``retry``: attempts of one task call after an error.
+  every graph level (parallel agents, also across sibling subgraphs); ``repeat``: the
+  calls of one agent across loop steps; ``retry``: attempts of one task call after an error.
 * **edges** (directed) — ``repeat`` (previous call of the same agent instance -> this
   call), ``retry`` (failed attempt -> new attempt) and ``observation`` (tool run -> the LLM
   call whose prompt ends with its result).

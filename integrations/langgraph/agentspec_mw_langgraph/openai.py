@@ -1,0 +1,191 @@
+"""Remote vLLM server: put the current call's tags into OpenAI-API requests as ``vllm_xargs``.
+
+The inline handler sets the tags of each LLM call in a ContextVar just before the call;
+the httpx transports here read it when the OpenAI client sends the request, and merge
+the flat wire tags into the JSON body's ``vllm_xargs`` (keys the caller already put there
+win). vLLM hands ``vllm_xargs`` to the proposer as the request's ``extra_args``. Node code
+does not change -- only how the ``ChatOpenAI`` model is constructed::
+
+    from agentspec_mw_langgraph.openai import agentspec_chat_openai
+    llm = agentspec_chat_openai(model="Qwen/Qwen2.5-7B-Instruct", base_url=URL, api_key="x")
+
+or, for an existing constructor call, ``http_client``/``http_async_client`` from
+:func:`agentspec_http_clients`. Only ``POST .../completions`` and ``.../chat/completions``
+requests with a JSON object body are touched; anything else, or a call without tags,
+passes through unchanged. A failure to rewrite a request sends it as it was (a warning
+and ``InjectionStats.errors += 1``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx
+
+from agentspec_mw.errors import MissingDependencyError
+from agentspec_mw_langgraph.context import current_wire_tags
+
+__all__ = [
+    "AgentSpecAsyncTransport",
+    "AgentSpecTransport",
+    "InjectionStats",
+    "agentspec_chat_openai",
+    "agentspec_http_clients",
+    "inject_tags",
+]
+
+_log = logging.getLogger(__name__)
+_PATHS = ("/chat/completions", "/completions")
+
+
+@dataclass
+class InjectionStats:
+    """Counters of one transport."""
+
+    injected: int = 0
+    """Requests that got tags."""
+    untagged: int = 0
+    """Completion requests sent while no call was tagged."""
+    errors: int = 0
+    """Requests that could not be rewritten (sent unchanged)."""
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stats = InjectionStats()
+
+    def add(self, field: str) -> None:
+        with self._lock:
+            setattr(self._stats, field, getattr(self._stats, field) + 1)
+
+    def snapshot(self) -> InjectionStats:
+        with self._lock:
+            return replace(self._stats)
+
+
+def inject_tags(request: httpx.Request) -> httpx.Request | None:
+    """A copy of ``request`` with the current tags in ``vllm_xargs``; ``None`` if not tagged.
+
+    Raises:
+        ValueError: the body is not a JSON object.
+    """
+    wire = current_wire_tags()
+    if wire is None:
+        return None
+    body = json.loads(request.read())
+    if not isinstance(body, dict):
+        raise ValueError("request body is not a JSON object")
+    xargs = body.get("vllm_xargs")
+    body["vllm_xargs"] = {**wire, **(xargs if isinstance(xargs, dict) else {})}
+    content = json.dumps(body).encode()
+    headers = request.headers.copy()
+    headers["content-length"] = str(len(content))
+    return httpx.Request(
+        request.method,
+        request.url,
+        headers=headers,
+        content=content,
+        extensions=request.extensions,
+    )
+
+
+def _is_completion(request: httpx.Request) -> bool:
+    return request.method == "POST" and request.url.path.endswith(_PATHS)
+
+
+def _rewrite(request: httpx.Request, counter: _Counter) -> httpx.Request:
+    if not _is_completion(request):
+        return request
+    try:
+        tagged = inject_tags(request)
+    except Exception as exc:  # noqa: BLE001 - never break the user's request
+        counter.add("errors")
+        _log.warning("agentspec: could not add tags to %s: %s", request.url, exc)
+        return request
+    counter.add("untagged" if tagged is None else "injected")
+    return request if tagged is None else tagged
+
+
+class AgentSpecTransport(httpx.BaseTransport):
+    """A sync httpx transport that adds the current tags to completion requests."""
+
+    def __init__(self, inner: httpx.BaseTransport | None = None) -> None:
+        self._inner = inner if inner is not None else httpx.HTTPTransport()
+        self._counter = _Counter()
+
+    @property
+    def stats(self) -> InjectionStats:
+        """A snapshot of the counters."""
+        return self._counter.snapshot()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self._inner.handle_request(_rewrite(request, self._counter))
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class AgentSpecAsyncTransport(httpx.AsyncBaseTransport):
+    """The async twin of :class:`AgentSpecTransport`."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport | None = None) -> None:
+        self._inner = inner if inner is not None else httpx.AsyncHTTPTransport()
+        self._counter = _Counter()
+
+    @property
+    def stats(self) -> InjectionStats:
+        """A snapshot of the counters."""
+        return self._counter.snapshot()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._inner.handle_async_request(_rewrite(request, self._counter))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def agentspec_http_clients(
+    *,
+    transport: httpx.BaseTransport | None = None,
+    async_transport: httpx.AsyncBaseTransport | None = None,
+    **client_kwargs: Any,
+) -> tuple[httpx.Client, httpx.AsyncClient]:
+    """A sync and an async httpx client whose transports add the tags.
+
+    ``transport``/``async_transport`` are the inner transports (default: plain HTTP);
+    ``client_kwargs`` (timeouts, limits...) go to both clients.
+    """
+    return (
+        httpx.Client(transport=AgentSpecTransport(transport), **client_kwargs),
+        httpx.AsyncClient(transport=AgentSpecAsyncTransport(async_transport), **client_kwargs),
+    )
+
+
+def agentspec_chat_openai(
+    *,
+    transport: httpx.BaseTransport | None = None,
+    async_transport: httpx.AsyncBaseTransport | None = None,
+    **chat_openai_kwargs: Any,
+) -> Any:
+    """``ChatOpenAI(**chat_openai_kwargs)`` whose requests carry the current tags.
+
+    Raises:
+        MissingDependencyError: ``langchain-openai`` is not installed.
+    """
+    try:
+        from langchain_openai import ChatOpenAI
+    except ImportError:
+        raise MissingDependencyError(
+            "langchain-openai",
+            "tags on a remote vLLM server",
+            "pip install 'agentspec-mw-langgraph[openai]'",
+        ) from None
+    sync_client, async_client = agentspec_http_clients(
+        transport=transport, async_transport=async_transport
+    )
+    return ChatOpenAI(http_client=sync_client, http_async_client=async_client, **chat_openai_kwargs)

@@ -1,0 +1,68 @@
+"""DrafterConfig sources and the engine factory's argument routing (no engine started)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentspec_mw.errors import ProposerLoadError
+from agentspec_mw_vllm.config import DrafterConfig
+from agentspec_mw_vllm.engine import ADAPTER_PATH, engine_kwargs
+
+
+def test_additional_config_wins_over_environment() -> None:
+    env = {
+        "AGENTSPEC_PROPOSER": "ngram",
+        "AGENTSPEC_PROPOSER_OPTIONS": '{"prompt_lookup_min": 2}',
+        "AGENTSPEC_COST_MODEL": "llama8b-h200",
+    }
+    cfg = DrafterConfig.from_sources({}, env)
+    assert (cfg.proposer, cfg.options, cfg.cost_model) == (
+        "ngram",
+        {"prompt_lookup_min": 2},
+        "llama8b-h200",
+    )
+    cfg = DrafterConfig.from_sources({"agentspec": {"proposer": "suffix"}}, env)
+    assert cfg.proposer == "suffix" and cfg.cost_model == "llama8b-h200"
+    assert DrafterConfig.from_sources(None, {}).proposer == "agentspec"
+
+
+def test_bad_config_is_reported() -> None:
+    with pytest.raises(ValueError, match="cost_model='x'"):
+        DrafterConfig(cost_model="x")
+    with pytest.raises(ValueError, match="AGENTSPEC_PROPOSER_OPTIONS"):
+        DrafterConfig.from_sources({}, {"AGENTSPEC_PROPOSER_OPTIONS": "{"})
+    with pytest.raises(ValueError, match="must be a dict"):
+        DrafterConfig.from_sources({"agentspec": "ngram"}, {})
+
+
+def test_engine_kwargs_route_methods() -> None:
+    assert "speculative_config" not in engine_kwargs("m", speculative=None)
+    for method in ("ngram", "suffix"):
+        kw = engine_kwargs("m", speculative=method, k=4)
+        assert kw["speculative_config"] == {"method": method, "num_speculative_tokens": 4}
+        assert "additional_config" not in kw
+    kw = engine_kwargs(
+        "m",
+        speculative="tests.vllm.fakes.ProbeProposer",
+        k=3,
+        proposer_options={"draft_len": 2},
+        additional_config={"other": 1},
+        enforce_eager=True,
+    )
+    assert kw["speculative_config"] == {
+        "method": "custom_class",
+        "model": ADAPTER_PATH,
+        "num_speculative_tokens": 3,
+    }
+    assert kw["additional_config"]["other"] == 1
+    assert kw["additional_config"]["agentspec"]["options"] == {"draft_len": 2}
+    assert kw["enforce_eager"] is True and kw["model"] == "m"
+
+
+def test_engine_kwargs_fail_early() -> None:
+    with pytest.raises(ProposerLoadError):
+        engine_kwargs("m", speculative="no.such.Proposer")
+    with pytest.raises(ValueError, match="k=0"):
+        engine_kwargs("m", k=0)
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine_kwargs("m", k=8, max_model_len=16)

@@ -1,0 +1,131 @@
+"""The vLLM contract the plugin relies on: breaks when vLLM changes the call it wraps."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from agentspec_mw_vllm import plugin
+from agentspec_mw_vllm.plugin import (
+    SUPPORTED_VLLM,
+    WRAPPED_PARAMS,
+    VLLMVersionError,
+    build_batch_context,
+)
+
+
+def _squash(src: str) -> str:
+    return re.sub(r"\s+", "", src)
+
+
+def test_vllm_version_is_the_supported_one() -> None:
+    import vllm
+
+    assert str(vllm.__version__).startswith(SUPPORTED_VLLM + ".")
+
+
+def test_wrapped_method_keeps_its_signature_and_custom_class_call() -> None:
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    plugin.register()
+    assert plugin.is_installed()
+    target = inspect.unwrap(GPUModelRunner.propose_draft_token_ids)
+    assert tuple(inspect.signature(target).parameters) == WRAPPED_PARAMS
+    # The CPU runner inherits the (wrapped) method rather than overriding it.
+    assert "propose_draft_token_ids" not in vars(CPUModelRunner)
+    src = _squash(inspect.getsource(target))
+    assert (
+        _squash(
+            """elif spec_config.method == "custom_class":
+            assert isinstance(sampled_token_ids, list)
+            draft_token_ids = cast(Any, self.drafter).propose(
+                sampled_token_ids,
+                self.input_batch.num_tokens_no_spec,
+                self.input_batch.token_ids_cpu,
+                slot_mappings=slot_mappings,
+            )"""
+        )
+        in src
+    )
+    # The drafter is created by create_custom_proposer(vllm_config) and load_model is called.
+    runner_src = _squash(inspect.getsource(GPUModelRunner))
+    assert "self.drafter=create_custom_proposer(" in runner_src
+    assert "self.drafter.load_model(self.model)" in runner_src
+
+
+def test_runner_state_the_plugin_reads_still_exists() -> None:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
+
+    fields = {f.name for f in dataclasses.fields(SchedulerOutput)}
+    assert {"scheduled_spec_decode_tokens", "num_scheduled_tokens", "finished_req_ids"} <= fields
+    assert "sampling_params" in {f.name for f in dataclasses.fields(CachedRequestState)}
+    init = _squash(inspect.getsource(InputBatch.__init__))
+    for attr in ("self.num_prompt_tokens=", "self.num_tokens_no_spec=", "self.token_ids_cpu="):
+        assert attr in init
+    assert isinstance(inspect.getattr_static(InputBatch, "req_ids"), property)
+    assert isinstance(inspect.getattr_static(InputBatch, "num_reqs"), property)
+    from vllm import SamplingParams
+
+    assert SamplingParams(extra_args={"a": 1}).extra_args == {"a": 1}
+
+
+def test_build_batch_context_reads_rows_in_order() -> None:
+    batch = SimpleNamespace(num_reqs=2, req_ids=["r1", "r2"], num_prompt_tokens=np.array([5, 7, 0]))
+    runner = SimpleNamespace(
+        input_batch=batch,
+        requests={
+            "r1": SimpleNamespace(sampling_params=SimpleNamespace(extra_args={"x": 1})),
+            "r2": SimpleNamespace(sampling_params=None),
+        },
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=256),
+        max_model_len=1024,
+    )
+    so = SimpleNamespace(
+        scheduled_spec_decode_tokens={"r1": [1, 2]},
+        num_scheduled_tokens={"r1": 3, "r2": 1},
+        finished_req_ids={"r0"},
+    )
+    ctx = build_batch_context(runner, so)
+    assert list(ctx.req_ids) == ["r1", "r2"] and list(ctx.num_prompt_tokens) == [5, 7]
+    assert list(ctx.extra_args) == [{"x": 1}, None]
+    assert ctx.scheduled_spec_decode_tokens == {"r1": [1, 2]}
+    assert ctx.finished_req_ids == {"r0"} and ctx.max_num_batched_tokens == 256
+
+
+def test_other_vllm_version_is_refused_naming_both_versions() -> None:
+    def f(self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,  # type: ignore[no-untyped-def]  # noqa: E501
+          sample_hidden_states, aux_hidden_states, spec_decode_metadata,
+          common_attn_metadata, slot_mappings): ...  # fmt: skip
+
+    assert plugin._version_problem("0.32.3", f) is None
+    msg = plugin._version_problem("0.33.0", f)
+    assert msg is not None and "0.33.0" in msg and SUPPORTED_VLLM in msg
+    msg = plugin._version_problem("0.32.0", lambda self, scheduler_output: None)
+    assert msg is not None and "changed" in msg
+
+
+def test_refusal_raises_in_the_adapter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plugin, "_refusal", "vLLM 9.9 is not 0.32")
+    monkeypatch.setattr(plugin, "register", lambda: None)
+    with pytest.raises(VLLMVersionError, match="9.9"):
+        plugin.ensure_installed()
+
+
+def test_model_runner_v2_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(VLLMVersionError, match="V2"):
+        plugin.ensure_installed()
+
+
+def test_entry_point_is_declared() -> None:
+    from importlib.metadata import entry_points
+
+    eps = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
+    assert eps.get("agentspec") == "agentspec_mw_vllm.plugin:register"

@@ -1,0 +1,208 @@
+"""DraftSession: the adapter's lifecycle, caps, tags, fault isolation and metrics (fakes)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from agentspec_mw.tags import MAX_WIRE_CHARS, StructureTags, tags_to_wire
+from agentspec_mw_vllm.context import BatchContext
+from agentspec_mw_vllm.metrics import DrafterMetrics
+from agentspec_mw_vllm.session import DraftSession
+from tests.vllm.fakes import ExplodingProposer, GreedyLongProposer, ProbeProposer
+
+TAGS = StructureTags(agent_id="coder", query_id="q1", segment="tool_call")
+
+
+class Batch:
+    """A fake runner batch: token rows as vLLM keeps them (a live 2-D buffer)."""
+
+    def __init__(self, width: int = 64) -> None:
+        self.ids: list[str] = []
+        self.prompt_len: list[int] = []
+        self.extra: list[dict[str, object] | None] = []
+        self.buf = np.zeros((8, width), dtype=np.int32)
+        self.n = np.zeros(8, dtype=np.int32)
+
+    def add(self, rid: str, prompt: list[int], extra: dict[str, object] | None = None) -> None:
+        row = len(self.ids)
+        self.ids.append(rid)
+        self.prompt_len.append(len(prompt))
+        self.extra.append(extra)
+        self.buf[row, : len(prompt)] = prompt
+        self.n[row] = len(prompt)
+
+    def remove(self, rid: str) -> None:
+        row = self.ids.index(rid)
+        for seq in (self.ids, self.prompt_len, self.extra):
+            seq.pop(row)
+        self.buf[row:-1] = self.buf[row + 1 :].copy()
+        self.n[row:-1] = self.n[row + 1 :].copy()
+
+    def sample(self, tokens: dict[str, list[int]]) -> list[list[int]]:
+        out = []
+        for row, rid in enumerate(self.ids):
+            new = tokens.get(rid, [])
+            self.buf[row, self.n[row] : self.n[row] + len(new)] = new
+            self.n[row] += len(new)
+            out.append(list(new))
+        return out
+
+    def ctx(self, spec: dict[str, list[int]] | None = None, max_len: int = 64) -> BatchContext:
+        return BatchContext(
+            req_ids=list(self.ids),
+            num_prompt_tokens=list(self.prompt_len),
+            extra_args=list(self.extra),
+            scheduled_spec_decode_tokens=spec or {},
+            max_num_batched_tokens=512,
+            max_model_len=max_len,
+        )
+
+
+def step(
+    session: DraftSession, batch: Batch, tokens: dict[str, list[int]], **kw: object
+) -> list[list[int]]:
+    sampled = batch.sample(tokens)
+    return session.step(batch.ctx(**kw), sampled, batch.n, batch.buf)  # type: ignore[arg-type]
+
+
+def test_lifecycle_feeds_each_token_once_and_stops_leavers() -> None:
+    probe = ProbeProposer(draft_len=3)
+    session = DraftSession(probe, k=4, metrics=DrafterMetrics(prometheus=False))
+    batch = Batch()
+    batch.add("a", [1, 2, 3], tags_to_wire(TAGS))
+    batch.add("b", [7, 8])
+    assert step(session, batch, {"a": [4], "b": [9]}) == [[4, 4, 4], [9, 9, 9]]
+    assert probe.tokens == {"a": [1, 2, 3, 4], "b": [7, 8, 9]}
+    assert probe.tags == {"a": TAGS, "b": None}
+    step(session, batch, {"a": [5, 6], "b": [10]})
+    assert probe.tokens["a"] == [1, 2, 3, 4, 5, 6]
+    batch.remove("a")
+    step(session, batch, {"b": [11]})
+    assert session.live_requests == {"b"}
+    assert "a" not in probe.tokens and probe.tokens["b"] == [7, 8, 9, 10, 11]
+
+
+def test_partial_prefill_rows_get_no_draft_and_are_not_started() -> None:
+    probe = ProbeProposer()
+    session = DraftSession(probe, k=4, metrics=DrafterMetrics(prometheus=False))
+    batch = Batch()
+    batch.add("a", [1, 2, 3])
+    assert step(session, batch, {}) == [[]]
+    assert session.live_requests == frozenset()
+
+
+def test_readmitted_request_replays_its_whole_history() -> None:
+    probe = ProbeProposer()
+    session = DraftSession(probe, k=4, metrics=DrafterMetrics(prometheus=False))
+    batch = Batch()
+    batch.add("a", [1, 2])
+    step(session, batch, {"a": [3]})
+    saved = (batch.buf[0].copy(), int(batch.n[0]))
+    batch.remove("a")  # preempted
+    step(session, batch, {})
+    assert session.live_requests == frozenset()
+    batch.add("a", [1, 2])
+    batch.buf[0], batch.n[0] = saved
+    step(session, batch, {"a": [4]})
+    assert probe.tokens["a"] == [1, 2, 3, 4]
+
+
+def test_every_row_is_capped_at_k_and_before_max_model_len() -> None:
+    session = DraftSession(GreedyLongProposer(), k=5, metrics=DrafterMetrics(prometheus=False))
+    batch = Batch()
+    batch.add("a", list(range(1, 11)))
+    batch.add("b", list(range(1, 58)))
+    drafts = step(session, batch, {"a": [1], "b": [1]}, max_len=64)
+    assert [len(d) for d in drafts] == [5, 64 - 58 - 1]
+    batch2 = Batch()
+    batch2.add("c", list(range(1, 63)))
+    assert step(session, batch2, {"c": [1]}, max_len=64) == [[]]
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ({**tags_to_wire(TAGS), "agentspec_v": 99}, "version"),
+        ({**tags_to_wire(TAGS), "agentspec_blocks": "x" * MAX_WIRE_CHARS}, "oversized"),
+        ({**tags_to_wire(TAGS), "agentspec_blocks": "[[1, 2]]"}, "invalid"),
+        ({"agentspec_v": 1, "agentspec_agent": "a"}, "invalid"),
+        ({**tags_to_wire(TAGS), "agentspec_colour": "red"}, "invalid"),
+    ],
+)
+def test_bad_wire_tags_make_only_that_request_tag_free(
+    extra: dict[str, object], reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    metrics = DrafterMetrics(prometheus=False)
+    probe = ProbeProposer()
+    session = DraftSession(probe, k=4, metrics=metrics)
+    batch = Batch()
+    batch.add("bad", [1, 2], extra)
+    batch.add("good", [3, 4], {**tags_to_wire(TAGS), "other_key": 1})
+    with caplog.at_level(logging.WARNING, logger="agentspec_mw_vllm.session"):
+        drafts = step(session, batch, {"bad": [5], "good": [6]})
+    assert probe.tags == {"bad": None, "good": TAGS}
+    assert drafts == [[5, 5, 5], [6, 6, 6]]
+    assert metrics.snapshot().tag_rejections == {reason: 1}
+    assert "bad runs tag-free" in caplog.text
+
+
+@pytest.mark.parametrize("verb", ["start", "extend", "propose", "stop"])
+def test_a_throwing_proposer_costs_only_drafts(verb: str, caplog: pytest.LogCaptureFixture) -> None:
+    metrics = DrafterMetrics(prometheus=False)
+    session = DraftSession(ExplodingProposer(fail_in=verb), k=4, metrics=metrics)
+    batch = Batch()
+    batch.add("a", [1, 2])
+    with caplog.at_level(logging.ERROR, logger="agentspec_mw_vllm.session"):
+        for t in range(3, 8):
+            drafts = step(session, batch, {"a": [t]})
+            if verb in ("start", "extend", "propose"):
+                assert drafts == [[]]
+            else:
+                assert drafts == [[t, t, t]]
+        batch.remove("a")
+        step(session, batch, {})
+    faults = metrics.snapshot().faults
+    if verb == "stop":
+        assert faults == {"stop:RuntimeError": 1}
+    elif verb == "start":
+        assert faults == {"start:KeyError": 1}
+    elif verb == "extend":
+        assert faults == {"extend:ValueError": 1}  # the request is then left alone
+    else:
+        assert faults == {"propose:RuntimeError": 5}
+    assert caplog.text.count("raised in") == 1  # logged once per kind
+    assert session.live_requests == frozenset()
+
+
+def test_missing_batch_context_is_a_counted_fault() -> None:
+    metrics = DrafterMetrics(prometheus=False)
+    session = DraftSession(ProbeProposer(), k=4, metrics=metrics)
+    out = session.step(None, [[1], [2]], np.array([3, 3]), np.zeros((2, 8), dtype=np.int32))
+    assert out == [[], []]
+    assert metrics.snapshot().faults == {"adapter:RuntimeError": 1}
+
+
+def test_metrics_count_verified_and_accepted_per_agent_and_block() -> None:
+    metrics = DrafterMetrics(prometheus=False)
+    session = DraftSession(ProbeProposer(draft_len=3), k=4, metrics=metrics)
+    batch = Batch()
+    batch.add("a", [1, 2], tags_to_wire(TAGS))
+    batch.add("b", [3, 4])
+    step(session, batch, {"a": [5], "b": [6]})
+    # The scheduler kept 3 drafts of a and 2 of b; a accepted 2 (+1 bonus), b none.
+    step(session, batch, {"a": [5, 5, 9], "b": [7]}, spec={"a": [5, 5, 5], "b": [6, 6]})
+    snap = metrics.snapshot()
+    assert snap.drafted == {"coder/tool_call": 3, "untagged/none": 2}
+    assert snap.accepted == {"coder/tool_call": 2, "untagged/none": 0}
+    assert snap.budget_offered == 16 and snap.budget_used == 12
+    assert snap.draft_steps == 2 and snap.proposer_seconds > 0
+
+
+def test_agent_labels_are_bounded() -> None:
+    metrics = DrafterMetrics(prometheus=False)
+    labels = {metrics.agent_label(f"agent{i}") for i in range(200)}
+    assert "other" in labels and len(labels) == 65
+    assert metrics.agent_label(None) == "untagged"

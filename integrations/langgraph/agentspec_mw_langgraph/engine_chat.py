@@ -1,0 +1,237 @@
+"""``ChatAgentSpecVLLM``: a LangChain chat model on the embedded vLLM engine.
+
+Each request carries the structure tags of the call in progress (set by the inline
+handler of :func:`~agentspec_mw_langgraph.with_agentspec`) as ``SamplingParams.
+extra_args``. Tool calling goes through the model's chat template in the Hermes
+``<tool_call>`` format (:mod:`~agentspec_mw_langgraph.toolformat`); ``bind_tools`` takes
+LangChain tools, functions or OpenAI tool dicts, so the model works in ``create_agent``
+and ``create_react_agent``. ``tool_choice`` other than ``"none"`` is not enforced (the
+tools are offered; the model decides); ``"none"`` withholds them.
+
+Sync and async calls are supported (async runs the sync engine call in a worker thread,
+with the caller's context, so the tags follow). Streaming yields the output token by
+token through the usual callbacks; with ``vllm.LLM`` the whole output is generated first
+(the offline engine has no incremental API), and an output holding tool calls arrives as
+one chunk. Concurrent calls from parallel branches are batched into one engine step.
+
+``engine=None`` builds the embedded default on first use:
+``agentspec_mw_vllm.engine.build_llm(model, speculative=..., k=..., max_model_len=...)``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from agentspec_mw.errors import MissingDependencyError
+from agentspec_mw_langgraph.backend import (
+    EngineBackend,
+    GenerationRequest,
+    GenerationResult,
+    VLLMBackend,
+)
+from agentspec_mw_langgraph.context import current_wire_tags
+from agentspec_mw_langgraph.messages import to_openai_messages
+from agentspec_mw_langgraph.toolformat import (
+    TOOL_CALL_BLOCKS,
+    parse_tool_calls,
+    render_chat_prompt,
+)
+
+__all__ = ["ChatAgentSpecVLLM"]
+
+
+class ChatAgentSpecVLLM(BaseChatModel):
+    """A chat model on an in-process vLLM engine that forwards AgentSpec tags."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    engine: Any = Field(default=None, exclude=True)
+    """A ``vllm.LLM``, an :class:`~.backend.EngineBackend`, or ``None`` (build on first use)."""
+    model: str | None = None
+    """Model for the engine built when ``engine`` is ``None`` (``None``: the default model)."""
+    speculative: str | None = "agentspec"
+    """Speculation of the engine built when ``engine`` is ``None``."""
+    k: int = Field(default=8, ge=1)
+    """Draft tokens per step of the engine built when ``engine`` is ``None``."""
+    max_model_len: int = Field(default=2048, ge=32)
+    """Context limit of the engine built when ``engine`` is ``None``."""
+    max_tokens: int = Field(default=256, ge=1)
+    """Tokens to generate at most per call."""
+    temperature: float = Field(default=0.0, ge=0.0)
+    """Sampling temperature (0 = greedy)."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: list[str] | None = None
+    """Stop strings (merged with the ``stop`` of each call)."""
+
+    _backend: EngineBackend | None = PrivateAttr(default=None)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @property
+    def _llm_type(self) -> str:
+        return "agentspec-vllm"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model": self.model or "default",
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            # read by the AgentSpec handler: the delimiters of this model's output format
+            "agentspec_blocks": [list(b) for b in TOOL_CALL_BLOCKS],
+        }
+
+    @property
+    def backend(self) -> EngineBackend:
+        """The engine backend (built on first use when ``engine`` is ``None``)."""
+        with self._lock:
+            if self._backend is None:
+                engine = self.engine
+                if engine is None:
+                    try:
+                        from agentspec_mw_vllm.engine import build_llm
+                    except ImportError:
+                        raise MissingDependencyError(
+                            "agentspec-mw-vllm",
+                            "the embedded engine of ChatAgentSpecVLLM",
+                            "pip install agentspec-mw-vllm   (or: bash scripts/bootstrap.sh)",
+                        ) from None
+                    engine = build_llm(
+                        self.model,
+                        speculative=self.speculative,
+                        k=self.k,
+                        max_model_len=self.max_model_len,
+                    )
+                    self.engine = engine
+                self._backend = engine if isinstance(engine, EngineBackend) else VLLMBackend(engine)
+            return self._backend
+
+    def bind_tools(
+        self,
+        tools: Sequence[Any],
+        *,
+        tool_choice: Any = None,
+        **kwargs: Any,
+    ) -> Runnable[Any, AIMessage]:
+        """Offer ``tools`` (LangChain tools, functions, pydantic models or OpenAI dicts)."""
+        formatted = [convert_to_openai_tool(t) for t in tools]
+        if tool_choice is not None:
+            kwargs["tool_choice"] = tool_choice
+        return self.bind(tools=formatted, **kwargs)
+
+    def _request(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> GenerationRequest:
+        backend = self.backend
+        tools = kwargs.get("tools") or None
+        if kwargs.get("tool_choice") == "none":
+            tools = None
+        tokenizer = backend.get_tokenizer()
+        text = render_chat_prompt(tokenizer, to_openai_messages(messages), tools)
+        ids = list(tokenizer.encode(text, add_special_tokens=False))
+        return GenerationRequest(
+            prompt_token_ids=ids,
+            max_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
+            temperature=float(kwargs.get("temperature", self.temperature)),
+            top_p=float(kwargs.get("top_p", self.top_p)),
+            seed=kwargs.get("seed", self.seed),
+            stop=tuple([*(self.stop or []), *(stop or [])]),
+            extra_args=current_wire_tags(),
+        )
+
+    def _message(self, result: GenerationResult, prompt_tokens: int) -> AIMessage:
+        content, calls, invalid = parse_tool_calls(result.text)
+        return AIMessage(
+            content=content,
+            tool_calls=calls,
+            invalid_tool_calls=invalid,
+            response_metadata={
+                "finish_reason": result.finish_reason,
+                "model_name": self.backend.model_name,
+            },
+            usage_metadata={
+                "input_tokens": prompt_tokens,
+                "output_tokens": len(result.token_ids),
+                "total_tokens": prompt_tokens + len(result.token_ids),
+            },
+        )
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        request = self._request(messages, stop, kwargs)
+        (result,) = self.backend.generate([request])
+        message = self._message(result, len(request.prompt_token_ids))
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        request = self._request(messages, stop, kwargs)
+        (result,) = self.backend.generate([request])
+        message = self._message(result, len(request.prompt_token_ids))
+        meta = dict(message.response_metadata)
+        if message.tool_calls or message.invalid_tool_calls:
+            chunks = [
+                tool_call_chunk(name=c["name"], args=json.dumps(c["args"]), id=c["id"], index=i)
+                for i, c in enumerate(message.tool_calls)
+            ]
+            chunks += [  # invalid blocks: raw text as args, so they aggregate as invalid calls
+                tool_call_chunk(name=c["name"], args=c["args"], id=c["id"], index=len(chunks) + j)
+                for j, c in enumerate(message.invalid_tool_calls)
+            ]
+            yield ChatGenerationChunk(
+                message=AIMessageChunk(
+                    content=message.content,
+                    tool_call_chunks=chunks,
+                    response_metadata=meta,
+                    usage_metadata=message.usage_metadata,
+                )
+            )
+            return
+        pieces = _token_pieces(self.backend.get_tokenizer(), list(result.token_ids))
+        if "".join(pieces) != result.text:  # detokenization differs: one chunk, exact text
+            pieces = [result.text]
+        for piece in pieces[:-1]:
+            yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(
+                content=pieces[-1] if pieces else "",
+                response_metadata=meta,
+                usage_metadata=message.usage_metadata,
+            )
+        )
+
+
+def _token_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
+    """The text each token adds (a token ending inside a UTF-8 character adds nothing)."""
+    pieces: list[str] = []
+    emitted = ""
+    for i in range(len(ids)):
+        text = tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
+        if text.endswith("\ufffd") and i + 1 < len(ids):
+            continue
+        if text.startswith(emitted) and len(text) > len(emitted):
+            pieces.append(text[len(emitted) :])
+            emitted = text
+    return pieces

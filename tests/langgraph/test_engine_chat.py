@@ -1,0 +1,157 @@
+"""The engine-backed chat model on a fake backend: tags in extra_args, tool calling via the
+chat template, streaming, async, create_agent, and request batching."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import HumanMessage
+from langchain_core.tools import tool
+
+from agentspec_mw.tags import tags_from_wire
+from agentspec_mw_langgraph import AgentSpecConfig, ChatAgentSpecVLLM, with_agentspec
+from agentspec_mw_langgraph.batching import BatchCombiner
+from agentspec_mw_langgraph.toolformat import parse_tool_calls, render_chat_prompt
+
+from .fake_engine import FakeBackend
+
+BLOCKS = (("```", "```"), ("<tool_call>", "</tool_call>"))
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def agent_script(prompt: str) -> str:
+    if "<|im_start|>tool" in prompt:
+        return "The sum is 5."
+    return 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+
+
+def test_create_agent_with_engine_model(tiny_tokenizer: Any, strict: AgentSpecConfig) -> None:
+    from langchain.agents import create_agent
+
+    backend = FakeBackend(tiny_tokenizer, agent_script)
+    model = ChatAgentSpecVLLM(engine=backend, max_tokens=32)
+    app = with_agentspec(create_agent(model, [add]), config=strict)
+    out = app.invoke({"messages": [HumanMessage("what is 2+3?")]})
+    assert [m.type for m in out["messages"]] == ["human", "ai", "tool", "ai"]
+    assert out["messages"][1].tool_calls[0]["args"] == {"a": 2, "b": 3}
+    assert out["messages"][1].content == "Let me add."
+    assert out["messages"][2].content == "5"
+    assert out["messages"][-1].content == "The sum is 5."
+
+    (p1, r1), (p2, r2) = backend.requests
+    # the template has no tools support: tools offered in a system message, Hermes format
+    assert p1.startswith("<|im_start|>system\nYou may call one or more functions")
+    assert '"name": "add"' in p1 and p1.endswith("<|im_start|>assistant\n")
+    # the earlier call is folded back as the model wrote it; the result keeps the tool role
+    assert '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>' in p2
+    assert "<|im_start|>tool\n5<|im_end|>" in p2
+    t1, t2 = tags_from_wire(r1.extra_args), tags_from_wire(r2.extra_args)
+    assert t1 is not None and t2 is not None
+    assert (t1.agent_id, t1.segment, t1.blocks) == ("model", "tool_call", BLOCKS)
+    assert (t2.agent_id, t2.segment, t2.group_kind) == ("model", "answer", "repeat")
+    assert t1.query_id == t2.query_id
+    assert (r1.max_tokens, r1.temperature) == (32, 0.0)
+
+
+def test_plain_call_has_no_tags_and_async_stream(tiny_tokenizer: Any) -> None:
+    backend = FakeBackend(tiny_tokenizer, lambda prompt: "hello world, streaming works")
+    model = ChatAgentSpecVLLM(engine=backend)
+    assert model.invoke("hi").content == "hello world, streaming works"
+    assert backend.requests[0][1].extra_args is None
+
+    class Tokens(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.tokens: list[str] = []
+
+        def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+            self.tokens.append(token)
+
+    counter = Tokens()
+    chunks = list(model.stream("hi", {"callbacks": [counter]}))
+    assert len(chunks) > 3
+    assert "".join(str(c.content) for c in chunks) == "hello world, streaming works"
+    assert "".join(counter.tokens) == "hello world, streaming works"
+
+    async def run() -> tuple[str, str]:
+        msg = await model.ainvoke("hi")
+        parts = [str(c.content) async for c in model.astream("hi")]
+        return str(msg.content), "".join(parts)
+
+    assert asyncio.run(run()) == ("hello world, streaming works",) * 2
+
+
+def test_streamed_tool_call_aggregates(tiny_tokenizer: Any) -> None:
+    model = ChatAgentSpecVLLM(engine=FakeBackend(tiny_tokenizer, agent_script))
+    bound = model.bind_tools([add])
+    total = None
+    for chunk in bound.stream("add"):
+        total = chunk if total is None else total + chunk
+    assert total is not None
+    assert [(c["name"], c["args"]) for c in total.tool_calls] == [("add", {"a": 2, "b": 3})]  # type: ignore[attr-defined]
+    # tool_choice="none" withholds the tools
+    model.bind_tools([add], tool_choice="none").invoke("add")
+    assert "You may call" not in model.backend.requests[-1][0]  # type: ignore[attr-defined]
+
+
+def test_parse_tool_calls() -> None:
+    content, calls, invalid = parse_tool_calls(
+        'ok <tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>'
+        "<tool_call>not json</tool_call>"
+    )
+    assert content == "ok"
+    assert [(c["name"], c["args"]) for c in calls] == [("f", {"x": 1})]
+    assert [i["args"] for i in invalid] == ["not json"]
+    assert parse_tool_calls("plain ```code```") == ("plain ```code```", [], [])
+
+
+def test_render_uses_native_tool_template(tiny_tokenizer: Any) -> None:
+    class NativeTemplate:
+        chat_template = "{{ tools }} {{ messages }} tool_calls"
+
+        def apply_chat_template(self, msgs: list[Any], **kwargs: Any) -> str:
+            return f"native tools={len(kwargs['tools'])} msgs={len(msgs)}"
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    messages = [{"role": "user", "content": "hi"}]
+    assert render_chat_prompt(NativeTemplate(), messages, tools) == "native tools=1 msgs=1"
+    assert "<tools>" in render_chat_prompt(tiny_tokenizer, messages, tools)
+
+
+def test_batch_combiner_merges_concurrent_requests() -> None:
+    sizes: list[int] = []
+
+    def batch_fn(reqs: Sequence[int]) -> list[int]:
+        sizes.append(len(reqs))
+        time.sleep(0.02)
+        return [r * 10 for r in reqs]
+
+    combiner: BatchCombiner[int, int] = BatchCombiner(batch_fn)
+    results: dict[int, int] = {}
+
+    def call(i: int) -> None:
+        results[i] = combiner.submit(i)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {i: i * 10 for i in range(12)}
+    assert sum(sizes) == 12 and len(sizes) < 12 and combiner.batches == len(sizes)
+
+    def failing(reqs: Sequence[int]) -> list[int]:
+        raise ValueError("engine down")
+
+    with pytest.raises(ValueError, match="engine down"):
+        BatchCombiner(failing).submit(1)

@@ -1,0 +1,111 @@
+"""End to end on the real embedded engine (default model, CPU): a small multi-agent graph
+gives identical outputs with and without ``with_agentspec``, and the tags reach the
+engine's proposer and its per-agent metrics."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langchain_core.messages import HumanMessage, SystemMessage
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Send
+
+from agentspec_mw_langgraph import AgentSpecConfig, ChatAgentSpecVLLM, get_handler, with_agentspec
+
+from . import probe_proposer
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+PROBE = "tests.langgraph.probe_proposer:ProbeProposer"
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def probe_llm() -> Iterator[Any]:
+    pytest.importorskip("vllm")
+    from agentspec_mw_vllm.engine import build_llm, shutdown
+
+    llm = build_llm(None, speculative=PROBE, k=2, max_model_len=768, seed=0)
+    yield llm
+    shutdown(llm)
+
+
+class State(TypedDict):
+    topic: str
+    ideas: Annotated[list[str], operator.add]
+    final: str
+
+
+def build_graph(model: ChatAgentSpecVLLM) -> Any:
+    def planner(state: State) -> dict[str, Any]:
+        msg = model.invoke([HumanMessage(f"Give a one-line plan to write about {state['topic']}.")])
+        return {"ideas": [f"plan: {msg.content}"]}
+
+    def fan_out(state: State) -> list[Send]:
+        return [
+            Send("worker", {"topic": f"{state['topic']} ({angle})", "ideas": [], "final": ""})
+            for angle in ("history", "science")
+        ]
+
+    def worker(state: State) -> dict[str, Any]:
+        msg = model.invoke(
+            [
+                SystemMessage("You are a concise writer."),
+                HumanMessage(f"One fact: {state['topic']}"),
+            ]
+        )
+        return {"ideas": [f"{state['topic']}: {msg.content}"]}
+
+    def writer(state: State) -> dict[str, Any]:
+        notes = "\n".join(sorted(state["ideas"]))
+        msg = model.invoke([HumanMessage(f"Summarize in one sentence:\n{notes}")])
+        return {"final": str(msg.content)}
+
+    g = StateGraph(State)
+    g.add_node("planner", planner)
+    g.add_node("worker", worker)
+    g.add_node("writer", writer)
+    g.add_edge(START, "planner")
+    g.add_conditional_edges("planner", fan_out, ["worker"])
+    g.add_edge("worker", "writer")
+    g.add_edge("writer", END)
+    return g.compile()
+
+
+def test_identical_outputs_and_tags_reach_the_engine(probe_llm: Any) -> None:
+    from agentspec_mw_vllm.metrics import get_metrics
+
+    model = ChatAgentSpecVLLM(engine=probe_llm, max_tokens=MAX_TOKENS)
+    graph = build_graph(model)
+    inp = {"topic": "tea", "ideas": [], "final": ""}
+
+    probe_proposer.RECEIVED.clear()
+    plain = graph.invoke(inp)
+    assert probe_proposer.RECEIVED and set(probe_proposer.RECEIVED) == {None}
+
+    probe_proposer.RECEIVED.clear()
+    get_metrics().reset()
+    app = with_agentspec(graph, config=AgentSpecConfig(adapter_raise_errors=True))
+    tagged = app.invoke(inp)
+    assert tagged == plain  # greedy outputs do not depend on the tags
+    assert tagged["final"]
+
+    received = probe_proposer.RECEIVED
+    assert all(t is not None for t in received)
+    assert sorted((t.agent_id, t.segment, t.group_kind) for t in received) == [  # type: ignore[union-attr]
+        ("planner", "plan", None),
+        ("worker", "answer", "fanout"),
+        ("worker", "answer", "fanout"),
+        ("writer", "answer", None),
+    ]
+    assert len({t.query_id for t in received}) == 1  # type: ignore[union-attr]
+    handler = get_handler(app)
+    assert handler is not None and handler.stats.tagged_calls == 4
+
+    snap = get_metrics().snapshot()
+    agents = {key.split("/")[0] for key in snap.drafted}
+    assert agents == {"planner", "worker", "writer"}, snap.drafted
+    assert all(n > 0 for n in snap.drafted.values())

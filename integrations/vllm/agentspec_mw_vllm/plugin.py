@@ -14,6 +14,13 @@ signature :data:`WRAPPED_PARAMS`. On any other version or signature :func:`regis
 logs an error naming both and does not patch, and the adapter refuses to start with
 :class:`VLLMVersionError` — it never drafts blind. ``VLLM_USE_V2_MODEL_RUNNER=1`` makes vLLM
 use a runner without the ``custom_class`` hook; the adapter refuses that too.
+
+A second, smaller fix lives here too: on CPU, vLLM 0.32 rebinds its Triton kernels to CPU
+implementations by scanning every module in ``sys.modules``, and the scan crashes
+(``AttributeError: '_lib_fn_wrapper' object has no attribute 'get'``) once numba's
+``llvmlite`` has been imported — which our n-gram kernel and the AgentSpec proposer do.
+:func:`register` replaces the scan (``vllm.triton_utils.dispatcher._rebind_kernels``) by
+the same scan that skips objects whose ``__dict__`` is not a mapping.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from agentspec_mw.errors import AgentSpecError
@@ -124,6 +132,48 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     return propose_draft_token_ids
 
 
+def _safe_rebind_kernels(overrides: list[tuple[Callable[..., Any], Any]]) -> None:
+    """vLLM's ``_rebind_kernels``, skipping objects whose ``__dict__`` is not a mapping."""
+    originals = list(overrides)
+
+    def lookup(value: Any) -> Any:
+        for original, wrapper in originals:
+            if value is original:
+                return wrapper
+        return None
+
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict) or not namespace:
+            continue
+        for attr, value in list(namespace.items()):
+            wrapper = lookup(value)
+            if wrapper is not None:
+                setattr(module, attr, wrapper)
+                continue
+            try:
+                inst = vars(value)
+            except Exception:  # no __dict__, or a proxy that raises on lookup
+                continue
+            if not isinstance(inst, Mapping):
+                continue
+            wrapper = lookup(inst.get("kernel"))
+            if wrapper is None:
+                continue
+            value.kernel = wrapper
+            if not isinstance(value, type):
+                value.__dict__.pop("_kernel_arg_names", None)
+
+
+def _install_dispatcher_fix() -> None:
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:
+        return
+    if getattr(dispatcher, "_rebind_kernels", None) is not None:
+        dispatcher._rebind_kernels = _safe_rebind_kernels
+
+
 def _runner_class() -> Any:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -153,6 +203,7 @@ def register() -> None:
     if _refusal is not None:
         logger.error(_refusal)
         return
+    _install_dispatcher_fix()
     assert target is not None
     runner.propose_draft_token_ids = _wrap(target)
 

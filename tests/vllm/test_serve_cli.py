@@ -1,0 +1,71 @@
+"""``agentspec serve`` argument handling (no server started)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentspec_mw.cli import build_parser
+from agentspec_mw_vllm.cli import serve_config_from_args
+from agentspec_mw_vllm.engine import ADAPTER_PATH
+from agentspec_mw_vllm.serve import server_command, server_env
+
+
+def _cfg(*argv: str):  # type: ignore[no-untyped-def]
+    return serve_config_from_args(build_parser().parse_args(["serve", *argv]))
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_serve_defaults_bind_loopback_and_configure_the_adapter() -> None:
+    argv = server_command(_cfg("--model", "org/model", "--k", "5"))
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert _flag(argv, "--host") == "127.0.0.1" and _flag(argv, "--model") == "org/model"
+    spec = json.loads(_flag(argv, "--speculative-config"))
+    assert spec == {"num_speculative_tokens": 5, "method": "custom_class", "model": ADAPTER_PATH}
+    extra = json.loads(_flag(argv, "--additional-config"))
+    assert extra["agentspec"]["proposer"] == "agentspec"
+    assert "--served-model-name" not in argv
+
+
+def test_serve_passes_vllm_methods_options_and_extra_args() -> None:
+    argv = server_command(
+        _cfg("--model", "m", "--speculative", "suffix", "--host", "0.0.0.0", "--", "--seed", "3")
+    )
+    assert json.loads(_flag(argv, "--speculative-config"))["method"] == "suffix"
+    assert "--additional-config" not in argv and argv[-2:] == ["--seed", "3"]
+    assert _flag(argv, "--host") == "0.0.0.0"
+    argv = server_command(_cfg("--model", "m", "--speculative", "none"))
+    assert "--speculative-config" not in argv
+    argv = server_command(
+        _cfg("--model", "m", "--speculative", "ngram", "--proposer-options", "{}")
+    )
+    assert json.loads(_flag(argv, "--speculative-config"))["method"] == "ngram"
+    argv = server_command(
+        _cfg(
+            "--model",
+            "m",
+            "--speculative",
+            "tests.vllm.fakes.ProbeProposer",
+            "--proposer-options",
+            '{"draft_len": 2}',
+        )
+    )
+    assert json.loads(_flag(argv, "--additional-config"))["agentspec"]["options"] == {
+        "draft_len": 2
+    }
+
+
+def test_serve_rejects_bad_options() -> None:
+    with pytest.raises(ValueError, match="proposer-options"):
+        _cfg("--proposer-options", "{")
+    with pytest.raises(Exception, match="no.such"):
+        server_command(_cfg("--model", "m", "--speculative", "no.such.Class"))
+
+
+def test_server_env_sets_cpu_defaults_without_overriding() -> None:
+    env = server_env({"OMP_NUM_THREADS": "4"})
+    assert env["OMP_NUM_THREADS"] == "4" and env["NUMBA_NUM_THREADS"] == "1"

@@ -14,7 +14,7 @@ __all__ = ["AgentSpecConfig"]
 class AgentSpecConfig(BaseModel):
     """How :func:`~agentspec_mw_langgraph.with_agentspec` tags a graph's LLM calls."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     tags_scope: str = Field(default="default", min_length=1, max_length=256)
     """Isolation scope put on every tag (tenant key): history never crosses scopes."""

@@ -129,3 +129,33 @@ def test_entry_point_is_declared() -> None:
 
     eps = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
     assert eps.get("agentspec") == "agentspec_mw_vllm.plugin:register"
+
+
+def test_cpu_kernel_rebind_fix_still_targets_vllms_scan() -> None:
+    """The plugin replaces ``dispatcher._rebind_kernels``; drop the fix once vLLM has it."""
+    from vllm.triton_utils import dispatcher
+
+    plugin.register()
+    assert dispatcher._rebind_kernels is plugin._safe_rebind_kernels
+
+    class Proxy:  # like llvmlite's ffi.lib: any attribute, __dict__ included, is a function
+        __slots__ = ()
+
+        def __getattr__(self, name: str) -> object:
+            return lambda: None
+
+    import types
+
+    module = types.ModuleType("agentspec_test_proxy_module")
+    module.lib = Proxy()  # type: ignore[attr-defined]
+    assert not hasattr(vars(module.lib), "get")  # what crashed vLLM's own scan
+    original, wrapper = object(), object()
+    module.kernel_ref = original  # type: ignore[attr-defined]
+    import sys
+
+    sys.modules[module.__name__] = module
+    try:
+        plugin._safe_rebind_kernels([(original, wrapper)])  # type: ignore[list-item]
+    finally:
+        del sys.modules[module.__name__]
+    assert module.kernel_ref is wrapper  # type: ignore[attr-defined]

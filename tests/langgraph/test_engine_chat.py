@@ -155,3 +155,26 @@ def test_batch_combiner_merges_concurrent_requests() -> None:
 
     with pytest.raises(ValueError, match="engine down"):
         BatchCombiner(failing).submit(1)
+
+
+def test_engine_built_lazily_with_build_llm(
+    tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agentspec_mw_vllm.engine as engine_mod
+
+    calls: list[tuple[Any, dict[str, Any]]] = []
+
+    def fake_build_llm(model: Any, **kwargs: Any) -> FakeBackend:
+        calls.append((model, kwargs))
+        return FakeBackend(tiny_tokenizer, lambda prompt: "built")
+
+    monkeypatch.setattr(engine_mod, "build_llm", fake_build_llm)
+    model = ChatAgentSpecVLLM(k=4, max_model_len=512, engine_options={"enforce_eager": True})
+    assert model.invoke("hi").content == "built"
+    assert model.invoke("again").content == "built"
+    assert calls == [
+        (
+            None,
+            {"speculative": "agentspec", "k": 4, "max_model_len": 512, "enforce_eager": True},
+        )
+    ]

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
@@ -39,7 +40,7 @@ class State(TypedDict):
     final: str
 
 
-def build_graph(model: ChatAgentSpecVLLM) -> Any:
+def build_graph(model: BaseChatModel) -> Any:
     def planner(state: State) -> dict[str, Any]:
         msg = model.invoke([HumanMessage(f"Give a one-line plan to write about {state['topic']}.")])
         return {"ideas": [f"plan: {msg.content}"]}

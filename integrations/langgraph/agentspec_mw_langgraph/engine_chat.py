@@ -15,7 +15,8 @@ token through the usual callbacks; with ``vllm.LLM`` the whole output is generat
 one chunk. Concurrent calls from parallel branches are batched into one engine step.
 
 ``engine=None`` builds the embedded default on first use:
-``agentspec_mw_vllm.engine.build_llm(model, speculative=..., k=..., max_model_len=...)``.
+``agentspec_mw_vllm.engine.build_llm(model, speculative=..., k=..., max_model_len=...,
+**engine_options)``.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ class ChatAgentSpecVLLM(BaseChatModel):
     """Draft tokens per step of the engine built when ``engine`` is ``None``."""
     max_model_len: int = Field(default=2048, ge=32)
     """Context limit of the engine built when ``engine`` is ``None``."""
+    engine_options: dict[str, Any] = Field(default_factory=dict)
+    """More ``build_llm`` keyword arguments (e.g. ``enforce_eager=True``) for that engine."""
     max_tokens: int = Field(default=256, ge=1)
     """Tokens to generate at most per call."""
     temperature: float = Field(default=0.0, ge=0.0)
@@ -113,6 +116,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
                         speculative=self.speculative,
                         k=self.k,
                         max_model_len=self.max_model_len,
+                        **self.engine_options,
                     )
                     self.engine = engine
                 self._backend = engine if isinstance(engine, EngineBackend) else VLLMBackend(engine)

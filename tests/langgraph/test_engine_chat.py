@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import AIMessageChunk, HumanMessage
 from langchain_core.tools import tool
 
 from agentspec_mw.tags import tags_from_wire
@@ -36,13 +36,24 @@ def agent_script(prompt: str) -> str:
     return 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
 
 
-def test_create_agent_with_engine_model(tiny_tokenizer: Any, strict: AgentSpecConfig) -> None:
+@pytest.mark.parametrize("streaming", [False, True], ids=["invoke", "stream-messages"])
+def test_create_agent_with_engine_model(
+    tiny_tokenizer: Any, strict: AgentSpecConfig, streaming: bool
+) -> None:
     from langchain.agents import create_agent
 
     backend = FakeBackend(tiny_tokenizer, agent_script)
     model = ChatAgentSpecVLLM(engine=backend, max_tokens=32)
     app = with_agentspec(create_agent(model, [add]), config=strict)
-    out = app.invoke({"messages": [HumanMessage("what is 2+3?")]})
+    inp = {"messages": [HumanMessage("what is 2+3?")]}
+    if streaming:
+        items = list(app.stream(inp, stream_mode=["messages", "values"]))
+        out = [data for mode, data in items if mode == "values"][-1]
+        pieces = [data[0] for mode, data in items if mode == "messages"]
+        answer = [p for p in pieces if isinstance(p, AIMessageChunk) and p.content]
+        assert len(answer) > 2  # the answer arrived token by token
+    else:
+        out = app.invoke(inp)
     assert [m.type for m in out["messages"]] == ["human", "ai", "tool", "ai"]
     assert out["messages"][1].tool_calls[0]["args"] == {"a": 2, "b": 3}
     assert out["messages"][1].content == "Let me add."

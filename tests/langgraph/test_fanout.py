@@ -5,6 +5,7 @@ from __future__ import annotations
 import operator
 from typing import Annotated, Any, TypedDict
 
+import pytest
 from langchain_core.messages import AIMessage, BaseMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
@@ -97,7 +98,7 @@ class TeamOut(TypedDict):
     log: Annotated[list[str], operator.add]
 
 
-def build_supervisor(model: ScriptedChatModel):  # type: ignore[no-untyped-def]
+def build_supervisor(model: ScriptedChatModel, named: bool = False):  # type: ignore[no-untyped-def]
     def make_team(name: str):  # type: ignore[no-untyped-def]
         def lead(state: SupState) -> dict[str, Any]:
             return {"log": [str(model.invoke(f"{name} lead r{state['round']}").content)]}
@@ -111,7 +112,7 @@ def build_supervisor(model: ScriptedChatModel):  # type: ignore[no-untyped-def]
         sg.add_edge(START, "lead")
         sg.add_edge("lead", "member")
         sg.add_edge("member", END)
-        return sg.compile()
+        return sg.compile(name=name) if named else sg.compile()
 
     def supervisor(state: SupState) -> dict[str, Any]:
         model.invoke(f"supervise r{state['round']}")
@@ -131,9 +132,10 @@ def build_supervisor(model: ScriptedChatModel):  # type: ignore[no-untyped-def]
     return g.compile()
 
 
-def test_supervisor_with_subgraphs(strict: AgentSpecConfig) -> None:
+@pytest.mark.parametrize("named", [False, True], ids=["plain", "subgraph-named-as-node"])
+def test_supervisor_with_subgraphs(strict: AgentSpecConfig, named: bool) -> None:
     model = ScriptedChatModel(script=echo)
-    app = with_agentspec(build_supervisor(model), config=strict)
+    app = with_agentspec(build_supervisor(model, named), config=strict)
     app.invoke({"task": "t", "log": [], "round": 1})
     tags = {text: t for t, text in model.seen}
     assert len(tags) == 11  # 3 supervisor rounds + 2 rounds x 2 teams x 2 nodes

@@ -363,8 +363,13 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             cursor = run.parent
             while cursor is not None and cursor in self._runs:
                 parent = self._runs[cursor]
+                # a subgraph compiled with its node's name looks like a second node run
+                # with the same namespace: one level, the outer (node) run
                 if parent.node is not None:
-                    levels.append(parent)
+                    if levels and levels[-1].namespace == parent.namespace:
+                        levels[-1] = parent
+                    else:
+                        levels.append(parent)
                 cursor = parent.parent
             levels.reverse()
             inner = levels[-1] if levels else None

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["PRESETS", "StepTimeModel", "StepTimeFn", "get_cost_model"]
@@ -54,9 +55,21 @@ class StepTimeModel(BaseModel):
             return self.c_fix + self.c_tok * num_batched + self.c_kv * num_kv + self.c_oh
         return self.c_oh + max(self.c_fix + self.c_kv * num_kv, self.c_tok * num_batched)
 
+    def step_time_array(self, num_batched: np.ndarray, num_kv: float) -> np.ndarray:
+        """Vectorised :meth:`step_time` over an array of batched-token counts."""
+        nb = np.asarray(num_batched, dtype=np.float64)
+        if self.form == "linear":
+            return self.c_fix + self.c_tok * nb + self.c_kv * num_kv + self.c_oh
+        return self.c_oh + np.maximum(self.c_fix + self.c_kv * num_kv, self.c_tok * nb)
+
     def marginal_token_cost(self, num_batched: float, num_kv: float) -> float:
         """Seconds one more batched token adds to a step of this shape."""
         return self.step_time(num_batched + 1, num_kv) - self.step_time(num_batched, num_kv)
+
+    def ridge_tokens(self) -> float:
+        """Batched tokens at which a step turns compute-bound (``c_fix / c_tok``): the
+        arithmetic-intensity ridge ``AI`` of the brief (≈280 for the H100 preset, ≈196 H200)."""
+        return self.c_fix / self.c_tok if self.c_tok > 0 else float("inf")
 
 
 PRESETS: dict[str, StepTimeModel] = {

@@ -120,34 +120,38 @@ def replay_workload(
         while len(slots) < batch and pending:
             run = pending.popleft()
             slots.append((run, _Slot(run.popleft())))
-        t0 = clock()
+        t_admit = 0
         decoding: list[_Slot] = []
         for _, slot in slots:
             c = slot.call
             if slot.pos == 0:
+                first = c.output[:1]
+                ta = clock()
                 proposer.start(c.req_id, c.prompt, c.tags)
-                proposer.extend(c.req_id, c.output[:1])
+                proposer.extend(c.req_id, first)
+                t_admit += clock() - ta
             else:
                 decoding.append(slot)
         drafts = []
         if decoding:
             ctx_lens = [len(s.call.prompt) + s.pos for s in decoding]
-            drafts = proposer.propose(
-                [s.call.req_id for s in decoding],
-                k,
-                StepContext(
-                    batch_size=len(slots),
-                    num_kv_tokens=int(sum(ctx_lens)),
-                    step_index=step_index,
-                    context_lens=ctx_lens,
-                ),
+            req_ids = [s.call.req_id for s in decoding]
+            ctx = StepContext(
+                batch_size=len(slots),
+                num_kv_tokens=int(sum(ctx_lens)),
+                step_index=step_index,
+                context_lens=ctx_lens,
             )
+            t0 = clock()
+            drafts = proposer.propose(req_ids, k, ctx)
+            t2 = clock()
             if len(drafts) != len(decoding):
                 raise RuntimeError(
                     f"{proposer.name}.propose returned {len(drafts)} drafts for "
                     f"{len(decoding)} requests"
                 )
-        t2 = clock()
+        else:
+            t0 = t2 = 0
         num_batched = len(slots)
         num_kv = 0
         for _, slot in slots:
@@ -164,8 +168,9 @@ def replay_workload(
             res.drafted += len(ids)
             res.accepted += acc
             num_batched += len(ids)
+            accepted_ids = out[slot.pos : slot.pos + adv]
             ta = clock()
-            proposer.extend(slot.call.req_id, out[slot.pos : slot.pos + adv])
+            proposer.extend(slot.call.req_id, accepted_ids)
             t_extra += clock() - ta
             slot.pos += adv
             advanced_total += adv
@@ -184,7 +189,7 @@ def replay_workload(
             else:
                 still.append((run, slot))
         slots = still
-        prop_s = ((t2 - t0) + t_extra) * 1e-9
+        prop_s = ((t2 - t0) + t_admit + t_extra) * 1e-9
         res.propose_us.append(prop_s * 1e6)
         res.proposer_time_s += prop_s
         res.sim_time_s += cost_model.step_time(num_batched, num_kv)

@@ -1,0 +1,67 @@
+"""Configuration of the AgentSpec proposer: every constant in one documented place."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agentspec_mw.agentspec.blocks import DEFAULT_BLOCKS
+
+__all__ = ["AgentSpecConfig"]
+
+
+class AgentSpecConfig(BaseModel):
+    """Options of :class:`~agentspec_mw.agentspec.proposer.AgentSpecProposer`.
+
+    Field names are grouped by feature: ``index_*`` (history indexes), ``calib_*``
+    (acceptance calibration), ``budget_*`` (per-step allocation), ``wide_*`` (sources used
+    when the budget is loose), ``tagfree_*`` (requests without tags).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    blocks: tuple[tuple[str, str, str], ...] = tuple(
+        (b.name, b.start, b.end) for b in DEFAULT_BLOCKS
+    )
+    """Block kinds ``(name, start, end)`` used when a request's tags name none."""
+    index_max_tokens: int = Field(default=1 << 20, ge=1024)
+    """Tokens the history index holds (all keys together); the oldest are evicted first.
+    Memory: about 120 bytes per token (1M tokens ≈ 120 MB)."""
+    index_max_keys: int = Field(default=200_000, ge=1)
+    """Keys (scope, agent, query group, block) remembered; the least recently used go."""
+    calib_prior_strength: float = Field(default=8.0, gt=0)
+    """Weight, in observations, of the prior in each calibration bucket."""
+    calib_prior_scale: float = Field(default=0.9, gt=0, le=1)
+    """Prior acceptance of a drafted token = scale × the index's count ratio."""
+    budget_cost_model: str = "llama8b-h100"
+    """Step-time preset used when the host gives no cost model."""
+    budget_floor: float = Field(default=0.7, ge=0, le=1)
+    """Survival floor at large batch: a position is admitted only if its survival is at
+    least ``budget_floor × min(1, log2(b) / log2(budget_floor_batch))``. At ``b = 1`` the
+    floor is 0 and the cost model alone decides (a slot is nearly free); from
+    ``budget_floor_batch`` on, every admitted position must be likely (the cost model's
+    linear fit under-charges what a rejected token costs a busy engine: KV writes, the
+    rejection sampler, scheduler trimming)."""
+    budget_floor_batch: int = Field(default=32, ge=2)
+    """Batch size from which the full ``budget_floor`` applies (the brief: past ~32
+    concurrent requests the state of the art is slower than no speculation)."""
+    redundancy_g_min: float = Field(default=0.5, ge=0, le=1)
+    """g_min of the paper's p(n) = g_min + (1 - g_min)(1 - e^(1-n)) (agreement prior)."""
+    wide_max_threshold: float = Field(default=0.35, ge=0, le=1)
+    """Use the wide sources (own prompt, agent-wide history) only while the step's
+    admission threshold is at most this (loose budget, small batch)."""
+    tagfree_agent_tokens: int = Field(default=64, ge=1)
+    """Tag-free agent id = hash of this many leading prompt tokens."""
+    tagfree_query_tokens: int = Field(default=1024, ge=1)
+    """Tag-free query id = hash of this many leading prompt tokens."""
+    tagfree_scan_tokens: int = Field(default=64, ge=1)
+    """Prompt tokens scanned at start to find the open block (e.g. ReAct ``Thought 3:``)."""
+
+    @field_validator("blocks")
+    @classmethod
+    def _check_blocks(cls, v: tuple[tuple[str, str, str], ...]) -> tuple[tuple[str, str, str], ...]:
+        if not v:
+            raise ValueError("blocks must name at least one (name, start, end) triple")
+        for name, start, end in v:
+            if not name or not start or not end:
+                raise ValueError(f"blocks entry {(name, start, end)!r} has an empty field")
+        return v

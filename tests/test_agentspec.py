@@ -1,0 +1,229 @@
+"""The AgentSpec proposer: blocks, index, budget, calibration, isolation, caps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from agentspec_mw.agentspec import (
+    DEFAULT_BLOCKS,
+    AgentSpecProposer,
+    BlockGrammar,
+    BlockState,
+    allocate,
+    redundancy_score,
+)
+from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex
+from agentspec_mw.costmodel import PRESETS
+from agentspec_mw.proposer import ProposerEnv, StepContext
+from agentspec_mw.tags import StructureTags
+from agentspec_mw.tokens import token_bytes_table
+
+COST = PRESETS["llama8b-h100"]
+
+
+@pytest.fixture(scope="module")
+def tb(tiny_tokenizer) -> list[bytes]:  # type: ignore[no-untyped-def]
+    return token_bytes_table(tiny_tokenizer)
+
+
+def _ids(tok, text: str) -> list[int]:  # type: ignore[no-untyped-def]
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+# -- block tracker ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text,inside,after",
+    [
+        ("Here:\n```python\nprint(1)\n```\nDone", "code", "text"),
+        ('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\nok', "json_call", "text"),
+        ("<think>hmm, let me see</think>answer", "think", "text"),
+        (" I should search.\nAction 1: Search[x]\nThought 2: bar", "action", "thought"),
+    ],
+)
+def test_block_tracker_on_real_delimiters(
+    tiny_tokenizer, tb, text: str, inside: str, after: str
+) -> None:  # type: ignore[no-untyped-def]
+    g = BlockGrammar(DEFAULT_BLOCKS, tb)
+    ids = _ids(tiny_tokenizer, text)
+    whole = BlockState(g)
+    runs = whole.feed(ids)
+    assert inside in [b for b, _ in runs]
+    assert whole.current == after
+    # token by token (delimiters split across calls) gives the same attribution
+    one = BlockState(g)
+    per_token = [one.feed([t])[0][0] for t in ids]
+    assert per_token == [b for b, n in runs for _ in range(n)]
+
+
+def test_block_tracker_split_delimiter_and_unterminated(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+    g = BlockGrammar(DEFAULT_BLOCKS, tb)
+    st = BlockState(g)
+    # feed "<tool_call>" byte-piece by byte-piece, as tokens that split it
+    pieces = ["<to", "ol_c", "all>", "x"]
+    for p in pieces:
+        st.feed(_ids(tiny_tokenizer, p))
+    assert st.current == "tool_call"  # opened across four calls, never closed
+    st.feed(_ids(tiny_tokenizer, "```"))
+    assert st.stack == ["tool_call", "code"]  # nesting
+
+
+# -- the index ----------------------------------------------------------------------
+def test_index_majority_continuation_and_key_isolation() -> None:
+    ix = NgramIndex(capacity=1 << 12)
+    seq = np.array([5, 6, 7, 8, 1, 2, 5, 6, 7, 9, 3, 5, 6, 7, 8, 4], dtype=np.int32)
+    ix.insert(np.zeros(len(seq), np.int64), np.full(len(seq), ix.new_seq(), np.int64), seq)
+    ctx = np.zeros((2, MAX_N), np.int32)
+    ctx[:, :2] = [6, 7]
+    toks, probs, lens, match, support = ix.lookup(np.array([0, 1]), ctx, np.array([2, 2]), 4, 0.0)
+    assert toks[0, 0] == 8 and probs[0, 0] == pytest.approx(2 / 3)  # 8,9,8 follow "6 7"
+    assert match[0] == 2 and support[0] == 3
+    assert lens[1] == 0  # key 1 never sees key 0's tokens
+
+
+def test_index_capacity_evicts_oldest() -> None:
+    ix = NgramIndex(capacity=64)
+    s = ix.new_seq()
+    old = np.array([1, 2, 3, 4] * 4, dtype=np.int32)
+    ix.insert(np.zeros(16, np.int64), np.full(16, s, np.int64), old)
+    filler = np.arange(100, 200, dtype=np.int32)
+    ix.insert(np.zeros(100, np.int64), np.full(100, ix.new_seq(), np.int64), filler)
+    ctx = np.zeros((1, MAX_N), np.int32)
+    ctx[0, :2] = [2, 3]
+    assert ix.lookup(np.array([0]), ctx, np.array([2]), 4, 0.0)[2][0] == 0
+
+
+# -- budget -------------------------------------------------------------------------
+def test_budget_total_within_budget_and_prefixes() -> None:
+    surv = [np.array([0.99, 0.98, 0.97, 0.5]), np.array([0.9, 0.2]), np.array([0.95])]
+    flat, lens = np.concatenate(surv), np.array([4, 2, 1])
+    a = allocate(flat, lens, batch_size=3, num_kv=0, cost=COST, budget=3)
+    assert a.counts == [3, 0, 0]  # the three most likely positions
+    b = allocate(
+        np.array([0.99, 0.5, 0.9, 0.8]),
+        np.array([2, 2]),
+        batch_size=2,
+        num_kv=0,
+        cost=COST,
+        budget=3,
+    )
+    assert b.counts == [1, 2] and b.used == 3
+    free = allocate(flat, lens, batch_size=3, num_kv=0, cost=COST)
+    assert all(c <= n for c, n in zip(free.counts, lens, strict=True))
+
+
+def test_budget_drafts_nothing_when_no_slot_pays() -> None:
+    surv = np.array([0.3, 0.2, 0.1])
+    # batch 256 with short contexts: a 30%-likely token does not pay for its slot
+    a = allocate(surv, np.array([3]), batch_size=256, num_kv=256 * 300, cost=COST)
+    assert a.counts == [0] and a.used == 0
+    b = allocate(surv, np.array([3]), batch_size=1, num_kv=300, cost=COST)
+    assert b.counts == [3]  # at batch 1 the slot is nearly free
+    floor = allocate(
+        np.array([0.99, 0.6]), np.array([2]), batch_size=1, num_kv=0, cost=COST, min_survival=0.7
+    )
+    assert floor.counts == [1]
+
+
+def test_redundancy_score() -> None:
+    assert redundancy_score(1, 1, 0.5) == pytest.approx(0.5)
+    assert redundancy_score(3, 4, 0.5) > redundancy_score(1, 2, 0.5)
+    assert redundancy_score(0, 3, 0.5) == 0.0
+
+
+# -- the proposer -------------------------------------------------------------------
+def _prop(tb: list[bytes], **opts) -> AgentSpecProposer:  # type: ignore[no-untyped-def]
+    opts.setdefault("index_max_tokens", 1 << 14)
+    return AgentSpecProposer(ProposerEnv(token_bytes=tb, cost_model=COST, max_k=8), **opts)
+
+
+def _run(
+    p: AgentSpecProposer,
+    rid: str,
+    prompt: Sequence[int],
+    out: Sequence[int],
+    tags,
+    k: int = 8,
+    batch: int = 1,
+) -> int:  # type: ignore[no-untyped-def]
+    """Greedy-oracle one request; return accepted tokens."""
+    p.start(rid, prompt, tags)
+    p.extend(rid, out[:1])
+    pos, acc = 1, 0
+    while pos < len(out):
+        d = p.propose([rid], k, StepContext(batch_size=batch, num_kv_tokens=len(prompt) + pos))[0]
+        assert len(d) <= k
+        a = 0
+        while a < len(d) and pos + a < len(out) and d.token_ids[a] == out[pos + a]:
+            a += 1
+        adv = min(a + 1, len(out) - pos)
+        p.extend(rid, out[pos : pos + adv])
+        pos += adv
+        acc += a
+    p.stop(rid)
+    return acc
+
+
+def test_agentspec_drafts_from_same_agent_query_block(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+    p = _prop(tb)
+    out = _ids(
+        tiny_tokenizer,
+        '{"name": "search_direct_flight", "arguments": {"origin":"JFK","destination":"SEA"}}',
+    )
+    prompt = _ids(tiny_tokenizer, "Book a flight")
+    tags = StructureTags(agent_id="travel_agent", query_id="q1")
+    assert _run(p, "a", prompt, out, tags) == 0  # nothing seen yet
+    assert _run(p, "b", prompt, out, tags) > len(out) // 2  # the same query repeats itself
+    other_scope = StructureTags(scope="tenant-2", agent_id="travel_agent", query_id="q1")
+    p2_acc = _run(p, "c", prompt[:1], out, other_scope, batch=256)
+    assert p2_acc == 0  # another scope never drafts from this one's text
+
+
+def test_agentspec_tag_free_path(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+    p = _prop(tb)
+    out = _ids(tiny_tokenizer, "Your flight HAT100 from JFK to SEA is booked. Thank you.")
+    prompt = _ids(tiny_tokenizer, "You are a travel agent. Book JFK to SEA.")
+    _run(p, "x", prompt, out, None)
+    assert _run(p, "y", prompt, out, None) > len(out) // 2  # same prompt prefix: same agent
+
+
+def test_agentspec_stop_restart_and_release(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+    p = _prop(tb)
+    tags = StructureTags(agent_id="a", query_id="q")
+    p.start("r", [1, 2, 3], tags)
+    p.start("r", [4, 5, 6], tags)  # restart replaces
+    p.extend("r", [7])
+    p.stop("r")
+    p.stop("r")  # idempotent
+    assert not p._reqs
+
+
+def test_agentspec_is_deterministic(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+    out = _ids(
+        tiny_tokenizer, "Action 1: Search[France]\nObservation 1: France is a country.\n" * 3
+    )
+    tags = StructureTags(agent_id="a", query_id="q")
+    runs = []
+    for _ in range(2):
+        p = _prop(tb)
+        runs.append(
+            [_run(p, f"r{i}", [1, 2], out, tags, batch=b) for i, b in enumerate((1, 8, 64))]
+        )
+    assert runs[0] == runs[1]
+
+
+def test_agentspec_memory_caps(tb) -> None:  # type: ignore[no-untyped-def]
+    p = _prop(tb, index_max_keys=3)
+    for i in range(10):
+        tags = StructureTags(agent_id="a", query_id=f"q{i}")
+        p.start(f"r{i}", [1, 2, 3], tags)
+        p.extend(f"r{i}", [4, 5, 6, 7])
+        p.propose([f"r{i}"], 4, StepContext(batch_size=1))
+        p.stop(f"r{i}")
+    assert len(p._keys) <= 3
+    with pytest.raises(ValueError, match="index_max_tokens"):
+        _prop(tb, index_max_tokens=10)
+    with pytest.raises(ValueError, match="token_bytes"):
+        AgentSpecProposer(ProposerEnv())

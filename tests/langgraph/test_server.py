@@ -98,6 +98,20 @@ def test_chat_openai_graph_on_real_server(server: str) -> None:
     app = with_agentspec(build_graph(tagged_llm), config=AgentSpecConfig(adapter_raise_errors=True))
     assert app.invoke(inp) == plain
     assert (transport.stats.injected, transport.stats.untagged) == (4, 0)
+    # the same graph with plain ChatOpenAI models, tagged through engine=<base URL>
+    from agentspec_mw_langgraph.openai_hook import disable_openai_injection, hook_stats
+
+    before = hook_stats().injected
+    try:
+        hooked = with_agentspec(
+            build_graph(ChatOpenAI(**common)),
+            engine=server + "/v1",
+            config=AgentSpecConfig(adapter_raise_errors=True),
+        )
+        assert hooked.invoke(inp) == plain
+    finally:
+        disable_openai_injection(server + "/v1")
+    assert hook_stats().injected - before == 4
     metrics = _get(server + "/metrics")
     for agent in ("planner", "worker", "writer"):
         assert f'agentspec_drafted_tokens_total{{agent="{agent}"' in metrics, agent

@@ -44,12 +44,24 @@ def with_agentspec(
 
     Args:
         graph: a compiled LangGraph graph (``StateGraph.compile()``, ``create_agent``...).
-        engine: the engine or chat model the graph's nodes use; kept as
-            ``handler.engine`` for the caller (the tags travel with each request).
+        engine: where the graph's models run. A vLLM server's base URL (``"http://host:
+            8000/v1"``): OpenAI-SDK requests to it (any ``ChatOpenAI`` with that
+            ``base_url``) get the tags as ``vllm_xargs`` with no change to the models
+            (:func:`~agentspec_mw_langgraph.openai_hook.enable_openai_injection`). An
+            embedded engine or chat model: kept as ``handler.engine`` for the caller (the
+            engine-backed chat model sends the tags itself). ``None``: nothing to set up.
         config: how to tag; defaults to :class:`AgentSpecConfig()`.
 
     The handler is :func:`get_handler(result) <get_handler>`.
+
+    Raises:
+        ValueError: ``engine`` is a string that is not an ``http(s)://`` URL.
+        OpenAIHookError: ``engine`` is a URL and the OpenAI SDK cannot be hooked.
     """
+    if isinstance(engine, str):
+        from agentspec_mw_langgraph.openai_hook import enable_openai_injection
+
+        enable_openai_injection(engine)
     existing = get_handler(graph)
     if existing is not None:
         if config is not None and config != existing.config:

@@ -5,11 +5,12 @@ them at import). Each selected call's prompt is rendered with the model's chat t
 cut to its last ``--prompt-tokens`` tokens, and sent with its structure tags (agent, run as
 query, segment hint, parent group) in ``SamplingParams.extra_args``. For each drafter —
 no speculation, vLLM's ``ngram``, vLLM's ``suffix`` (SuffixDecoding via arctic-inference),
-AgentSpec through our adapter — one engine serves the same requests in waves of ``B``
-concurrent requests for each batch size ``B``, greedy. Printed per (drafter, B): output
-tokens/s, acceptance (accepted / drafted tokens, from vLLM's spec-decode counters), wall
-time, and both as ratios to no speculation; and whether every output is token-for-token
-identical to no speculation's.
+AgentSpec through our adapter — an engine serves the requests in waves of ``B``
+concurrent requests for each batch size ``B`` (a fresh engine per drafter and ``B``, so
+no cache carries over from an earlier pass over the same requests), greedy. Printed per
+(drafter, B): output tokens/s, acceptance (accepted / drafted tokens, from vLLM's
+spec-decode counters), wall time, and both as ratios to no speculation; and whether every
+output is token-for-token identical to no speculation's.
 
 CPU numbers on a small model: they check the integration and compare drafters on equal
 terms here; they say nothing about GPU speedups.
@@ -70,13 +71,13 @@ def _spec_counters(llm: Any) -> tuple[float, float]:
     return drafted, accepted
 
 
-def run_drafter(
+def run_once(
     speculative: str | None,
     requests: list[tuple[str, dict[str, Any]]],
-    batches: list[int],
+    b: int,
     args: argparse.Namespace,
-) -> dict[int, dict[str, Any]]:
-    """Serve every request at each batch size with one engine; per-B measurements."""
+) -> dict[str, Any]:
+    """Serve every request in waves of ``b`` on a fresh engine (no cache carried over)."""
     from vllm import SamplingParams
 
     from agentspec_mw_vllm.engine import build_llm, shutdown
@@ -88,45 +89,40 @@ def run_drafter(
         max_model_len=args.prompt_tokens + args.max_tokens + 2 * args.k + 8,
         enforce_eager=not args.compile,
         disable_log_stats=False,
-        max_num_seqs=max(batches),
+        max_num_seqs=b,
         kv_cache_memory_bytes=args.kv_cache_mib << 20,
         dtype=args.dtype,
     )
-    results: dict[int, dict[str, Any]] = {}
     try:
-        # Warm-up wave (not timed): first-call costs out of the measurement.
-        llm.generate([requests[0][0]], SamplingParams(max_tokens=4), use_tqdm=False)
-        for b in batches:
-            d0, a0 = _spec_counters(llm)
-            outputs: list[list[int]] = []
-            t0 = time.perf_counter()
-            for i in range(0, len(requests), b):
-                wave = requests[i : i + b]
-                params = [
-                    SamplingParams(temperature=0.0, max_tokens=args.max_tokens, extra_args=x)
-                    for _, x in wave
-                ]
-                outs = llm.generate([p for p, _ in wave], params, use_tqdm=False)
-                outputs += [list(o.outputs[0].token_ids) for o in outs]
-            wall = time.perf_counter() - t0
-            d1, a1 = _spec_counters(llm)
-            tokens = sum(map(len, outputs))
-            results[b] = {
-                "wall_s": wall,
-                "tokens": tokens,
-                "tokens_per_s": tokens / wall,
-                "drafted": d1 - d0,
-                "accepted": a1 - a0,
-                "acceptance": (a1 - a0) / (d1 - d0) if d1 > d0 else None,
-                "outputs": outputs,
-            }
-            print(
-                f"  {speculative or 'none'} B={b}: {wall:.1f} s, {tokens / wall:.1f} tok/s",
-                flush=True,
-            )
+        # Warm-up (not timed, not a trace prompt): first-call costs out of the measurement.
+        llm.generate(["Hello"], SamplingParams(max_tokens=4), use_tqdm=False)
+        d0, a0 = _spec_counters(llm)
+        outputs: list[list[int]] = []
+        t0 = time.perf_counter()
+        for i in range(0, len(requests), b):
+            wave = requests[i : i + b]
+            params = [
+                SamplingParams(temperature=0.0, max_tokens=args.max_tokens, extra_args=x)
+                for _, x in wave
+            ]
+            outs = llm.generate([p for p, _ in wave], params, use_tqdm=False)
+            outputs += [list(o.outputs[0].token_ids) for o in outs]
+        wall = time.perf_counter() - t0
+        d1, a1 = _spec_counters(llm)
     finally:
         shutdown(llm)
-    return results
+    tokens = sum(map(len, outputs))
+    name = speculative or "none"
+    print(f"  {name} B={b}: {wall:.1f} s, {tokens / wall:.1f} tok/s", flush=True)
+    return {
+        "wall_s": wall,
+        "tokens": tokens,
+        "tokens_per_s": tokens / wall,
+        "drafted": d1 - d0,
+        "accepted": a1 - a0,
+        "acceptance": (a1 - a0) / (d1 - d0) if d1 > d0 else None,
+        "outputs": outputs,
+    }
 
 
 def format_table(table: dict[str, dict[int, dict[str, Any]]], batches: list[int]) -> str:
@@ -183,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         drafters = ["none", *[d for d in drafters if d != "none"]]
     print(f"{len(requests)} requests from {len(args.traces)} trace files", flush=True)
     table: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
-    for name in drafters:
-        table[name] = run_drafter(None if name == "none" else name, requests, batches, args)
+    for b in batches:
+        for name in drafters:
+            table[name][b] = run_once(None if name == "none" else name, requests, b, args)
     print(format_table(table, batches))
     identical = all(
         table[n][b]["outputs"] == table["none"][b]["outputs"] for n in table for b in batches

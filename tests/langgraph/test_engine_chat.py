@@ -189,3 +189,52 @@ def test_engine_built_lazily_with_build_llm(
             {"speculative": "agentspec", "k": 4, "max_model_len": 512, "enforce_eager": True},
         )
     ]
+
+
+def test_incremental_streaming_backend(tiny_tokenizer: Any, strict: AgentSpecConfig) -> None:
+    from .fake_engine import FakeStreamingBackend
+
+    text = "plain answer, streamed in pieces"
+    model = ChatAgentSpecVLLM(engine=FakeStreamingBackend(tiny_tokenizer, lambda p: text))
+    pieces = [str(c.content) for c in model.stream("hi")]
+    assert "".join(pieces) == text and len(pieces) >= len(text) // 3
+
+    async def run() -> tuple[str, list[str]]:
+        msg = await model.ainvoke("hi")
+        return str(msg.content), [str(c.content) async for c in model.astream("hi")]
+
+    content, apieces = asyncio.run(run())
+    assert content == text and "".join(apieces) == text
+
+    # a tool call: content before the block streams, the "<tool_call>" start never leaks
+    tools = ChatAgentSpecVLLM(engine=FakeStreamingBackend(tiny_tokenizer, agent_script))
+    chunks = list(tools.bind_tools([add]).stream("add"))
+    assert all("<tool" not in str(c.content) for c in chunks)
+    total = chunks[0]
+    for c in chunks[1:]:
+        total = total + c
+    assert total.tool_calls == [  # type: ignore[attr-defined]
+        {
+            "name": "add",
+            "args": {"a": 2, "b": 3},
+            "id": total.tool_calls[0]["id"],
+            "type": "tool_call",
+        }  # type: ignore[attr-defined]
+    ]
+    assert str(total.content).strip() == "Let me add."
+
+    # inside a graph the tags reach the async request
+    backend = FakeStreamingBackend(tiny_tokenizer, agent_script)
+    from langchain.agents import create_agent
+
+    app = with_agentspec(create_agent(ChatAgentSpecVLLM(engine=backend), [add]), config=strict)
+
+    async def agent_run() -> Any:
+        return [c async for c in app.astream({"messages": [HumanMessage("2+3")]})]
+
+    asyncio.run(agent_run())
+    tags = [tags_from_wire(r.extra_args) for _, r in backend.requests]
+    assert [(t.agent_id, t.segment) for t in tags] == [  # type: ignore[union-attr]
+        ("model", "tool_call"),
+        ("model", "answer"),
+    ]

@@ -34,6 +34,13 @@ def probe_llm() -> Iterator[Any]:
     shutdown(llm)
 
 
+@pytest.fixture(scope="module")
+def reference(probe_llm: Any) -> dict[str, Any]:
+    """The graph's outputs on the probe engine, unwrapped (greedy: the reference)."""
+    graph = build_graph(ChatAgentSpecVLLM(engine=probe_llm, max_tokens=MAX_TOKENS))
+    return dict(graph.invoke({"topic": "tea", "ideas": [], "final": ""}))
+
+
 class State(TypedDict):
     topic: str
     ideas: Annotated[list[str], operator.add]
@@ -76,7 +83,9 @@ def build_graph(model: BaseChatModel) -> Any:
     return g.compile()
 
 
-def test_identical_outputs_and_tags_reach_the_engine(probe_llm: Any) -> None:
+def test_identical_outputs_and_tags_reach_the_engine(
+    probe_llm: Any, reference: dict[str, Any]
+) -> None:
     from agentspec_mw_vllm.metrics import get_metrics
 
     model = ChatAgentSpecVLLM(engine=probe_llm, max_tokens=MAX_TOKENS)
@@ -85,6 +94,7 @@ def test_identical_outputs_and_tags_reach_the_engine(probe_llm: Any) -> None:
 
     probe_proposer.RECEIVED.clear()
     plain = graph.invoke(inp)
+    assert plain == reference
     assert probe_proposer.RECEIVED and set(probe_proposer.RECEIVED) == {None}
 
     probe_proposer.RECEIVED.clear()
@@ -112,26 +122,51 @@ def test_identical_outputs_and_tags_reach_the_engine(probe_llm: Any) -> None:
     assert all(n > 0 for n in snap.drafted.values())
 
 
-def _run_on(speculative: str | None, wrap: bool) -> dict[str, Any]:
-    from agentspec_mw_vllm.engine import build_llm, shutdown
+def test_async_engine_streams_and_matches(reference: dict[str, Any]) -> None:
+    import asyncio
 
-    llm = build_llm(None, speculative=speculative, k=4, max_model_len=768, enforce_eager=True)
+    from agentspec_mw_vllm.engine import build_async_llm, shutdown
+
+    inp = {"topic": "tea", "ideas": [], "final": ""}
+    expected = reference
+    engine = build_async_llm(None, speculative=PROBE, k=2, max_model_len=768, enforce_eager=True)
     try:
-        graph = build_graph(ChatAgentSpecVLLM(engine=llm, max_tokens=MAX_TOKENS))
-        if wrap:
-            graph = with_agentspec(graph, config=AgentSpecConfig(adapter_raise_errors=True))
-        return dict(graph.invoke({"topic": "tea", "ideas": [], "final": ""}))
+        model = ChatAgentSpecVLLM(engine=engine, max_tokens=MAX_TOKENS)
+        app = with_agentspec(build_graph(model), config=AgentSpecConfig(adapter_raise_errors=True))
+
+        async def run() -> tuple[dict[str, Any], list[str]]:
+            out = await app.ainvoke(inp)
+            pieces = [str(c.content) async for c in model.astream("Name three teas.")]
+            return out, pieces
+
+        out, pieces = asyncio.run(run())
+        assert out == expected  # same greedy outputs as the in-process engine
+        assert len([p for p in pieces if p]) > 1  # streamed as the engine produced it
+        assert app.invoke(inp) == expected  # sync calls on the async engine
     finally:
-        shutdown(llm)
+        backend = model.backend if "model" in locals() else None
+        if backend is not None and hasattr(backend, "close"):
+            backend.close()
+        shutdown(engine)
 
 
-def test_agentspec_proposer_matches_no_speculation() -> None:
-    pytest.importorskip("vllm")
+def test_agentspec_proposer_is_lossless(reference: dict[str, Any]) -> None:
+    """The wrapped graph on the AgentSpec drafter gives the reference (greedy) outputs.
+
+    Runs last: shutting an in-process engine down tears down vLLM's process-wide state.
+    """
     from agentspec_mw.errors import ProposerLoadError
     from agentspec_mw.registry import resolve_proposer_class
+    from agentspec_mw_vllm.engine import build_llm, shutdown
 
     try:
         resolve_proposer_class("agentspec")
     except ProposerLoadError:
         pytest.skip("the AgentSpec proposer is not in this build")
-    assert _run_on("agentspec", wrap=True) == _run_on(None, wrap=False)
+    llm = build_llm(None, speculative="agentspec", k=4, max_model_len=768, enforce_eager=True)
+    try:
+        graph = build_graph(ChatAgentSpecVLLM(engine=llm, max_tokens=MAX_TOKENS))
+        app = with_agentspec(graph, config=AgentSpecConfig(adapter_raise_errors=True))
+        assert app.invoke({"topic": "tea", "ideas": [], "final": ""}) == reference
+    finally:
+        shutdown(llm)

@@ -8,11 +8,16 @@ LangChain tools, functions or OpenAI tool dicts, so the model works in ``create_
 and ``create_react_agent``. ``tool_choice`` other than ``"none"`` is not enforced (the
 tools are offered; the model decides); ``"none"`` withholds them.
 
-Sync and async calls are supported (async runs the sync engine call in a worker thread,
-with the caller's context, so the tags follow). Streaming yields the output token by
-token through the usual callbacks; with ``vllm.LLM`` the whole output is generated first
-(the offline engine has no incremental API), and an output holding tool calls arrives as
-one chunk. Concurrent calls from parallel branches are batched into one engine step.
+``engine`` may be a ``vllm.LLM`` (:class:`~.backend.VLLMBackend`), an ``AsyncLLM``
+(:class:`~.async_backend.AsyncVLLMBackend`) or any :class:`~.backend.EngineBackend`.
+Sync and async calls work on both (with ``vllm.LLM`` async runs the engine call in a
+worker thread, with the caller's context, so the tags follow). Streaming yields text
+through the usual per-token callbacks: on an ``AsyncLLM`` as the engine produces it (a
+possible ``<tool_call>`` start is held back; tool calls arrive in the last chunk); on a
+``vllm.LLM``, which has no incremental API, token by token after the whole output is
+generated (an output holding tool calls arrives as one chunk). Concurrent calls from
+parallel branches share engine steps (``AsyncLLM`` batches them itself; for ``vllm.LLM``
+they are combined into one ``generate`` batch).
 
 ``engine=None`` builds the embedded default on first use:
 ``agentspec_mw_vllm.engine.build_llm(model, speculative=..., k=..., max_model_len=...,
@@ -21,12 +26,16 @@ one chunk. Concurrent calls from parallel branches are batched into one engine s
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
-from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForLLMRun,
+    CallbackManagerForLLMRun,
+)
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.tool import tool_call_chunk
@@ -119,7 +128,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
                         **self.engine_options,
                     )
                     self.engine = engine
-                self._backend = engine if isinstance(engine, EngineBackend) else VLLMBackend(engine)
+                self._backend = _backend_for(engine)
             return self._backend
 
     def bind_tools(
@@ -184,6 +193,39 @@ class ChatAgentSpecVLLM(BaseChatModel):
         message = self._message(result, len(request.prompt_token_ids))
         return ChatResult(generations=[ChatGeneration(message=message)])
 
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        agenerate = getattr(self.backend, "agenerate", None)
+        if agenerate is None:  # a sync engine: a worker thread, with this context
+            return await super()._agenerate(messages, stop, run_manager, **kwargs)
+        request = self._request(messages, stop, kwargs)
+        result = await agenerate(request)
+        message = self._message(result, len(request.prompt_token_ids))
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        astream = getattr(self.backend, "astream", None)
+        if astream is None:
+            async for chunk in super()._astream(messages, stop, run_manager, **kwargs):
+                yield chunk
+            return
+        request = self._request(messages, stop, kwargs)
+        chunker = _DeltaChunker(self, len(request.prompt_token_ids))
+        async for kind, value in astream(request):
+            for chunk in chunker.feed(kind, value):
+                yield chunk
+
     def _stream(
         self,
         messages: list[BaseMessage],
@@ -192,6 +234,12 @@ class ChatAgentSpecVLLM(BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         request = self._request(messages, stop, kwargs)
+        stream = getattr(self.backend, "stream", None)
+        if stream is not None:  # the engine streams: pass its deltas on as they come
+            chunker = _DeltaChunker(self, len(request.prompt_token_ids))
+            for kind, value in stream(request):
+                yield from chunker.feed(kind, value)
+            return
         (result,) = self.backend.generate([request])
         message = self._message(result, len(request.prompt_token_ids))
         meta = dict(message.response_metadata)
@@ -239,3 +287,75 @@ def _token_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
             pieces.append(text[len(emitted) :])
             emitted = text
     return pieces
+
+
+def _backend_for(engine: Any) -> EngineBackend:
+    """Wrap an engine: an ``AsyncLLM`` (async ``generate``) or a ``vllm.LLM``."""
+    if isinstance(engine, EngineBackend):
+        return engine
+    if inspect.isasyncgenfunction(getattr(type(engine), "generate", None)):
+        from agentspec_mw_langgraph.async_backend import AsyncVLLMBackend
+
+        return AsyncVLLMBackend(engine)
+    return VLLMBackend(engine)
+
+
+_TAG = "<tool_call>"
+
+
+class _DeltaChunker:
+    """Engine text deltas -> message chunks.
+
+    Content is passed on as it arrives until a ``<tool_call>`` block starts (a tail that
+    could be the start of one is held back until it is not); at the end, an output with
+    tool calls gets one chunk carrying them, and the content after the last streamed piece.
+    """
+
+    def __init__(self, model: ChatAgentSpecVLLM, prompt_tokens: int) -> None:
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+        self.text = ""
+        self.emitted = 0
+        self.in_block = False
+
+    def feed(self, kind: str, value: Any) -> Iterable[ChatGenerationChunk]:
+        if kind == "final":
+            return [self._finish(value)]
+        self.text += str(value)
+        if self.in_block:
+            return []
+        cut = self.text.find(_TAG)
+        if cut >= 0:
+            self.in_block = True
+            safe = cut
+        else:
+            safe = len(self.text)
+            for n in range(min(len(_TAG) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(_TAG[:n]):
+                    safe -= n
+                    break
+        if safe <= self.emitted:
+            return []
+        piece, self.emitted = self.text[self.emitted : safe], safe
+        return [ChatGenerationChunk(message=AIMessageChunk(content=piece))]
+
+    def _finish(self, result: GenerationResult) -> ChatGenerationChunk:
+        message = self.model._message(result, self.prompt_tokens)
+        meta = dict(message.response_metadata)
+        calls = message.tool_calls or message.invalid_tool_calls
+        chunks = [
+            tool_call_chunk(name=c["name"], args=json.dumps(c["args"]), id=c["id"], index=i)
+            for i, c in enumerate(message.tool_calls)
+        ] + [
+            tool_call_chunk(name=c["name"], args=c["args"], id=c["id"], index=i)
+            for i, c in enumerate(message.invalid_tool_calls, start=len(message.tool_calls))
+        ]
+        rest = "" if calls else result.text[self.emitted :]
+        return ChatGenerationChunk(
+            message=AIMessageChunk(
+                content=rest,
+                tool_call_chunks=chunks,
+                response_metadata=meta,
+                usage_metadata=message.usage_metadata,
+            )
+        )

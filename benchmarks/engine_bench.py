@@ -9,8 +9,9 @@ AgentSpec through our adapter — an engine serves the requests in waves of ``B`
 concurrent requests for each batch size ``B`` (a fresh engine per drafter and ``B``, so
 no cache carries over from an earlier pass over the same requests), greedy. Printed per
 (drafter, B): output tokens/s, acceptance (accepted / drafted tokens, from vLLM's
-spec-decode counters), wall time, and both as ratios to no speculation; and whether every
-output is token-for-token identical to no speculation's.
+spec-decode counters), wall time, and both as ratios to no speculation; whether every
+output is token-for-token identical to no speculation's; for drafters run through our
+adapter, its time per draft call (``ms/step``, proposer + bookkeeping) and any faults.
 
 CPU numbers on a small model: they check the integration and compare drafters on equal
 terms here; they say nothing about GPU speedups.
@@ -81,6 +82,7 @@ def run_once(
     from vllm import SamplingParams
 
     from agentspec_mw_vllm.engine import build_llm, shutdown
+    from agentspec_mw_vllm.metrics import get_metrics
 
     llm = build_llm(
         args.model,
@@ -97,6 +99,7 @@ def run_once(
         # Warm-up (not timed, not a trace prompt): first-call costs out of the measurement.
         llm.generate(["Hello"], SamplingParams(max_tokens=4), use_tqdm=False)
         d0, a0 = _spec_counters(llm)
+        m0 = get_metrics().snapshot()
         outputs: list[list[int]] = []
         t0 = time.perf_counter()
         for i in range(0, len(requests), b):
@@ -109,6 +112,7 @@ def run_once(
             outputs += [list(o.outputs[0].token_ids) for o in outs]
         wall = time.perf_counter() - t0
         d1, a1 = _spec_counters(llm)
+        m1 = get_metrics().snapshot()
     finally:
         shutdown(llm)
     tokens = sum(map(len, outputs))
@@ -121,15 +125,25 @@ def run_once(
         "drafted": d1 - d0,
         "accepted": a1 - a0,
         "acceptance": (a1 - a0) / (d1 - d0) if d1 > d0 else None,
+        "adapter_ms_per_step": (
+            1e3 * (m1.proposer_seconds - m0.proposer_seconds) / (m1.draft_steps - m0.draft_steps)
+            if m1.draft_steps > m0.draft_steps
+            else None
+        ),
+        "faults": {k: v - m0.faults.get(k, 0) for k, v in m1.faults.items()},
         "outputs": outputs,
     }
+
+
+def _ms(value: float | None) -> str:
+    return f"{'-':>8}" if value is None else f"{value:>8.3f}"
 
 
 def format_table(table: dict[str, dict[int, dict[str, Any]]], batches: list[int]) -> str:
     """Rows per (drafter, B): tok/s, acceptance, wall time, ratios to no speculation."""
     head = (
         f"{'drafter':<10} {'B':>3} {'tok/s':>7} {'x none':>7} {'accept':>7} "
-        f"{'wall s':>7} {'wall/none':>9} {'identical':>9}"
+        f"{'wall s':>7} {'wall/none':>9} {'identical':>9} {'ms/step':>8}"
     )
     lines = [head, "-" * len(head)]
     base = table["none"]
@@ -142,8 +156,15 @@ def format_table(table: dict[str, dict[int, dict[str, Any]]], batches: list[int]
                 f"{name:<10} {b:>3} {r['tokens_per_s']:>7.1f} "
                 f"{r['tokens_per_s'] / base[b]['tokens_per_s']:>6.2f}x {acc:>7} "
                 f"{r['wall_s']:>7.1f} {r['wall_s'] / base[b]['wall_s']:>9.2f} "
-                f"{'yes' if same else 'NO':>9}"
+                f"{'yes' if same else 'NO':>9} "
+                + (
+                    "       -"
+                    if r["adapter_ms_per_step"] is None
+                    else f"{r['adapter_ms_per_step']:>8.3f}"
+                )
             )
+            if any(r["faults"].values()):
+                lines.append(f"{'':<10} proposer faults: {r['faults']}")
     return "\n".join(lines)
 
 

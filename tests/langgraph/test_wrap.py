@@ -182,3 +182,35 @@ def test_model_outside_a_graph_is_its_own_query(strict: AgentSpecConfig) -> None
     assert tags is not None and tags.agent_id == "ScriptedChatModel"
     assert tags.query_id.startswith("run:") and tags.segment == "answer"
     assert handler.live_state() == {"runs": 0, "roots": 0, "calls": 0}
+
+
+def test_abandoned_stream_releases_state(strict: AgentSpecConfig) -> None:
+    app = with_agentspec(build(ScriptedChatModel(script=react_script)), config=strict)
+    handler = get_handler(app)
+    assert handler is not None
+    stream = app.stream({"messages": [HumanMessage("q")]})
+    next(stream)
+    next(stream)
+    stream.close()  # the caller stops reading half way
+    assert handler.live_state() == {"runs": 0, "roots": 0, "calls": 0}
+
+    async def partial() -> None:
+        astream = app.astream({"messages": [HumanMessage("q")]})
+        await astream.__anext__()
+        await astream.aclose()
+
+    asyncio.run(partial())
+    assert handler.live_state() == {"runs": 0, "roots": 0, "calls": 0}
+
+
+def test_graph_size_is_capped() -> None:
+    config = AgentSpecConfig(adapter_raise_errors=True, graph_max_calls=4)
+    app = with_agentspec(build(ScriptedChatModel(script=react_script)), config=config)
+    app.invoke({"messages": [HumanMessage("q")]}, {"configurable": {"thread_id": "long"}})
+    app.invoke({"messages": [HumanMessage("q")]}, {"configurable": {"thread_id": "long"}})
+    handler = get_handler(app)
+    assert handler is not None
+    graph = handler.graph("thread:long")
+    assert (len(graph.calls), graph.dropped) == (4, 6)  # 2 runs x (3 LLM calls + 2 tools)
+    assert all(e.src in graph.calls and e.dst in graph.calls for e in graph.edges)
+    assert handler.stats.tagged_calls == 6  # tags do not depend on the cap

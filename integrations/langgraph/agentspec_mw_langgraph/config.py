@@ -28,6 +28,8 @@ class AgentSpecConfig(BaseModel):
     """Re-raise adapter failures (tests); by default a failure means no tags + a warning."""
     graph_history: int = Field(default=64, ge=0)
     """How many finished queries' redundancy graphs the handler keeps for inspection."""
+    graph_max_calls: int = Field(default=4096, ge=1)
+    """Calls kept per query's redundancy graph; later ones are only counted (``dropped``)."""
     trace_path: Path | None = None
     """Append every LLM call to this JSONL file (the ``TraceRecord`` schema); ``None``: off."""
     trace_workload: str = Field(default="langgraph", min_length=1)

@@ -45,6 +45,7 @@ __all__ = ["AdapterStats", "AgentSpecCallbackHandler"]
 
 _log = logging.getLogger(__name__)
 _TRACE_SOURCE = "agentspec-mw-langgraph"
+_MAX_OBSERVATIONS = 256  # tool results remembered per query, to link the call reading them
 
 
 @dataclass
@@ -224,7 +225,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
     def _open_query(self, query_id: str) -> None:
         query = self._queries.get(query_id) or self._finished.pop(query_id, None)
         if query is None:
-            query = _Query(graph=RedundancyGraph(query_id))
+            query = _Query(graph=RedundancyGraph(query_id, self.config.graph_max_calls))
         query.active_roots += 1
         self._queries[query_id] = query
 
@@ -602,6 +603,8 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             tool_call_id = getattr(output, "tool_call_id", None)
             if tool_call_id:
                 query.observations[str(tool_call_id)] = call.call_id
+                while len(query.observations) > _MAX_OBSERVATIONS:  # oldest first
+                    del query.observations[next(iter(query.observations))]
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
         try:

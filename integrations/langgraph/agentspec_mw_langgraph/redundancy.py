@@ -84,27 +84,39 @@ class Group:
 class RedundancyGraph:
     """The calls of one query and how they relate (see the module doc)."""
 
-    def __init__(self, query_id: str) -> None:
+    def __init__(self, query_id: str, max_calls: int | None = None) -> None:
         self.query_id = query_id
+        self.max_calls = max_calls
+        """Calls kept at most (``None``: no limit); later calls are counted in ``dropped``."""
+        self.dropped = 0
+        """Calls not kept because the graph was full."""
         self.calls: dict[str, CallNode] = {}
         self.groups: dict[str, Group] = {}
         self.edges: list[Edge] = []
 
-    def add_call(self, call: CallNode) -> None:
-        """Add a call node (its id must be new)."""
+    def add_call(self, call: CallNode) -> bool:
+        """Add a call node (its id must be new); ``False`` if the graph is full."""
         assert call.call_id not in self.calls, f"duplicate call {call.call_id}"
+        if self.max_calls is not None and len(self.calls) >= self.max_calls:
+            self.dropped += 1
+            return False
         self.calls[call.call_id] = call
+        return True
 
     def join(self, group_id: str, kind: GroupKind, call_id: str) -> None:
-        """Put ``call_id`` into group ``group_id`` (created on first use)."""
+        """Put ``call_id`` into group ``group_id`` (created on first use; no-op for a call
+        the graph did not keep)."""
+        if call_id not in self.calls:
+            return
         group = self.groups.setdefault(group_id, Group(group_id, kind))
         assert group.kind == kind, f"group {group_id} is {group.kind}, not {kind}"
         if call_id not in group.members:
             group.members.append(call_id)
 
     def link(self, src: str, dst: str, kind: EdgeKind) -> None:
-        """Add the edge ``src -> dst``."""
-        self.edges.append(Edge(src, dst, kind))
+        """Add the edge ``src -> dst`` (no-op unless the graph kept both calls)."""
+        if src in self.calls and dst in self.calls:
+            self.edges.append(Edge(src, dst, kind))
 
     def llm_calls(self) -> list[CallNode]:
         """The LLM calls, in the order they started."""
@@ -119,9 +131,10 @@ class RedundancyGraph:
         return copy.deepcopy(self)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serializable export: ``{"query_id", "calls", "groups", "edges"}``."""
+        """A JSON-serializable export: ``{"query_id", "dropped", "calls", "groups", "edges"}``."""
         return {
             "query_id": self.query_id,
+            "dropped": self.dropped,
             "calls": [asdict(c) for c in self.calls.values()],
             "groups": [asdict(g) for g in self.groups.values()],
             "edges": [asdict(e) for e in self.edges],

@@ -13,8 +13,8 @@ class AgentSpecConfig(BaseModel):
     """Options of :class:`~agentspec_mw.agentspec.proposer.AgentSpecProposer`.
 
     Field names are grouped by feature: ``index_*`` (history indexes), ``calib_*``
-    (acceptance calibration), ``budget_*`` (per-step allocation), ``wide_*`` (sources used
-    when the budget is loose), ``tagfree_*`` (requests without tags).
+    (acceptance calibration), ``budget_*`` (per-step allocation), ``tagfree_*`` (requests
+    without tags).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -34,7 +34,7 @@ class AgentSpecConfig(BaseModel):
     """Prior acceptance of a drafted token = scale × the index's count ratio."""
     budget_cost_model: str = "llama8b-h100"
     """Step-time preset used when the host gives no cost model."""
-    budget_floor: float = Field(default=0.7, ge=0, le=1)
+    budget_floor: float = Field(default=0.75, ge=0, le=1)
     """Survival floor at large batch: a position is admitted only if its survival is at
     least ``budget_floor × min(1, log2(b) / log2(budget_floor_batch))``. At ``b = 1`` the
     floor is 0 and the cost model alone decides (a slot is nearly free); from
@@ -46,9 +46,6 @@ class AgentSpecConfig(BaseModel):
     concurrent requests the state of the art is slower than no speculation)."""
     redundancy_g_min: float = Field(default=0.5, ge=0, le=1)
     """g_min of the paper's p(n) = g_min + (1 - g_min)(1 - e^(1-n)) (agreement prior)."""
-    wide_max_threshold: float = Field(default=0.35, ge=0, le=1)
-    """Use the wide sources (own prompt, agent-wide history) only while the step's
-    admission threshold is at most this (loose budget, small batch)."""
     tagfree_agent_tokens: int = Field(default=64, ge=1)
     """Tag-free agent id = hash of this many leading prompt tokens."""
     tagfree_query_tokens: int = Field(default=1024, ge=1)

@@ -40,13 +40,16 @@ def _match(ctx: np.ndarray, min_n: int, max_n: int) -> tuple[int, int]:  # pragm
     return best_pos, best_len
 
 
-def match_own_context(ctx: np.ndarray, min_n: int, max_n: int, k: int) -> tuple[np.ndarray, int]:
+def match_own_context(
+    ctx: np.ndarray, min_n: int, max_n: int, k: int
+) -> tuple[np.ndarray, int, int]:
     """Tokens following the most recent longest match (``min_n..max_n``) of the suffix.
 
-    Returns ``(draft, match_len)``; an empty draft when no match of ``min_n`` tokens exists.
-    Among equally long matches the most recent wins.
+    Returns ``(draft, match_len, pos)`` with ``draft = ctx[pos : pos + k]``; an empty draft
+    (``pos = -1``) when no match of ``min_n`` tokens exists. Among equally long matches the
+    most recent wins.
     """
     pos, length = _match(ctx, min_n, max_n)
     if pos < 0:
-        return ctx[:0], 0
-    return ctx[pos : pos + k], int(length)
+        return ctx[:0], 0, -1
+    return ctx[pos : pos + k], int(length), int(pos)

@@ -10,15 +10,16 @@ Sources a request may draft from, in decreasing isolation:
     This is the paper's structure-isolated cache.
 ``agent``
     everything this agent produced in this scope, across queries (added when a request
-    stops).
+    stops). Looked up in the same batched index call as ``iso``; what it adds is decided
+    by calibration (cross-query text is trusted only where it has proven accepted).
 ``local``
     the request's own prompt and output, searched directly for the most recent longest
     match of its suffix (:mod:`~agentspec_mw.agentspec.lookup`).
 
-The wide sources (``agent``, ``local``) are consulted only while the budget is loose (the
-step's admission threshold is at most ``wide_max_threshold``): at small batch a slot is
-nearly free and a less certain draft still pays; at large batch they are skipped, which
-also keeps the per-step time low.
+The ``local`` scan is O(context) per request, so its cost is bounded: while a found match
+keeps being confirmed by the accepted tokens it is followed without rescanning, and a
+request whose scan finds nothing skips the next 1, 2, 4 … 16 steps. What each source
+contributes at each batch size is decided by calibration and the budget, not by rules.
 
 ``iso`` and ``agent`` live in one :class:`~agentspec_mw.agentspec.ngram_index.NgramIndex`
 (keys embed the isolation scope). Each draft token carries ``c / n`` — of the ``n``
@@ -60,6 +61,7 @@ _N_ML = len(LEVELS)  # match-length buckets (index levels; local uses the same e
 _SUPPORT_EDGES = np.array([2, 4, 8])  # support buckets: 1, 2-3, 4-7, 8+
 _N_SUP = len(_SUPPORT_EDGES) + 1
 _LOCAL_MIN_MATCH = 3
+_LOCAL_MAX_BACKOFF = 16  # steps a request skips the local scan after failing, at most
 _MIN_PROB = 0.05  # the index stops a draft at a token fewer than 5% of candidates agree on
 
 
@@ -90,6 +92,10 @@ class _Req:
         "seq_key",
         "draft",
         "block",
+        "lptr",
+        "lml",
+        "lskip",
+        "lback",
     )
 
     def __init__(
@@ -110,6 +116,13 @@ class _Req:
         # (candidate ids, calibration cells, positions already checked)
         self.draft: tuple[list[int], list[int], int] | None = None
         self.block = ""  # block of the current sequence
+        # the local source follows a match through the own context while it holds:
+        # lptr = context position the followed continuation resumes at (-1: none),
+        # lml = its match length; a failed scan backs off (lskip steps, doubling lback)
+        self.lptr = -1
+        self.lml = 0
+        self.lskip = 0
+        self.lback = 0
 
 
 class AgentSpecProposer:
@@ -146,7 +159,7 @@ class AgentSpecProposer:
         sup_mid = np.array([1, 2, 5, 10])
         p_n = np.array([redundancy_score(1, int(n), cfg.redundancy_g_min) for n in sup_mid])
         prior = np.broadcast_to(cfg.calib_prior_scale * q_mid[None, :] * p_n[:, None], shape).copy()
-        prior[:, 1] = np.minimum(1.0, prior[:, 1] * 1.1)  # sources agreeing: a bit more trust
+        prior[:, 1] = np.minimum(1.0, prior[:, 1] * 1.1)  # sources agree: more trust
         self._prior = prior.reshape(-1)
         self._succ = np.zeros_like(self._prior)
         self._tot = np.zeros_like(self._prior)
@@ -206,19 +219,27 @@ class AgentSpecProposer:
             return
         if req.draft is not None:
             req.draft = self._calibrate(req.draft, ids)
+        runs = req.state.feed(ids)
         off = 0
-        for block, n in req.state.feed(ids):
+        for block, n in runs:
             if block != req.block or req.seq < 0:
                 if req.seq >= 0:
                     self._pend_end.append(req.seq)
                 req.seq = self._index.new_seq()
                 req.seq_key = self._key_id((*req.iso_base, block))
                 req.block = block
-            kid = req.seq_key
-            self._pend_key.extend([kid] * n)
+            self._pend_key.extend([req.seq_key] * n)
             self._pend_seq.extend([req.seq] * n)
-            self._pend_tok.extend(ids[off : off + n])
+            self._pend_tok.extend(ids if len(runs) == 1 else ids[off : off + n])
             off += n
+        if req.lptr >= 0:
+            view = req.ctx.view()
+            end = req.lptr + len(ids)
+            if end <= len(view) and view[req.lptr : end].tolist() == ids:
+                req.lptr = end
+                req.lml = min(req.lml + len(ids), MAX_N)
+            else:
+                req.lptr = -1
         req.ctx.extend(ids)
 
     def stop(self, req_id: str) -> None:
@@ -263,8 +284,6 @@ class AgentSpecProposer:
         s = self.config.calib_prior_strength
         succ, tot, table, prior = self._succ, self._tot, self._table, self._prior
         for t in ids:
-            if done >= len(tokens):
-                return None
             cell = cells[done]
             tot[cell] += 1.0
             hit = tokens[done] == t
@@ -274,7 +293,9 @@ class AgentSpecProposer:
             if not hit:
                 return None
             done += 1
-        return (tokens, cells, done) if done < len(tokens) else None
+            if done >= len(tokens):
+                return None
+        return tokens, cells, done
 
     # -- drafting ------------------------------------------------------------------------
     def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
@@ -289,37 +310,37 @@ class AgentSpecProposer:
         floor = cfg.budget_floor * min(
             1.0, math.log2(max(step.batch_size, 1)) / math.log2(cfg.budget_floor_batch)
         )
-        wide = max(self._threshold, floor) <= cfg.wide_max_threshold
         reqs = [self._reqs[r] for r in req_ids]
         ctx = np.zeros((n_req, MAX_N), dtype=np.int32)
         ctx_len = np.empty(n_req, dtype=np.int64)
         iso_keys = np.empty(n_req, dtype=np.int64)
+        keys = self._keys
         for i, req in enumerate(reqs):
             tail = req.ctx.tail(MAX_N)
             ctx[i, : len(tail)] = tail
             ctx_len[i] = len(tail)
-            iso_keys[i] = self._keys.get((*req.iso_base, req.state.current), -1)
+            block = req.state.current
+            iso_keys[i] = (
+                req.seq_key if block == req.block else keys.get((*req.iso_base, block), -1)
+            )
         # candidate matrices: one row per (request, source)
         rows = [self._index.lookup(iso_keys, ctx, ctx_len, k, _MIN_PROB)]
         srcs = [np.full(n_req, _ISO)]
-        if wide:
-            agent_keys = np.fromiter(
-                (self._keys.get(r.agent_key, -1) for r in reqs), np.int64, n_req
-            )
-            rows.append(self._index.lookup(agent_keys, ctx, ctx_len, k, _MIN_PROB))
-            srcs.append(np.full(n_req, _AGENT))
-            l_tok = np.zeros((n_req, max(k, 1)), dtype=np.int32)
-            l_len = np.zeros(n_req, dtype=np.int64)
-            l_ml = np.zeros(n_req, dtype=np.int64)
-            for i, req in enumerate(reqs):
-                own, ml = match_own_context(req.ctx.view(), _LOCAL_MIN_MATCH, MAX_N, k)
+        agent_keys = np.fromiter((keys.get(r.agent_key, -1) for r in reqs), np.int64, n_req)
+        rows.append(self._index.lookup(agent_keys, ctx, ctx_len, k, _MIN_PROB))
+        srcs.append(np.full(n_req, _AGENT))
+        l_tok = np.zeros((n_req, max(k, 1)), dtype=np.int32)
+        l_len = np.zeros(n_req, dtype=np.int64)
+        l_ml = np.zeros(n_req, dtype=np.int64)
+        for i, req in enumerate(reqs):
+            own = self._local(req, k)
+            if own is not None:
                 l_tok[i, : len(own)] = own
                 l_len[i] = len(own)
-                l_ml[i] = ml
-            rows.append(
-                (l_tok, (l_tok >= 0).astype(np.float64), l_len, l_ml, np.ones(n_req, np.int64))
-            )
-            srcs.append(np.full(n_req, _LOCAL))
+                l_ml[i] = req.lml
+        l_prob = np.ones(l_tok.shape, dtype=np.float64)
+        rows.append((l_tok, l_prob, l_len, l_ml, np.ones(n_req, np.int64)))
+        srcs.append(np.full(n_req, _LOCAL))
         tok = np.concatenate([r[0] for r in rows])
         prob = np.concatenate([r[1] for r in rows])
         lens = np.concatenate([r[2] for r in rows])
@@ -379,6 +400,24 @@ class AgentSpecProposer:
                 used += n
         self._finish_step(t0, alloc.offered, used, step)
         return drafts
+
+    def _local(self, req: _Req, k: int) -> np.ndarray | None:
+        """The ``local`` candidate: follow the last match, or scan (with back-off)."""
+        view = req.ctx.view()
+        if 0 <= req.lptr < len(view):
+            return view[req.lptr : req.lptr + k]
+        if req.lskip > 0:
+            req.lskip -= 1
+            return None
+        own, ml, pos = match_own_context(view, _LOCAL_MIN_MATCH, MAX_N, k)
+        if len(own):
+            req.lptr = pos
+            req.lml = ml
+            req.lback = 0
+            return own
+        req.lback = min(max(1, 2 * req.lback), _LOCAL_MAX_BACKOFF)
+        req.lskip = req.lback
+        return None
 
     def _finish_step(self, t0: float, offered: int, used: int, step: StepContext) -> None:
         if not offered:

@@ -57,6 +57,8 @@ class WorkloadRun:
     sim_time_s: float = 0.0
     proposer_time_s: float = 0.0
     propose_us: list[float] = field(default_factory=list)
+    step_batch: list[int] = field(default_factory=list)
+    """Calls in flight at each engine step (aligned with ``propose_us``)."""
 
     @property
     def mat(self) -> float:
@@ -191,6 +193,7 @@ def replay_workload(
         slots = still
         prop_s = ((t2 - t0) + t_admit + t_extra) * 1e-9
         res.propose_us.append(prop_s * 1e6)
+        res.step_batch.append(num_batched - sum(len(d) for d in drafts))
         res.proposer_time_s += prop_s
         res.sim_time_s += cost_model.step_time(num_batched, num_kv)
         if add_proposer_time:

@@ -1,0 +1,92 @@
+"""Proposer speed: the per-step work (start/extend/propose/stop) with a full batch.
+
+Replays real traces through each proposer at a batch size (default 256 calls in flight)
+and reports the per-step proposer time over the steps where the batch was full — the
+number the AgentSpec issue bounds (median ≤ 2 ms for 256 requests). Prints a table;
+``--json`` writes it. Timings are wall-clock on this machine: run it on a quiet machine
+and compare proposers within one run.
+
+    python benchmarks/proposer_speed.py --traces ../shared/traces/react_fever_webshop.jsonl.xz \\
+        --tokenizer ../shared/tokenizers/qwen2.5 --batch 256 --k 16,32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+from agentspec_mw.costmodel import get_cost_model
+from agentspec_mw.proposer import ProposerEnv
+from agentspec_mw.registry import make_proposer
+from agentspec_mw.replay.run import build_calls
+from agentspec_mw.replay.sim import replay_workload
+from agentspec_mw.tokens import token_bytes_table
+from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--traces", nargs="+", required=True)
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--proposers", default="agentspec,suffix,ngram")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--k", default="16,32")
+    ap.add_argument("--max-calls", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    tok = load_tokenizer(args.tokenizer)
+    cost = get_cost_model("llama8b-h100")
+    ks = [int(x) for x in args.k.split(",")]
+    env = ProposerEnv(token_bytes=token_bytes_table(tok), cost_model=cost, max_k=max(ks))
+    traces = [tokenize_trace(p, tok) for p in args.traces]
+    rows = []
+    head = ("workload", "proposer", "k", "full steps", "p50 ms", "p90 ms", "p99 ms")
+    print("".join(f"{h:>{w}}" for h, w in zip(head, (22, 11, 4, 11, 9, 9, 9), strict=True)))
+    for wl, calls in build_calls(traces, max_calls=args.max_calls).items():
+        for name in args.proposers.split(","):
+            for k in ks:
+                t0 = time.perf_counter()
+                r = replay_workload(
+                    calls, make_proposer(name, env), batch=args.batch, k=k, cost_model=cost
+                )
+                us = np.asarray(r.propose_us)[np.asarray(r.step_batch) >= args.batch]
+                if len(us) == 0:
+                    print(
+                        f"{wl:>22} {name:>10} {k:>3}  never {args.batch} calls in flight: skipped"
+                    )
+                    continue
+                p50, p90, p99 = (float(np.percentile(us, q)) / 1e3 for q in (50, 90, 99))
+                rows.append(
+                    {
+                        "workload": wl,
+                        "proposer": name,
+                        "k": k,
+                        "batch": args.batch,
+                        "full_steps": len(us),
+                        "p50_ms": p50,
+                        "p90_ms": p90,
+                        "p99_ms": p99,
+                        "wall_s": time.perf_counter() - t0,
+                    }
+                )
+                print(
+                    f"{wl:>22} {name:>10} {k:>3} {len(us):>10} {p50:>8.3f} {p90:>8.3f} {p99:>8.3f}",
+                    flush=True,
+                )
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {"machine": platform.processor() or platform.machine(), "rows": rows}, indent=1
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

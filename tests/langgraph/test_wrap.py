@@ -214,3 +214,25 @@ def test_graph_size_is_capped() -> None:
     assert (len(graph.calls), graph.dropped) == (4, 6)  # 2 runs x (3 LLM calls + 2 tools)
     assert all(e.src in graph.calls and e.dst in graph.calls for e in graph.edges)
     assert handler.stats.tagged_calls == 6  # tags do not depend on the cap
+
+
+def test_handler_given_to_the_model_only(strict: AgentSpecConfig) -> None:
+    """Without node runs, the call's own langgraph metadata still names the agent."""
+    handler = AgentSpecCallbackHandler(strict)
+    model = ScriptedChatModel(script=echo)
+
+    def node(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"], {"callbacks": [handler]})]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("solo", node)
+    g.add_edge(START, "solo")
+    g.add_edge("solo", END)
+    g.compile().invoke({"messages": [HumanMessage("q")]})
+    ((tags, _),) = model.seen
+    assert tags is not None and (tags.agent_id, tags.segment) == ("solo", "answer")
+    graph = handler.graph(tags.query_id)
+    assert [(c.node, c.step, c.template) for c in graph.llm_calls()] == [
+        ("solo", 1, (("solo", 1),))
+    ]
+    assert handler.live_state() == {"runs": 0, "roots": 0, "calls": 0}

@@ -373,9 +373,21 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                         levels.append(parent)
                 cursor = parent.parent
             levels.reverse()
+            from_metadata = not levels and md.get("langgraph_node") is not None
+            if from_metadata:  # the handler saw no node run (given to the model only)
+                levels = [
+                    _Run(
+                        root=run.root,
+                        parent=None,
+                        node=str(md["langgraph_node"]),
+                        step=md.get("langgraph_step"),
+                        namespace=str(md.get("langgraph_checkpoint_ns", "")),
+                        push_index=_push_index(md.get("langgraph_path")),
+                    )
+                ]
             inner = levels[-1] if levels else None
             node_run = None
-            if inner is not None:
+            if inner is not None and not from_metadata:
                 cursor = run.parent
                 while cursor is not None and self._runs[cursor] is not inner:
                     cursor = self._runs[cursor].parent

@@ -274,3 +274,15 @@ def test_cli_reports_bad_input_cleanly(
     )
     assert rc == 2
     assert "nosuch" in capsys.readouterr().err
+
+
+def test_build_calls_subsets(sample_calls, tiny_tokenizer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tests.conftest import SAMPLE
+
+    tr = tokenize_trace(SAMPLE, tiny_tokenizer, cache_dir=tmp_path, progress=False)
+    one = build_calls([tr], max_calls_per_run=1)
+    assert len(one["sample_tool_agent"]) == 3 and len(one["sample_react"]) == 2
+    assert len(build_calls([tr], max_calls=2)["sample_tool_agent"]) == 2
+    tagged = build_calls([tr])["sample_tool_agent"][0].tags
+    assert tagged is not None and tagged.agent_id == "travel_agent" and tagged.segment is None
+    assert build_calls([tr], tags="none")["sample_react"][0].tags is None

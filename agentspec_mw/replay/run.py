@@ -49,6 +49,8 @@ class ReplayConfig(BaseModel):
     """Per-proposer constructor options, e.g. ``{"suffix": {"min_token_prob": 0.1}}``."""
     max_calls: int | None = Field(default=None, ge=1)
     """Keep only the first N calls of each workload (quick runs)."""
+    max_calls_per_run: int | None = Field(default=None, ge=1)
+    """Keep only the first N calls of each run (a subset that keeps every run)."""
     skip_malformed: bool = False
     """Count and skip malformed records instead of failing."""
 
@@ -106,15 +108,24 @@ def _tags_for(meta: Any, mode: str) -> StructureTags | None:
 
 
 def build_calls(
-    traces: Sequence[TokenizedTrace], tags: str = "trace", max_calls: int | None = None
+    traces: Sequence[TokenizedTrace],
+    tags: str = "trace",
+    max_calls: int | None = None,
+    max_calls_per_run: int | None = None,
 ) -> dict[str, list[ReplayCall]]:
     """Group the calls of tokenized traces by workload, in file order."""
     by_wl: dict[str, list[ReplayCall]] = {}
+    per_run: dict[str, int] = {}
     for t_idx, tr in enumerate(traces):
         for i, meta in enumerate(tr.calls):
             lst = by_wl.setdefault(meta.workload, [])
             if max_calls is not None and len(lst) >= max_calls:
                 continue
+            if max_calls_per_run is not None:
+                seen = per_run.get(meta.run_id, 0)
+                if seen >= max_calls_per_run:
+                    continue
+                per_run[meta.run_id] = seen + 1
             lst.append(
                 ReplayCall(
                     req_id=f"{t_idx}:{meta.run_id}#{meta.call_index}#{i}",

@@ -137,6 +137,10 @@ def build_llm(
     apply_env_defaults(in_process=True)
     from vllm import LLM
 
+    from agentspec_mw_vllm.plugin import register
+
+    register()  # in-process engines get the patch even if VLLM_PLUGINS leaves it out
+
     kwargs = engine_kwargs(
         model,
         speculative=speculative,

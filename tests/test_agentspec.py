@@ -227,3 +227,13 @@ def test_agentspec_memory_caps(tb) -> None:  # type: ignore[no-untyped-def]
         _prop(tb, index_max_tokens=10)
     with pytest.raises(ValueError, match="token_bytes"):
         AgentSpecProposer(ProposerEnv())
+
+
+def test_block_of_reports_the_current_block(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+    p = _prop(tb)
+    p.start("r", _ids(tiny_tokenizer, "Write code"), StructureTags(agent_id="a", query_id="q"))
+    assert p.block_of("r") == "text"
+    p.extend("r", _ids(tiny_tokenizer, "Here:\n```python\nx = 1"))
+    assert p.block_of("r") == "code"
+    p.stop("r")
+    assert p.block_of("r") is None

@@ -271,6 +271,11 @@ class AgentSpecProposer:
             self._index.end_seq(seq)
         self._pend_end.clear()
 
+    def block_of(self, req_id: str) -> str | None:
+        """The block kind request ``req_id`` is in (for per-block metrics), if it is live."""
+        req = self._reqs.get(req_id)
+        return req.state.current if req is not None else None
+
     # -- calibration ---------------------------------------------------------------------
     def _calibrate(
         self, draft: tuple[list[int], list[int], int], ids: list[int]

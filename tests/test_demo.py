@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
@@ -14,6 +15,7 @@ from agentspec_mw_langgraph.demo import AgentCounts, DemoRun, format_table, outp
 from agentspec_mw_langgraph.demo_graph import ASPECTS, build_workflow, calculator, initial_state
 
 from .langgraph.fake_chat import ScriptedChatModel
+from .langgraph.fake_openai import FakeOpenAI
 
 
 def _script(messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessage:
@@ -79,12 +81,68 @@ def test_counts_and_table() -> None:
     assert not outputs_identical(runs)
 
 
+class _FakeServer(FakeOpenAI):
+    """FakeOpenAI plus ``/v1/models`` and a ``/metrics`` whose counters grow per request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        chat = self.transport
+        self.transport = httpx.MockTransport(self._route)
+        self._chat = chat
+
+    def _route(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "served"}]})
+        if request.url.path == "/metrics":
+            n = len(self.bodies)
+            return httpx.Response(
+                200,
+                text="# HELP x\n"
+                f'vllm:generation_tokens_total{{model_name="served"}} {10.0 * n}\n'
+                f'vllm:spec_decode_num_draft_tokens_total{{model_name="served"}} {4.0 * n}\n'
+                f'vllm:spec_decode_num_accepted_tokens_total{{model_name="served"}} {3.0 * n}\n'
+                f'agentspec_drafted_tokens_total{{agent="worker",block="answer"}} {2.0 * n}\n'
+                f'agentspec_accepted_tokens_total{{agent="worker",block="answer"}} {1.0 * n}\n',
+            )
+        return self._chat.handle_request(request)
+
+
+def test_server_mode_tags_requests_and_reads_metrics() -> None:
+    from agentspec_mw_langgraph.demo import run_server
+
+    server = _FakeServer()
+    run = run_server(
+        "http://vllm.test:8000/v1",
+        topics=["tea"],
+        max_tokens=8,
+        progress=lambda _: None,
+        transport=server.transport,
+    )
+    bodies = server.bodies
+    agents = {b["vllm_xargs"]["agentspec_agent"] for b in bodies}
+    assert agents == {"planner", "worker", "tools_agent", "critic", "writer"}
+    assert {b["model"] for b in bodies} == {"served"}
+    n = len(bodies)
+    assert (run.total.output_tokens, run.total.drafted, run.total.accepted) == (
+        10 * n,
+        4 * n,
+        3 * n,
+    )
+    assert run.per_agent["worker"].acceptance == pytest.approx(0.5)
+    assert run.outputs[0]["answer"].startswith("answer:")
+    # the fake calls the calculator with bad arguments: the error goes back as the result
+    assert run.outputs[0]["facts"].startswith("error: ValidationError")
+
+
 @pytest.mark.engine
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_demo_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_command_end_to_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The real command, tiny: three engines, one query, 6 tokens per call."""
     pytest.importorskip("vllm")
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARNING")  # restored after the test
     from agentspec_mw.cli import main
 
     out = tmp_path / "demo"

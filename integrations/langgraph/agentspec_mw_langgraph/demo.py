@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from agentspec_mw.tags import WIRE_PREFIX
 from agentspec_mw_langgraph.backend import GenerationRequest, GenerationResult, VLLMBackend
 from agentspec_mw_langgraph.config import AgentSpecConfig
@@ -261,12 +263,10 @@ def run_engine(
 _METRIC_LINE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<v>\S+)$")
 
 
-def _scrape(metrics_url: str) -> dict[tuple[str, str], float]:
+def _scrape(client: httpx.Client, metrics_url: str) -> dict[tuple[str, str], float]:
     """``{(name, labels): value}`` from a Prometheus text endpoint."""
-    import httpx
-
     out: dict[tuple[str, str], float] = {}
-    for line in httpx.get(metrics_url, timeout=30).text.splitlines():
+    for line in client.get(metrics_url).text.splitlines():
         m = _METRIC_LINE.match(line.strip())
         if m and not line.startswith("#"):
             try:
@@ -288,27 +288,36 @@ def run_server(
     max_tokens: int = 48,
     topics: Sequence[str] = DEFAULT_TOPICS,
     progress: Progress = print,
+    transport: httpx.BaseTransport | None = None,
 ) -> DemoRun:
-    """Run the workflow once against the vLLM server at ``server_url`` (``.../v1``)."""
+    """Run the workflow once against the vLLM server at ``server_url`` (``.../v1``).
+
+    ``model=None`` takes the server's first served model. ``transport`` replaces the
+    HTTP transport of every request (tests).
+    """
     from agentspec_mw_langgraph.openai import agentspec_chat_openai
 
     base = server_url.rstrip("/")
     root = base[: -len("/v1")] if base.endswith("/v1") else base
+    client = httpx.Client(transport=transport, timeout=60)
     if model is None:
-        import httpx
-
-        served = httpx.get(f"{base}/models", timeout=30).json()["data"]
-        model = str(served[0]["id"])
+        model = str(client.get(f"{base}/models").json()["data"][0]["id"])
     progress(f"[server] {base}, model {model}")
     chat = agentspec_chat_openai(
-        model=model, base_url=base, api_key="unused", max_tokens=max_tokens, temperature=0
+        transport=transport,
+        model=model,
+        base_url=base,
+        api_key="unused",
+        max_tokens=max_tokens,
+        temperature=0,
+        max_retries=0,
     )
-    app = with_agentspec(build_workflow(chat), engine=base)
-    before = _scrape(f"{root}/metrics")
+    app = with_agentspec(build_workflow(chat), config=AgentSpecConfig())
+    before = _scrape(client, f"{root}/metrics")
     t0 = time.perf_counter()
     outputs = [dict(o) for o in app.batch([initial_state(t) for t in topics])]
     wall = time.perf_counter() - t0
-    after = _scrape(f"{root}/metrics")
+    after = _scrape(client, f"{root}/metrics")
 
     def delta(name: str) -> dict[str, float]:
         got: dict[str, float] = defaultdict(float)
@@ -384,20 +393,24 @@ def plot_runs(runs: Sequence[DemoRun], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     labels = [r.label for r in runs]
-    ax1.bar(labels, [r.tokens_per_s for r in runs], color="tab:blue")
+    colors = [f"C{i}" for i in range(len(runs))]
+    ax1.bar(labels, [r.tokens_per_s for r in runs], color=colors)
     ax1.set_ylabel("output tokens/s")
     ax1.set_title("throughput of the workflow")
     agents = sorted({a for r in runs for a in r.per_agent})
-    width = 0.8 / max(len(runs), 1)
-    for i, r in enumerate(runs):
+    drafting = [(i, r) for i, r in enumerate(runs) if r.total.drafted]  # "none" has no bars
+    width = 0.8 / max(len(drafting), 1)
+    for slot, (i, r) in enumerate(drafting):
         values = [(r.per_agent[a].acceptance or 0.0) if a in r.per_agent else 0.0 for a in agents]
-        ax2.bar([j + i * width for j in range(len(agents))], values, width, label=r.label)
-    ax2.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(agents))])
+        xs = [j + slot * width for j in range(len(agents))]
+        ax2.bar(xs, values, width, label=r.label, color=colors[i])
+    ax2.set_xticks([j + width * (len(drafting) - 1) / 2 for j in range(len(agents))])
     ax2.set_xticklabels(agents, rotation=20)
     ax2.set_ylim(0, 1)
     ax2.set_ylabel("draft acceptance")
     ax2.set_title("acceptance per agent")
-    ax2.legend()
+    if drafting:
+        ax2.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypedDict
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.messages.tool import ToolCall
 from langchain_core.tools import BaseTool, tool
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
@@ -119,6 +120,17 @@ def initial_state(topic: str) -> DemoState:
     return {"topic": topic, "plan": "", "notes": [], "facts": "", "critique": "", "answer": ""}
 
 
+def _run_tool(tools: dict[str, BaseTool], call: ToolCall) -> str:
+    """The tool's result, or the error as text (bad arguments go back to the model)."""
+    fn = tools.get(call["name"])
+    if fn is None:
+        return f"error: unknown tool {call['name']!r}"
+    try:
+        return str(fn.invoke(call["args"]))
+    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+        return f"error: {type(exc).__name__}: {exc}"
+
+
 def _text(message: BaseMessage) -> str:
     return str(message.content).strip()
 
@@ -169,9 +181,9 @@ def build_workflow(model: BaseChatModel) -> Any:
             if not reply.tool_calls:
                 break
             for call in reply.tool_calls:
-                fn = by_name.get(call["name"])
-                result = fn.invoke(call["args"]) if fn else f"unknown tool {call['name']!r}"
-                messages.append(ToolMessage(str(result), tool_call_id=call["id"] or ""))
+                messages.append(
+                    ToolMessage(_run_tool(by_name, call), tool_call_id=call["id"] or "")
+                )
         observed = [m.content for m in messages if isinstance(m, ToolMessage)]
         facts = _text(reply) if reply is not None else ""
         return {"facts": "\n".join([*map(str, observed), facts]).strip()}

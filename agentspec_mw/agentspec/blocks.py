@@ -151,6 +151,9 @@ class BlockState:
             self.tail = data[-g.max_len :]  # fast path: no delimiter can complete
             return [(self.current, n)]
         events = g._events(data, len(self.tail))
+        if not events:  # an anchor byte, but no delimiter completes: still one run
+            self.tail = data[-g.max_len :]
+            return [(self.current, n)]
         runs: list[tuple[str, int]] = []
         done: set[tuple[int, bytes]] = set()
         pos = len(self.tail)

@@ -49,7 +49,10 @@ def plot_speedup(rows: Sequence[ResultRow], path: str | Path, title: str = "") -
 
     workloads = list(dict.fromkeys(r.workload for r in rows))
     series = list(dict.fromkeys((r.proposer, r.k) for r in rows))
-    ks = {k for _, k in series}
+    ks = sorted({k for _, k in series})
+    proposers = list(dict.fromkeys(p for p, _ in series))
+    colors = {p: plt.get_cmap("tab10")(i % 10) for i, p in enumerate(proposers)}
+    styles = {k: ("-", "--", ":", "-.")[i % 4] for i, k in enumerate(ks)}
     ncols = min(3, len(workloads))
     nrows = math.ceil(len(workloads) / ncols)
     fig, axes = plt.subplots(
@@ -65,7 +68,15 @@ def plot_speedup(rows: Sequence[ResultRow], path: str | Path, title: str = "") -
             if not pts:
                 continue
             label = prop if len(ks) == 1 else f"{prop} k={k}"
-            ax.plot([b for b, _ in pts], [s for _, s in pts], marker="o", label=label)
+            ax.plot(
+                [b for b, _ in pts],
+                [s for _, s in pts],
+                marker="o",
+                ms=3,
+                color=colors[prop],
+                ls=styles[k],
+                label=label,
+            )
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xscale("log", base=2)
         ax.set_title(wl, fontsize=10)
@@ -75,10 +86,13 @@ def plot_speedup(rows: Sequence[ResultRow], path: str | Path, title: str = "") -
     for ax in list(axes.flat)[len(workloads) :]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=max(1, len(labels)), frameon=False)
+    ncol = max(1, min(len(labels), len(proposers)))
+    legend_rows = -(-len(labels) // ncol)
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, frameon=False, fontsize=9)
     if title:
         fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.97 if title else 1))
+    bottom = min(0.3, 0.045 * legend_rows / nrows + 0.03)
+    fig.tight_layout(rect=(0, bottom, 1, 0.97 if title else 1))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)

@@ -1,0 +1,80 @@
+"""Check the AgentSpec acceptance bars on `agentspec replay --json` reports.
+
+For each k and workload: rejection rate at the largest batch, the lowest predicted speedup
+over all batch sizes, speedup vs SuffixDecoding at the largest batch (and the geometric
+mean over workloads), and mean accepted tokens per step vs SuffixDecoding at batch 1.
+Prints a markdown table per k; exits 1 if any bar fails.
+
+    python benchmarks/check_bars.py docs/results/replay_main.json [more.json ...]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+BARS = {"rej": 0.20, "min_speedup": 1.0, "vs_suffix": 1.1, "geo": 1.3, "mat1": 0.95}
+
+
+def main(paths: list[str]) -> int:
+    rows = [r for p in paths for r in json.loads(Path(p).read_text())["results"]]
+    by = {(r["proposer"], r["workload"], r["batch"], r["k"]): r for r in rows}
+    ks = sorted({r["k"] for r in rows if r["proposer"] == "agentspec"})
+    if not ks or not any(r["proposer"] == "suffix" for r in rows):
+        print("no agentspec and suffix rows to compare")
+        return 1
+    ok = True
+    for k in ks:
+        wls = sorted({r["workload"] for r in rows if r["k"] == k and r["workload"] != "ALL"})
+        big = max(r["batch"] for r in rows if r["k"] == k)
+        print(f"\n### k = {k} (largest batch {big})\n")
+        print(
+            "| workload | rejection @max | min speedup (batch) | agentspec / suffix @max | "
+            "MAT @1 agentspec / suffix |"
+        )
+        print("| --- | --- | --- | --- | --- |")
+        ratios = []
+        for wl in wls:
+            a = {
+                b: by[("agentspec", wl, b, k)]
+                for (p, w, b, kk) in by
+                if p == "agentspec" and w == wl and kk == k
+            }
+            s = {
+                b: by[("suffix", wl, b, k)]
+                for (p, w, b, kk) in by
+                if p == "suffix" and w == wl and kk == k
+            }
+            rej = a[big]["rejection_rate"]
+            mins = min(a.values(), key=lambda r: r["speedup"])
+            ratio = a[big]["speedup"] / s[big]["speedup"]
+            ratios.append(ratio)
+            mat = a[1]["mat"] / s[1]["mat"] if 1 in a and 1 in s else float("nan")
+            flags = [
+                rej <= BARS["rej"],
+                mins["speedup"] >= BARS["min_speedup"],
+                ratio >= BARS["vs_suffix"],
+                not mat < BARS["mat1"],
+            ]
+            ok &= all(flags)
+            mark = lambda good: "" if good else " ✗"  # noqa: E731
+            print(
+                f"| {wl} | {rej:.3f}{mark(flags[0])} | {mins['speedup']:.3f} ({mins['batch']})"
+                f"{mark(flags[1])} | {a[big]['speedup']:.3f} / {s[big]['speedup']:.3f} = "
+                f"{ratio:.2f}{mark(flags[2])} | {a[1]['mat']:.3f} / {s[1]['mat']:.3f} = "
+                f"{mat:.3f}{mark(flags[3])} |"
+            )
+        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        ok &= geo >= BARS["geo"]
+        print(
+            f"\ngeometric mean of agentspec / suffix at batch {big}: {geo:.2f}"
+            f"{'' if geo >= BARS['geo'] else ' ✗'}"
+        )
+    print("\nall bars hold" if ok else "\nsome bars fail (✗)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

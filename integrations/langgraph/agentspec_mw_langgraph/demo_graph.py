@@ -168,11 +168,17 @@ def build_workflow(model: BaseChatModel) -> Any:
     def tools_agent(state: DemoState) -> dict[str, Any]:
         messages: list[BaseMessage] = [
             SystemMessage("You are a research assistant. Use the tools when they help."),
-            HumanMessage(
-                f"Look up {state['topic']} in the notes, and compute 6.5 * 1000 with the "
-                "calculator. Then state the facts."
+            # one worked example: small models follow a demonstrated tool call
+            HumanMessage("Look up bread in the notes, then state the facts."),
+            AIMessage(
+                "",
+                tool_calls=[{"name": "lookup_note", "args": {"topic": "bread"}, "id": "ex1"}],
             ),
+            ToolMessage(NOTES["bread"], tool_call_id="ex1"),
+            AIMessage(f"Fact: {NOTES['bread']}"),
+            HumanMessage(f"Look up {state['topic']} in the notes, then state the facts."),
         ]
+        first_new = len(messages)
         reply: AIMessage | None = None
         for _ in range(MAX_TOOL_ROUNDS):
             reply = tool_model.invoke(messages)  # type: ignore[assignment]
@@ -184,7 +190,7 @@ def build_workflow(model: BaseChatModel) -> Any:
                 messages.append(
                     ToolMessage(_run_tool(by_name, call), tool_call_id=call["id"] or "")
                 )
-        observed = [m.content for m in messages if isinstance(m, ToolMessage)]
+        observed = [m.content for m in messages[first_new:] if isinstance(m, ToolMessage)]
         facts = _text(reply) if reply is not None else ""
         return {"facts": "\n".join([*map(str, observed), facts]).strip()}
 

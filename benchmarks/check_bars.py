@@ -18,8 +18,32 @@ from pathlib import Path
 BARS = {"rej": 0.20, "min_speedup": 1.0, "vs_suffix": 1.1, "geo": 1.3, "mat1": 0.95}
 
 
+def speedup_tables(rows: list[dict]) -> None:  # type: ignore[type-arg]
+    """Print predicted speedup vs none: a row per workload × proposer, a column per batch."""
+    batches = sorted({r["batch"] for r in rows})
+    for k in sorted({r["k"] for r in rows}):
+        print(f"\n#### Predicted speedup vs no speculation, k = {k}\n")
+        print("| workload | proposer | " + " | ".join(f"b={b}" for b in batches) + " |")
+        print("| --- | --- | " + " | ".join("---" for _ in batches) + " |")
+        seen = dict.fromkeys((r["workload"], r["proposer"]) for r in rows if r["k"] == k)
+        for wl, prop in seen:
+            if prop == "none":
+                continue
+            cells = {
+                r["batch"]: r["speedup"]
+                for r in rows
+                if r["k"] == k and r["workload"] == wl and r["proposer"] == prop
+            }
+            print(
+                f"| {wl} | {prop} | "
+                + " | ".join(f"{cells[b]:.3f}" if b in cells else "–" for b in batches)
+                + " |"
+            )
+
+
 def main(paths: list[str]) -> int:
     rows = [r for p in paths for r in json.loads(Path(p).read_text())["results"]]
+    speedup_tables(rows)
     by = {(r["proposer"], r["workload"], r["batch"], r["k"]): r for r in rows}
     ks = sorted({r["k"] for r in rows if r["proposer"] == "agentspec"})
     if not ks or not any(r["proposer"] == "suffix" for r in rows):

@@ -48,8 +48,8 @@ def add_commands(sub: Any) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from agentspec_mw_langgraph.demo import outputs_identical, run_demo
 
-    # vLLM's per-engine INFO lines would bury the progress lines (set it to see them)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # three engines' start-up logs would bury the progress lines; set it to see them
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if args.k < 1:
         raise ValueError(f"--k={args.k} must be >= 1")
     if args.max_tokens < 1:

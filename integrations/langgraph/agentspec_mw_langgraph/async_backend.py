@@ -19,24 +19,11 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from agentspec_mw_langgraph.backend import GenerationRequest, GenerationResult
+from agentspec_mw_langgraph.backend import GenerationRequest, GenerationResult, sampling_params
 
 __all__ = ["AsyncVLLMBackend"]
 
 _END = object()
-
-
-def _sampling_params(r: GenerationRequest) -> Any:
-    from vllm import SamplingParams
-
-    return SamplingParams(
-        max_tokens=r.max_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        seed=r.seed,
-        stop=list(r.stop) or None,
-        extra_args=dict(r.extra_args) if r.extra_args else None,
-    )
 
 
 class AsyncVLLMBackend:
@@ -63,7 +50,7 @@ class AsyncVLLMBackend:
         prompt = {"prompt_token_ids": request.prompt_token_ids}
         text, last = "", None
         async for out in self.engine.generate(
-            prompt, _sampling_params(request), request_id=f"agentspec-{uuid.uuid4().hex}"
+            prompt, sampling_params(request), request_id=f"agentspec-{uuid.uuid4().hex}"
         ):
             comp = out.outputs[0]
             if len(comp.text) > len(text):

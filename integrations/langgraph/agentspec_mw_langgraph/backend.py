@@ -15,7 +15,13 @@ from typing import Any, Protocol, runtime_checkable
 
 from agentspec_mw_langgraph.batching import BatchCombiner
 
-__all__ = ["EngineBackend", "GenerationRequest", "GenerationResult", "VLLMBackend"]
+__all__ = [
+    "EngineBackend",
+    "GenerationRequest",
+    "GenerationResult",
+    "VLLMBackend",
+    "sampling_params",
+]
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,20 @@ class EngineBackend(Protocol):
         ...
 
 
+def sampling_params(r: GenerationRequest) -> Any:
+    """vLLM ``SamplingParams`` for one request (tags travel in ``extra_args``)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        max_tokens=r.max_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        seed=r.seed,
+        stop=list(r.stop) or None,
+        extra_args=dict(r.extra_args) if r.extra_args else None,
+    )
+
+
 class VLLMBackend:
     """An :class:`EngineBackend` over an in-process ``vllm.LLM``."""
 
@@ -84,19 +104,7 @@ class VLLMBackend:
         return [self._combiner.submit(r) for r in requests]
 
     def _run_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        from vllm import SamplingParams
-
-        params = [
-            SamplingParams(
-                max_tokens=r.max_tokens,
-                temperature=r.temperature,
-                top_p=r.top_p,
-                seed=r.seed,
-                stop=list(r.stop) or None,
-                extra_args=dict(r.extra_args) if r.extra_args else None,
-            )
-            for r in requests
-        ]
+        params = [sampling_params(r) for r in requests]
         prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         results = []

@@ -33,7 +33,12 @@ from typing import Any
 import httpx
 
 from agentspec_mw.tags import WIRE_PREFIX
-from agentspec_mw_langgraph.backend import GenerationRequest, GenerationResult, VLLMBackend
+from agentspec_mw_langgraph.backend import (
+    GenerationRequest,
+    GenerationResult,
+    VLLMBackend,
+    sampling_params,
+)
 from agentspec_mw_langgraph.config import AgentSpecConfig
 from agentspec_mw_langgraph.demo_graph import build_workflow, initial_state
 from agentspec_mw_langgraph.wrap import with_agentspec
@@ -144,19 +149,7 @@ class MeteredBackend(VLLMBackend):
             self.per_agent = defaultdict(AgentCounts)
 
     def _run_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        from vllm import SamplingParams
-
-        params = [
-            SamplingParams(
-                max_tokens=r.max_tokens,
-                temperature=r.temperature,
-                top_p=r.top_p,
-                seed=r.seed,
-                stop=list(r.stop) or None,
-                extra_args=dict(r.extra_args) if r.extra_args else None,
-            )
-            for r in requests
-        ]
+        params = [sampling_params(r) for r in requests]
         prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         results = []

@@ -4,16 +4,7 @@ drafter, a graph whose nodes use ``ChatOpenAI``: identical outputs with and with
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,64 +12,23 @@ import pytest
 
 from agentspec_mw_langgraph import AgentSpecConfig, with_agentspec
 from agentspec_mw_langgraph.openai import AgentSpecTransport
+from tests.serving import http_get, running_server
 
 from .test_engine_e2e import PROBE, build_graph
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[2]
 MODEL = "SmolLM2-135M-Instruct"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        return str(resp.read().decode())
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     pytest.importorskip("vllm")
     pytest.importorskip("langchain_openai")
-    port = _free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    argv = [sys.executable, "-m", "agentspec_mw.cli", "serve", "--port", str(port)]
-    argv += ["--served-model-name", MODEL, "--speculative", PROBE, "--k", "2"]
-    argv += ["--max-model-len", "768", "--", "--enforce-eager", "--max-num-seqs", "8"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited {proc.returncode}:\n{log.read_text()[-4000:]}")
-            try:
-                _get(base + "/health")
-                break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                if time.monotonic() > deadline:
-                    pytest.fail(f"server not ready in 300 s:\n{log.read_text()[-4000:]}")
-                time.sleep(1)
+    args = ["--served-model-name", MODEL, "--speculative", PROBE, "--k", "2"]
+    args += ["--max-model-len", "768", "--", "--enforce-eager", "--max-num-seqs", "8"]
+    with running_server(args, log) as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def test_chat_openai_graph_on_real_server(server: str) -> None:
@@ -112,6 +62,6 @@ def test_chat_openai_graph_on_real_server(server: str) -> None:
     finally:
         disable_openai_injection(server + "/v1")
     assert hook_stats().injected - before == 4
-    metrics = _get(server + "/metrics")
+    metrics = http_get(server + "/metrics")
     for agent in ("planner", "worker", "writer"):
         assert f'agentspec_drafted_tokens_total{{agent="{agent}"' in metrics, agent

@@ -154,7 +154,7 @@ def replay_workload(
                 )
         else:
             t0 = t2 = 0
-        num_batched = len(slots)
+        in_flight = num_batched = len(slots)
         num_kv = 0
         for _, slot in slots:
             num_kv += len(slot.call.prompt) + slot.pos
@@ -193,7 +193,7 @@ def replay_workload(
         slots = still
         prop_s = ((t2 - t0) + t_admit + t_extra) * 1e-9
         res.propose_us.append(prop_s * 1e6)
-        res.step_batch.append(num_batched - sum(len(d) for d in drafts))
+        res.step_batch.append(in_flight)
         res.proposer_time_s += prop_s
         res.sim_time_s += cost_model.step_time(num_batched, num_kv)
         if add_proposer_time:

@@ -1,36 +1,53 @@
 """Block tracking: which kind of block (code, tool call, thought, ...) a request is in.
 
-A :class:`BlockGrammar` is compiled once per delimiter set and token table; a
-:class:`BlockState` per request follows the emitted bytes through the delimiters with a
-small pushdown automaton (a stack of open blocks):
+A :class:`BlockGrammar` is compiled once per delimiter set and token table into flat
+arrays; the state of one request is a small pushdown automaton (a stack of open blocks and
+the last bytes seen) advanced by a numba kernel, :func:`advance`, that the proposer calls
+for a whole batch inside its per-step kernel and :class:`BlockState` calls for one request:
 
 * a start delimiter pushes its block; the matching end delimiter pops it (for blocks whose
   start and end are the same, e.g. fenced code, a second occurrence closes);
-* delimiters may be split across tokens (a rolling tail of the last bytes is kept);
+* delimiters may be split across tokens (the last :data:`MAX_DELIM` bytes are kept);
 * nesting is capped (:data:`MAX_DEPTH`); an unterminated block stays open until the request
   stops;
 * a token is attributed to the block that was open *before* it: an opening delimiter
-  belongs to the outer block, a closing one to the block it closes.
+  belongs to the outer block, a closing one to the block it closes;
+* where several delimiters end at the same byte (``\\n`` and ``\\nThought``), the longer
+  is applied first, and one occurrence of a delimiter is one event (a ```` ``` ```` that
+  closes a code block does not reopen one).
 
-Per token there is no tokenizer call and, on the fast path, no Python work per token:
-every delimiter starts with an *anchor* byte (```` ` ````, ``<``, ``{``, newline for the
-defaults); the grammar precomputes which token ids contain an anchor, and tokens are
-scanned one by one only while an anchor is among the new tokens or the last
-``max_len`` bytes.
+Per token there is no tokenizer call: token bytes come from a flat table built once per
+token table, and at each byte only the delimiters ending in that byte are compared.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from numba import njit
 
-__all__ = ["DEFAULT_BLOCKS", "MAX_DEPTH", "BlockGrammar", "BlockSpec", "BlockState", "ROOT"]
+__all__ = [
+    "DEFAULT_BLOCKS",
+    "MAX_DELIM",
+    "MAX_DEPTH",
+    "ROOT",
+    "BlockGrammar",
+    "BlockSpec",
+    "BlockState",
+    "advance",
+    "current",
+]
 
 ROOT = "text"
 MAX_DEPTH = 8
+MAX_DELIM = 64
+"""Longest delimiter, in UTF-8 bytes."""
+MAX_BLOCKS = 63
+"""Block kinds per grammar (block id 0 is :data:`ROOT`)."""
+DEPTH, TAILN = 0, 1  # columns of an automaton's int64 state row (TAILN: bytes seen)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,120 +71,162 @@ DEFAULT_BLOCKS: tuple[BlockSpec, ...] = (
     BlockSpec("observation", "\nObservation", "\n"),
 )
 
+_FLAT_CACHE: dict[int, tuple[Sequence[bytes], np.ndarray, np.ndarray]] = {}
+
+
+def _flat_bytes(token_bytes: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """Token bytes as ``(offsets, data)`` arrays, built once per token table object."""
+    hit = _FLAT_CACHE.get(id(token_bytes))
+    if hit is not None and hit[0] is token_bytes:
+        return hit[1], hit[2]
+    lens = np.fromiter((len(b) for b in token_bytes), np.int64, len(token_bytes))
+    off = np.zeros(len(token_bytes) + 1, dtype=np.int64)
+    np.cumsum(lens, out=off[1:])
+    data = np.frombuffer(b"".join(token_bytes) or b"\0", dtype=np.uint8).copy()
+    _FLAT_CACHE[id(token_bytes)] = (token_bytes, off, data)  # keeps the table alive
+    return off, data
+
 
 class BlockGrammar:
-    """Compiled delimiters for one token table (shared by all requests that use them)."""
+    """Compiled delimiters for one token table (shared by all requests that use them).
+
+    Block ids: 0 is :data:`ROOT`, ``i + 1`` is ``specs[i]``; :attr:`names` maps back.
+    :attr:`arrays` is the tuple :func:`advance` takes.
+    """
 
     def __init__(self, specs: Sequence[BlockSpec], token_bytes: Sequence[bytes]) -> None:
         if not specs:
             raise ValueError("a block grammar needs at least one BlockSpec")
+        if len(specs) > MAX_BLOCKS:
+            raise ValueError(f"a block grammar holds at most {MAX_BLOCKS} block kinds")
         self.specs = tuple(specs)
         self.token_bytes = token_bytes
-        self._starts = [(s.start.encode(), s.name) for s in specs]
-        self._ends = {s.name: s.end.encode() for s in specs}
-        self.max_len = max(max(len(s.start.encode()), len(s.end.encode())) for s in specs)
-        delims = sorted(
-            {d for d, _ in self._starts} | set(self._ends.values()), key=len, reverse=True
+        self.names: tuple[str, ...] = (ROOT, *(s.name for s in specs))
+        delims: list[bytes] = []
+        for s in specs:
+            for d in (s.start.encode(), s.end.encode()):
+                if not d or len(d) > MAX_DELIM:
+                    raise ValueError(
+                        f"block {s.name!r}: delimiters must be 1..{MAX_DELIM} bytes, got {d!r}"
+                    )
+                if d not in delims:
+                    delims.append(d)
+        self.max_len = max(len(d) for d in delims)
+        n_d = len(delims)
+        d_bytes = np.zeros((n_d, MAX_DELIM), dtype=np.uint8)
+        d_len = np.array([len(d) for d in delims], dtype=np.int64)
+        d_start = np.full(n_d, -1, dtype=np.int64)  # the first block a delimiter opens
+        b_end = np.full(len(specs) + 1, -1, dtype=np.int64)  # the delimiter closing a block
+        for i, d in enumerate(delims):
+            d_bytes[i, : len(d)] = np.frombuffer(d, dtype=np.uint8)
+        for b, s in enumerate(specs, start=1):
+            di = delims.index(s.start.encode())
+            if d_start[di] < 0:
+                d_start[di] = b
+            b_end[b] = delims.index(s.end.encode())
+        # delimiters by last byte, longest first
+        by_last: list[list[int]] = [[] for _ in range(256)]
+        for i in sorted(range(n_d), key=lambda i: -len(delims[i])):
+            by_last[delims[i][-1]].append(i)
+        last_ptr = np.zeros(257, dtype=np.int64)
+        np.cumsum([len(x) for x in by_last], out=last_ptr[1:])
+        last_list = np.array([i for x in by_last for i in x], dtype=np.int64)
+        tb_off, tb_data = _flat_bytes(token_bytes)
+        self.arrays: tuple[np.ndarray, ...] = (
+            tb_off,
+            tb_data,
+            d_bytes,
+            d_len,
+            d_start,
+            b_end,
+            last_ptr,
+            last_list,
+            np.array([self.max_len], dtype=np.int64),
         )
-        # role of each delimiter: the blocks it starts (a name) and/or an end (None)
-        self._roles: dict[bytes, list[str | None]] = {d: [] for d in delims}
-        for d, name in self._starts:
-            self._roles[d].append(name)
-        for d in set(self._ends.values()):
-            self._roles[d].append(None)
-        self._prefixes = {d: [p for p in delims if d.startswith(p)] for d in delims}
-        self._pattern = re.compile(b"(?=(" + b"|".join(re.escape(d) for d in delims) + b"))")
-        self.anchors = bytes(
-            sorted({d[0] for d, _ in self._starts} | {e[0] for e in self._ends.values()})
-        )
-        trig = np.zeros(max(len(token_bytes), 1), dtype=np.bool_)
-        for tid, tb in enumerate(token_bytes):
-            if tb and any(b in self.anchors for b in tb):
-                trig[tid] = True
-        self.trigger = trig
-        self.trigger_ids = frozenset(np.flatnonzero(trig).tolist())
 
-    def _events(self, tail: bytes, new_from: int) -> list[tuple[int, bytes, str | None]]:
-        """Delimiters ending after ``new_from`` in ``tail``: (end pos, delim, start-of).
 
-        One regex scan finds every position where a delimiter begins (a lookahead, so
-        overlapping delimiters such as ``\n`` and ``\nThought`` are both seen).
-        """
-        found: list[tuple[int, bytes, str | None]] = []
-        start = max(0, new_from - self.max_len + 1)
-        for m in self._pattern.finditer(tail, start):
-            pos = m.start()
-            for delim in self._prefixes[m.group(1)]:
-                end = pos + len(delim)
-                if end <= new_from or not tail.startswith(delim, pos):
-                    continue
-                for start_of in self._roles[delim]:
-                    found.append((end, delim, start_of))
-        found.sort(key=lambda e: e[0])
-        return found
+@njit(cache=True, nogil=True, inline="always")
+def current(stack: np.ndarray, st: np.ndarray) -> int:  # pragma: no cover
+    """The innermost open block id of one automaton (0 = root)."""
+    d = st[DEPTH]
+    return stack[d - 1] if d > 0 else 0
+
+
+@njit(cache=True, nogil=True)
+def advance(
+    tok: int, stack: np.ndarray, tail: np.ndarray, st: np.ndarray, g: Any
+) -> None:  # pragma: no cover
+    """Feed one token's bytes to one automaton (``stack``/``tail``/``st`` rows)."""
+    tb_off, tb_data, d_bytes, d_len, d_start, b_end, last_ptr, last_list, meta = g
+    if tok < 0 or tok + 1 >= tb_off.shape[0]:
+        return
+    width = meta[0]  # the longest delimiter: older bytes can complete nothing
+    for p in range(tb_off[tok], tb_off[tok + 1]):
+        c = tb_data[p]
+        n = st[TAILN] + 1  # bytes seen; the tail is a ring of ``width`` of them
+        st[TAILN] = n
+        tail[(n - 1) % width] = c
+        for j in range(last_ptr[c], last_ptr[c + 1]):
+            d = last_list[j]
+            ln = d_len[d]
+            if ln > n:
+                continue
+            ok = True
+            for q in range(ln - 1):  # the last byte is c
+                if tail[(n - ln + q) % width] != d_bytes[d, q]:
+                    ok = False
+                    break
+            if not ok:
+                continue
+            depth = st[DEPTH]
+            if depth > 0 and b_end[stack[depth - 1]] == d:
+                st[DEPTH] = depth - 1
+            elif d_start[d] >= 0 and depth < stack.shape[0]:
+                stack[depth] = d_start[d]
+                st[DEPTH] = depth + 1
+
+
+@njit(cache=True, nogil=True)
+def _feed(
+    ids: np.ndarray, stack: np.ndarray, tail: np.ndarray, st: np.ndarray, g: Any, out: np.ndarray
+) -> None:  # pragma: no cover
+    for i in range(ids.shape[0]):
+        out[i] = current(stack, st)
+        advance(ids[i], stack, tail, st, g)
 
 
 class BlockState:
-    """One request's position in the block structure."""
+    """One request's position in the block structure (a single automaton)."""
 
-    __slots__ = ("grammar", "stack", "tail")
+    __slots__ = ("grammar", "_stack", "_tail", "_st")
 
     def __init__(self, grammar: BlockGrammar) -> None:
         self.grammar = grammar
-        self.stack: list[str] = []
-        self.tail = b""
+        self._stack = np.zeros(MAX_DEPTH, dtype=np.int64)
+        self._tail = np.zeros(MAX_DELIM, dtype=np.uint8)
+        self._st = np.zeros(2, dtype=np.int64)
+
+    @property
+    def stack(self) -> list[str]:
+        """Open blocks, outermost first."""
+        return [self.grammar.names[b] for b in self._stack[: self._st[DEPTH]]]
 
     @property
     def current(self) -> str:
         """The innermost open block (``"text"`` at top level)."""
-        return self.stack[-1] if self.stack else ROOT
-
-    def _apply(
-        self, delim: bytes, start_of: str | None, done: set[tuple[int, bytes]], end: int
-    ) -> None:
-        if (end, delim) in done:
-            return  # one occurrence is one event (e.g. ``` closes, it does not reopen)
-        top = self.stack[-1] if self.stack else None
-        if top is not None and delim == self.grammar._ends[top]:
-            self.stack.pop()
-            done.add((end, delim))
-        elif start_of is not None and len(self.stack) < MAX_DEPTH:
-            self.stack.append(start_of)
-            done.add((end, delim))
+        d = int(self._st[DEPTH])
+        return self.grammar.names[int(self._stack[d - 1])] if d else ROOT
 
     def feed(self, token_ids: Sequence[int] | np.ndarray) -> list[tuple[str, int]]:
         """Advance over tokens; return runs ``(block, n_tokens)`` attributing each token."""
-        g = self.grammar
-        ids = token_ids.tolist() if isinstance(token_ids, np.ndarray) else list(token_ids)
-        n = len(ids)
-        if n == 0:
+        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        if len(ids) == 0:
             return []
-        table = g.token_bytes
-        size = len(table)
-        pieces = [table[t] if 0 <= t < size else b"" for t in ids]
-        data = self.tail + b"".join(pieces)
-        trig = g.trigger_ids
-        if not any(t in trig for t in ids) and not any(a in self.tail for a in g.anchors):
-            self.tail = data[-g.max_len :]  # fast path: no delimiter can complete
-            return [(self.current, n)]
-        events = g._events(data, len(self.tail))
-        if not events:  # an anchor byte, but no delimiter completes: still one run
-            self.tail = data[-g.max_len :]
-            return [(self.current, n)]
-        runs: list[tuple[str, int]] = []
-        done: set[tuple[int, bytes]] = set()
-        pos = len(self.tail)
-        ev = 0
-        for piece in pieces:
-            block = self.current
-            if runs and runs[-1][0] == block:
-                runs[-1] = (block, runs[-1][1] + 1)
-            else:
-                runs.append((block, 1))
-            pos += len(piece)
-            while ev < len(events) and events[ev][0] <= pos:
-                end, delim, start_of = events[ev]
-                self._apply(delim, start_of, done, end)
-                ev += 1
-        self.tail = data[-g.max_len :]
-        return runs
+        out = np.empty(len(ids), dtype=np.int64)
+        _feed(ids, self._stack, self._tail, self._st, self.grammar.arrays, out)
+        cut = np.flatnonzero(np.diff(out)) + 1
+        bounds = np.concatenate(([0], cut, [len(out)]))
+        names = self.grammar.names
+        return [
+            (names[int(out[a])], int(b - a)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        ]

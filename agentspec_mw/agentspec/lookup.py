@@ -12,11 +12,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["match_own_context"]
+__all__ = ["match_own_context", "match_tail"]
 
 
 @njit(cache=True, nogil=True)
-def _match(ctx: np.ndarray, min_n: int, max_n: int) -> tuple[int, int]:  # pragma: no cover
+def match_tail(ctx: np.ndarray, min_n: int, max_n: int) -> tuple[int, int]:  # pragma: no cover
+    """``(pos, length)``: where the most recent longest match of the suffix continues."""
     n = ctx.shape[0]
     best_len = 0
     best_pos = -1
@@ -49,7 +50,7 @@ def match_own_context(
     (``pos = -1``) when no match of ``min_n`` tokens exists. Among equally long matches the
     most recent wins.
     """
-    pos, length = _match(ctx, min_n, max_n)
+    pos, length = match_tail(ctx, min_n, max_n)
     if pos < 0:
         return ctx[:0], 0, -1
     return ctx[pos : pos + k], int(length), int(pos)

@@ -6,12 +6,13 @@ per-call cost (~5 µs per insert and 7–13 µs per lookup from Python on this m
 index does the same job — the most frequent continuation of the longest suffix match,
 with count-based per-token probabilities — for a whole batch in one compiled call.
 
-Layout. Tokens live in a ring *arena* of ``capacity`` slots addressed by absolute
-positions (``abs % capacity``; a position older than ``written - capacity`` is gone —
-that is the token cap and its eviction, oldest first). Each token records its key, the
-next position of its sequence (``nxt``) and, for every match length ``n`` in
-:data:`LEVELS`, the previous occurrence of the same ``n`` tokens under the same key
-(``occ``). A hash table maps ``(key, n, last n tokens)`` to the newest occurrence.
+Layout. Tokens live in a ring *arena* of ``capacity`` slots (rounded up to a power of
+two) addressed by absolute positions (``abs % capacity``; a position older than
+``written - capacity`` is gone — that is the token cap and its eviction, oldest first).
+Each token records its key, the next position of its sequence (``nxt``) and, for every
+match length ``n`` in :data:`LEVELS`, the previous occurrence of the same ``n`` tokens
+under the same key (``occ``). A hash table maps ``(key, n, last n tokens)``
+to the newest occurrence.
 
 Lookup. For the longest level whose last ``n`` context tokens occurred before under the
 request's key, up to :data:`MAX_CANDIDATES` occurrences are followed; the draft is built
@@ -22,15 +23,30 @@ A key never sees another key's tokens: every occurrence is checked against its k
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit
 
-__all__ = ["LEVELS", "MAX_CANDIDATES", "NgramIndex"]
+__all__ = ["LEVELS", "MAX_CANDIDATES", "MAX_N", "NgramIndex", "insert_one", "reset_seq"]
 
 LEVELS = np.array([2, 4, 8, 16], dtype=np.int64)
 MAX_N = 16
 MAX_CANDIDATES = 16
 _EMPTY = np.int64(-1)
+# a token's record, one 64-byte cache line: id, key, next position, previous occurrences
+R_TOK, R_KEY, R_NXT, R_OCC = 0, 1, 2, 3
+_R_WIDTH = 8
+
+
+def _aligned(shape: tuple[int, int], fill: int) -> np.ndarray:
+    """An int64 array filled with ``fill`` whose rows start on 64-byte boundaries."""
+    n = shape[0] * shape[1]
+    raw = np.full(n + 8, fill, dtype=np.int64)
+    skip = (-raw.ctypes.data % 64) // 8
+    return raw[skip : skip + n].reshape(shape)
+
+
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -44,67 +60,65 @@ def _hash(key: np.int64, n: np.int64, toks: np.ndarray, end: int) -> np.uint64: 
 
 
 @njit(cache=True, nogil=True)
+def insert_one(key: int, s: int, t: int, ix: Any) -> None:  # pragma: no cover
+    """Append token ``t`` to sequence ``s`` under ``key`` (``ix`` = :attr:`NgramIndex.arrays`)."""
+    rec, ht, seq_last, seq_ring, seq_len, state, levels = ix
+    cmask = rec.shape[0] - 1  # capacity is a power of two
+    mask = np.uint64(ht.shape[0] - 1)
+    pos = state[0]
+    state[0] += 1
+    slot = pos & cmask
+    rec[slot, R_TOK] = t
+    rec[slot, R_KEY] = key
+    rec[slot, R_NXT] = _EMPTY
+    last = seq_last[s]
+    if last >= 0 and last > pos - rec.shape[0]:
+        rec[last & cmask, R_NXT] = pos
+    seq_last[s] = pos
+    # ring of the last MAX_N tokens of the sequence (kept in order)
+    ln = seq_len[s]
+    if ln < MAX_N:
+        seq_ring[s, ln] = t
+        ln += 1
+        seq_len[s] = ln
+    else:
+        for j in range(MAX_N - 1):
+            seq_ring[s, j] = seq_ring[s, j + 1]
+        seq_ring[s, MAX_N - 1] = t
+    oldest = pos - rec.shape[0]
+    for lv in range(levels.shape[0]):
+        n = levels[lv]
+        rec[slot, R_OCC + lv] = _EMPTY
+        if ln < n:
+            continue
+        h = np.int64(_hash(key, n, seq_ring[s], ln))
+        b = np.uint64(h) & mask
+        for _probe in range(32):
+            hk = ht[b, 0]
+            if hk == h:
+                rec[slot, R_OCC + lv] = ht[b, 1]
+                ht[b, 1] = pos
+                break
+            if hk == 0 or ht[b, 1] < oldest:
+                ht[b, 0] = h
+                ht[b, 1] = pos
+                break
+            b = (b + np.uint64(1)) & mask
+
+
+@njit(cache=True, nogil=True, inline="always")
+def reset_seq(s: int, ix: Any) -> None:  # pragma: no cover
+    """Start sequence ``s`` afresh (its earlier tokens stay in the index)."""
+    ix[2][s] = _EMPTY
+    ix[4][s] = 0
+
+
+@njit(cache=True, nogil=True)
 def _insert(
-    keys: np.ndarray,
-    seqs: np.ndarray,
-    toks: np.ndarray,
-    tok: np.ndarray,
-    pkey: np.ndarray,
-    nxt: np.ndarray,
-    occ: np.ndarray,
-    ht_key: np.ndarray,
-    ht_pos: np.ndarray,
-    seq_last: np.ndarray,
-    seq_ring: np.ndarray,
-    seq_len: np.ndarray,
-    state: np.ndarray,
-    levels: np.ndarray,
+    keys: np.ndarray, seqs: np.ndarray, toks: np.ndarray, ix: Any
 ) -> None:  # pragma: no cover
-    cap = tok.shape[0]
-    mask = np.uint64(ht_key.shape[0] - 1)
-    n_lv = levels.shape[0]
     for i in range(toks.shape[0]):
-        key = keys[i]
-        s = seqs[i]
-        t = toks[i]
-        pos = state[0]
-        state[0] += 1
-        slot = pos % cap
-        tok[slot] = t
-        pkey[slot] = key
-        nxt[slot] = _EMPTY
-        last = seq_last[s]
-        if last >= 0 and last >= pos - cap:
-            nxt[last % cap] = pos
-        seq_last[s] = pos
-        # ring of the last MAX_N tokens of the sequence (kept in order)
-        ln = seq_len[s]
-        if ln < MAX_N:
-            seq_ring[s, ln] = t
-            ln += 1
-            seq_len[s] = ln
-        else:
-            for j in range(MAX_N - 1):
-                seq_ring[s, j] = seq_ring[s, j + 1]
-            seq_ring[s, MAX_N - 1] = t
-        for lv in range(n_lv):
-            n = levels[lv]
-            occ[slot, lv] = _EMPTY
-            if ln < n:
-                continue
-            h = _hash(key, n, seq_ring[s], ln)
-            b = h & mask
-            for _probe in range(32):
-                hk = ht_key[b]
-                if hk == h:
-                    occ[slot, lv] = ht_pos[b]
-                    ht_pos[b] = pos
-                    break
-                if hk == 0 or ht_pos[b] < pos - cap:
-                    ht_key[b] = h
-                    ht_pos[b] = pos
-                    break
-                b = (b + np.uint64(1)) & mask
+        insert_one(keys[i], seqs[i], toks[i], ix)
 
 
 @njit(cache=True, nogil=True)
@@ -113,14 +127,7 @@ def _lookup(
     ctx: np.ndarray,
     ctx_len: np.ndarray,
     ks: np.ndarray,
-    tok: np.ndarray,
-    pkey: np.ndarray,
-    nxt: np.ndarray,
-    occ: np.ndarray,
-    ht_key: np.ndarray,
-    ht_pos: np.ndarray,
-    state: np.ndarray,
-    levels: np.ndarray,
+    ix: Any,
     min_prob: float,
     out_tok: np.ndarray,
     out_prob: np.ndarray,
@@ -128,12 +135,13 @@ def _lookup(
     out_match: np.ndarray,
     out_support: np.ndarray,
 ) -> None:  # pragma: no cover
-    cap = tok.shape[0]
-    mask = np.uint64(ht_key.shape[0] - 1)
+    rec, ht, _sl, _sr, _sn, state, levels = ix
+    cap = rec.shape[0]
+    mask = np.uint64(ht.shape[0] - 1)
     written = state[0]
     oldest = written - cap
+    cmask = cap - 1  # capacity is a power of two
     cand = np.empty(MAX_CANDIDATES, dtype=np.int64)
-    alive = np.empty(MAX_CANDIDATES, dtype=np.bool_)
     for r in range(keys.shape[0]):
         out_len[r] = 0
         out_match[r] = 0
@@ -146,81 +154,76 @@ def _lookup(
             n = levels[lv]
             if L < n:
                 continue
-            h = _hash(key, n, ctx[r], L)
-            b = h & mask
+            h = np.int64(_hash(key, n, ctx[r], L))
+            b = np.uint64(h) & mask
             head = _EMPTY
             for _probe in range(32):
-                hk = ht_key[b]
+                hk = ht[b, 0]
                 if hk == 0:
                     break
                 if hk == h:
-                    head = ht_pos[b]
+                    head = ht[b, 1]
                     break
                 b = (b + np.uint64(1)) & mask
             nc = 0
             p = head
             while p >= 0 and p >= oldest and nc < MAX_CANDIDATES:
-                sl = p % cap
-                if pkey[sl] != key:
+                sl = p & cmask
+                if rec[sl, R_KEY] != key:
                     break
-                nx = nxt[sl]
+                nx = rec[sl, R_NXT]
                 if nx >= 0 and nx >= oldest:
                     cand[nc] = nx
                     nc += 1
-                p = occ[sl, lv]
+                p = rec[sl, R_OCC + lv]
             if nc == 0:
                 continue
             out_match[r] = n
             out_support[r] = nc
-            for c in range(nc):
-                alive[c] = True
+            na = nc  # cand[:na] = the candidates that agreed so far (in order)
             k = ks[r]
             m = 0
-            while m < k:
-                n_alive = 0
-                for c in range(nc):
-                    if alive[c] and (cand[c] < oldest or cand[c] < 0):
-                        alive[c] = False
-                    if alive[c]:
-                        n_alive += 1
-                if n_alive == 0:
-                    break
-                best_t = -1
-                best_c = 0
-                for c in range(nc):
-                    if not alive[c]:
-                        continue
-                    t = tok[cand[c] % cap]
-                    seen = False
-                    for d in range(c):
-                        if alive[d] and tok[cand[d] % cap] == t:
-                            seen = True
+            while m < k and na > 0:
+                best_t = rec[cand[0] & cmask, R_TOK]
+                best_c = 1
+                for c in range(1, na):
+                    if rec[cand[c] & cmask, R_TOK] == best_t:
+                        best_c += 1
+                if best_c < na:  # disagreement: majority vote, the first seen wins ties
+                    best_c = 0
+                    for c in range(na):
+                        t = rec[cand[c] & cmask, R_TOK]
+                        seen = False
+                        for d in range(c):
+                            if rec[cand[d] & cmask, R_TOK] == t:
+                                seen = True
+                                break
+                        if seen:
+                            continue
+                        cnt = 1
+                        for d in range(c + 1, na):
+                            if rec[cand[d] & cmask, R_TOK] == t:
+                                cnt += 1
+                        if cnt > best_c:
+                            best_c = cnt
+                            best_t = t
+                        if 2 * best_c > na:
                             break
-                    if seen:
-                        continue
-                    cnt = 1
-                    for d in range(c + 1, nc):
-                        if alive[d] and tok[cand[d] % cap] == t:
-                            cnt += 1
-                    if cnt > best_c:
-                        best_c = cnt
-                        best_t = t
-                    if 2 * best_c > n_alive:
-                        break
-                pr = best_c / n_alive
+                pr = best_c / na
                 if pr < min_prob:
                     break
                 out_tok[r, m] = best_t
                 out_prob[r, m] = pr
                 m += 1
-                for c in range(nc):
-                    if alive[c]:
-                        if tok[cand[c] % cap] == best_t:
-                            cand[c] = nxt[cand[c] % cap]
-                            if cand[c] < 0:
-                                alive[c] = False
-                        else:
-                            alive[c] = False
+                keep = 0
+                for c in range(na):
+                    sl = cand[c] & cmask
+                    if rec[sl, R_TOK] == best_t:
+                        nx = rec[sl, R_NXT]
+                        if nx >= 0 and nx >= oldest:
+                            cand[keep] = nx
+                            keep += 1
+                na = keep
             out_len[r] = m
             break
 
@@ -231,19 +234,28 @@ class NgramIndex:
     def __init__(self, capacity: int = 1 << 21, table_bits: int | None = None) -> None:
         if capacity < 64:
             raise ValueError(f"index capacity={capacity} must be >= 64 tokens")
-        self.capacity = int(capacity)
+        self.capacity = 1 << (int(capacity) - 1).bit_length()  # a power of two
         bits = table_bits or max(10, int(np.ceil(np.log2(self.capacity * len(LEVELS)))))
-        self.tok = np.zeros(self.capacity, dtype=np.int32)
-        self.pkey = np.full(self.capacity, -1, dtype=np.int64)
-        self.nxt = np.full(self.capacity, -1, dtype=np.int64)
-        self.occ = np.full((self.capacity, len(LEVELS)), -1, dtype=np.int64)
-        self.ht_key = np.zeros(1 << bits, dtype=np.uint64)
-        self.ht_pos = np.full(1 << bits, -1, dtype=np.int64)
+        self.rec = _aligned((self.capacity, _R_WIDTH), -1)
+        self.ht = _aligned((1 << bits, 2), 0)
         self.state = np.zeros(1, dtype=np.int64)  # [tokens written]
         self._seq_last = np.full(64, -1, dtype=np.int64)
         self._seq_ring = np.zeros((64, MAX_N), dtype=np.int32)
         self._seq_len = np.zeros(64, dtype=np.int64)
         self._free_seqs: list[int] = list(range(63, -1, -1))
+
+    @property
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """The arrays :func:`insert_one` takes (rebuilt: sequence arrays grow)."""
+        return (
+            self.rec,
+            self.ht,
+            self._seq_last,
+            self._seq_ring,
+            self._seq_len,
+            self.state,
+            LEVELS,
+        )
 
     @property
     def written(self) -> int:
@@ -272,22 +284,7 @@ class NgramIndex:
     def insert(self, keys: np.ndarray, seqs: np.ndarray, toks: np.ndarray) -> None:
         """Append ``toks[i]`` to sequence ``seqs[i]`` under key ``keys[i]``, in order."""
         if len(toks):
-            _insert(
-                keys,
-                seqs,
-                toks,
-                self.tok,
-                self.pkey,
-                self.nxt,
-                self.occ,
-                self.ht_key,
-                self.ht_pos,
-                self._seq_last,
-                self._seq_ring,
-                self._seq_len,
-                self.state,
-                LEVELS,
-            )
+            _insert(keys, seqs, toks, self.arrays)
 
     def lookup(
         self, keys: np.ndarray, ctx: np.ndarray, ctx_len: np.ndarray, k: int, min_prob: float
@@ -309,14 +306,7 @@ class NgramIndex:
             ctx,
             ctx_len,
             ks,
-            self.tok,
-            self.pkey,
-            self.nxt,
-            self.occ,
-            self.ht_key,
-            self.ht_pos,
-            self.state,
-            LEVELS,
+            self.arrays,
             float(min_prob),
             out_tok,
             out_prob,

@@ -29,6 +29,11 @@ length, support ``n``, ``c / n``). Each bucket's prior is the paper's redundancy
 ``g(c, n) = (c/n)·p(n)``. A position's survival probability is the product of the
 calibrated acceptances of the tokens up to it; :func:`~agentspec_mw.agentspec.budget.allocate`
 turns survivals into the step's drafts.
+
+Speed: ``start``/``extend``/``stop`` only queue their arguments; the next ``propose``
+applies them for the whole batch in a few numba kernels (:mod:`.kernels`) over per-request
+rows of arrays (:mod:`.slots`), so the per-step Python work is a handful of array
+operations, not a loop over tokens.
 """
 
 from __future__ import annotations
@@ -42,13 +47,13 @@ from typing import Any
 
 import numpy as np
 
-from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec, BlockState
+from agentspec_mw.agentspec import kernels as K
+from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec
 from agentspec_mw.agentspec.budget import allocate
 from agentspec_mw.agentspec.config import AgentSpecConfig
-from agentspec_mw.agentspec.lookup import match_own_context
 from agentspec_mw.agentspec.ngram_index import LEVELS, MAX_N, NgramIndex
+from agentspec_mw.agentspec.slots import SlotTable
 from agentspec_mw.costmodel import StepTimeFn, get_cost_model
-from agentspec_mw.peers._buffer import TokenBuffer
 from agentspec_mw.proposer import EMPTY_DRAFT, Draft, ProposerEnv, StepContext, TokenIds
 from agentspec_mw.tags import StructureTags
 
@@ -58,10 +63,8 @@ SOURCES = ("iso", "agent", "local")
 _ISO, _AGENT, _LOCAL = 0, 1, 2
 _Q = 10  # buckets of c/n
 _N_ML = len(LEVELS)  # match-length buckets (index levels; local uses the same edges)
-_SUPPORT_EDGES = np.array([2, 4, 8])  # support buckets: 1, 2-3, 4-7, 8+
+_SUPPORT_EDGES = np.array([2, 4, 8], dtype=np.int64)  # support buckets: 1, 2-3, 4-7, 8+
 _N_SUP = len(_SUPPORT_EDGES) + 1
-_LOCAL_MIN_MATCH = 3
-_LOCAL_MAX_BACKOFF = 16  # steps a request skips the local scan after failing, at most
 _MIN_PROB = 0.05  # the index stops a draft at a token fewer than 5% of candidates agree on
 
 
@@ -79,50 +82,6 @@ def redundancy_score(c: int, n: int, g_min: float) -> float:
 def _hash_ids(ids: np.ndarray) -> str:
     data = np.ascontiguousarray(ids, dtype=np.int32).tobytes()
     return hashlib.blake2b(data, digest_size=8).hexdigest()
-
-
-class _Req:
-    __slots__ = (
-        "iso_base",
-        "agent_key",
-        "ctx",
-        "prompt_len",
-        "state",
-        "seq",
-        "seq_key",
-        "draft",
-        "block",
-        "lptr",
-        "lml",
-        "lskip",
-        "lback",
-    )
-
-    def __init__(
-        self,
-        iso_base: tuple[str, str, str],
-        agent_key: tuple[str, str, str, str],
-        prompt: np.ndarray,
-        state: BlockState,
-    ) -> None:
-        self.iso_base = iso_base
-        self.agent_key = agent_key
-        self.ctx = TokenBuffer(prompt)
-        self.prompt_len = len(prompt)
-        self.state = state
-        self.seq = -1  # index sequence of the current block occurrence
-        self.seq_key = -1  # its key id
-        # the chosen candidate, drafted or not, checked against the tokens that follow:
-        # (candidate ids, calibration cells, positions already checked)
-        self.draft: tuple[list[int], list[int], int] | None = None
-        self.block = ""  # block of the current sequence
-        # the local source follows a match through the own context while it holds:
-        # lptr = context position the followed continuation resumes at (-1: none),
-        # lml = its match length; a failed scan backs off (lskip steps, doubling lback)
-        self.lptr = -1
-        self.lml = 0
-        self.lskip = 0
-        self.lback = 0
 
 
 class AgentSpecProposer:
@@ -143,16 +102,19 @@ class AgentSpecProposer:
             if env.cost_model is not None
             else get_cost_model(cfg.budget_cost_model)
         )
-        self._default_grammar = BlockGrammar([BlockSpec(*b) for b in cfg.blocks], self.token_bytes)
-        self._grammars: dict[tuple[tuple[str, str], ...], BlockGrammar] = {}
+        default = BlockGrammar([BlockSpec(*b) for b in cfg.blocks], self.token_bytes)
+        self._grammars: list[BlockGrammar] = [default]
+        self._grammar_ids: dict[tuple[tuple[str, str], ...] | None, int] = {None: 0}
         self._index = NgramIndex(capacity=cfg.index_max_tokens)
-        self._keys: OrderedDict[tuple[str, ...], int] = OrderedDict()
+        self._out_seq = self._index.new_seq()  # sequence used to insert finished outputs
+        self._keys: OrderedDict[tuple[str, ...], int] = OrderedDict()  # key bases, LRU
         self._next_key = 0
-        self._reqs: dict[str, _Req] = {}
-        self._pend_key: list[int] = []
-        self._pend_seq: list[int] = []
-        self._pend_tok: list[int] = []
-        self._pend_end: list[int] = []  # sequences to release after the next flush
+        self._slots = SlotTable(draft_width=max(env.max_k, 1))
+        self._reqs: dict[str, int] = {}  # live request -> slot
+        self._pend_start: list[int] = []
+        self._pend_slot: list[int] = []
+        self._pend_ids: list[Any] = []
+        self._pend_stop: list[int] = []
         # calibration table, flat cell = (((src*2 + agree)*N_ML + ml)*N_SUP + sup)*Q + q
         shape = (len(SOURCES), 2, _N_ML, _N_SUP, _Q)
         q_mid = (np.arange(_Q) + 0.5) / _Q
@@ -169,22 +131,22 @@ class AgentSpecProposer:
         self.stats: dict[str, int] = {"steps": 0, "offered": 0, "drafted": 0}
 
     # -- identity and keys ---------------------------------------------------------------
-    def _grammar(self, tags: StructureTags | None) -> BlockGrammar:
-        if tags is None or tags.blocks is None:
-            return self._default_grammar
-        g = self._grammars.get(tags.blocks)
-        if g is None:
-            specs = [BlockSpec(f"b{i}:{s}", s, e) for i, (s, e) in enumerate(tags.blocks)]
-            g = self._grammars[tags.blocks] = BlockGrammar(specs, self.token_bytes)
-        return g
+    def _grammar_id(self, tags: StructureTags | None) -> int:
+        blocks = None if tags is None else tags.blocks
+        gid = self._grammar_ids.get(blocks)
+        if gid is None:
+            assert blocks is not None
+            specs = [BlockSpec(f"b{i}:{s}", s, e) for i, (s, e) in enumerate(blocks)]
+            gid = self._grammar_ids[blocks] = len(self._grammars)
+            self._grammars.append(BlockGrammar(specs, self.token_bytes))
+        return gid
 
-    def _key_id(self, key: tuple[str, ...], create: bool = True) -> int:
+    def _key_base(self, key: tuple[str, ...]) -> int:
+        """Id of a key base (index key = base * NB + block id); least recently used go."""
         kid = self._keys.get(key)
         if kid is not None:
             self._keys.move_to_end(key)
             return kid
-        if not create:
-            return -1
         kid = self._keys[key] = self._next_key
         self._next_key += 1
         while len(self._keys) > self.config.index_max_keys:
@@ -197,7 +159,7 @@ class AgentSpecProposer:
         if req_id in self._reqs:
             self.stop(req_id)
         cfg = self.config
-        prompt = np.array(prompt_ids, dtype=np.int32)
+        prompt = np.asarray(prompt_ids, dtype=np.int32).reshape(-1)
         if tags is not None:
             scope, agent = tags.scope, tags.agent_id
             group = f"g:{tags.group_id}" if tags.group_id else f"q:{tags.query_id}"
@@ -205,102 +167,119 @@ class AgentSpecProposer:
             scope = "default"
             agent = "anon:" + _hash_ids(prompt[: cfg.tagfree_agent_tokens])
             group = "anon:" + _hash_ids(prompt[: cfg.tagfree_query_tokens])
-        state = BlockState(self._grammar(tags))
-        state.feed(prompt[-cfg.tagfree_scan_tokens :])
-        self._reqs[req_id] = _Req(
-            (scope, agent, group), ("agent", scope, agent, "*"), prompt, state
-        )
+        gid = self._grammar_id(tags)
+        slots = self._slots
+        s = slots.acquire(prompt)
+        row = slots.si[s]
+        row[K.C_PLEN] = len(prompt)
+        row[K.C_SEQ] = self._index.new_seq()
+        row[K.C_KBASE] = self._key_base((scope, agent, group, str(gid)))
+        row[K.C_ABASE] = self._key_base(("agent", scope, agent))
+        row[K.C_GID] = gid
+        row[K.C_SEQBLK] = -1
+        row[K.C_LPTR] = -1
+        self._reqs[req_id] = s
+        self._pend_start.append(s)
 
     def extend(self, req_id: str, token_ids: TokenIds) -> None:
-        """Accepted tokens: calibrate the last draft, route tokens into block histories."""
-        req = self._reqs[req_id]
-        ids = token_ids.tolist() if isinstance(token_ids, np.ndarray) else list(token_ids)
-        if not ids:
-            return
-        if req.draft is not None:
-            req.draft = self._calibrate(req.draft, ids)
-        runs = req.state.feed(ids)
-        off = 0
-        for block, n in runs:
-            if block != req.block or req.seq < 0:
-                if req.seq >= 0:
-                    self._pend_end.append(req.seq)
-                req.seq = self._index.new_seq()
-                req.seq_key = self._key_id((*req.iso_base, block))
-                req.block = block
-            self._pend_key.extend([req.seq_key] * n)
-            self._pend_seq.extend([req.seq] * n)
-            self._pend_tok.extend(ids if len(runs) == 1 else ids[off : off + n])
-            off += n
-        if req.lptr >= 0:
-            view = req.ctx.view()
-            end = req.lptr + len(ids)
-            if end <= len(view) and view[req.lptr : end].tolist() == ids:
-                req.lptr = end
-                req.lml = min(req.lml + len(ids), MAX_N)
-            else:
-                req.lptr = -1
-        req.ctx.extend(ids)
+        """Accepted tokens: queued, applied for the whole batch at the next ``propose``."""
+        s = self._reqs[req_id]
+        if len(token_ids):
+            self._pend_slot.append(s)
+            self._pend_ids.append(token_ids)
 
     def stop(self, req_id: str) -> None:
         """Release the request; its output joins the agent-wide history."""
-        req = self._reqs.pop(req_id, None)
-        if req is None:
-            return
-        if req.seq >= 0:
-            self._pend_end.append(req.seq)
-        out = req.ctx.view()[req.prompt_len :].tolist()
-        if out:
-            seq = self._index.new_seq()
-            self._pend_key.extend([self._key_id(req.agent_key)] * len(out))
-            self._pend_seq.extend([seq] * len(out))
-            self._pend_tok.extend(out)
-            self._pend_end.append(seq)
+        s = self._reqs.pop(req_id, None)
+        if s is not None:
+            self._pend_stop.append(s)
 
     def _flush(self) -> None:
-        if self._pend_tok:
-            self._index.insert(
-                np.array(self._pend_key, dtype=np.int64),
-                np.array(self._pend_seq, dtype=np.int64),
-                np.array(self._pend_tok, dtype=np.int32),
-            )
-            self._pend_key.clear()
-            self._pend_seq.clear()
-            self._pend_tok.clear()
-        for seq in self._pend_end:
-            self._index.end_seq(seq)
-        self._pend_end.clear()
+        """Apply the queued calls (see :mod:`.kernels`), in the order they were made."""
+        slots = self._slots
+        ix = self._index.arrays
+        if self._pend_start:
+            st = np.array(self._pend_start, dtype=np.int64)
+            self._pend_start.clear()
+            for gid, sel in self._by_grammar(st):
+                K.scan_prompts(
+                    sel,
+                    self.config.tagfree_scan_tokens,
+                    slots.si,
+                    slots.stack,
+                    slots.tail,
+                    slots.bst,
+                    slots.ctx,
+                    self._grammars[gid].arrays,
+                )
+        if self._pend_ids:
+            sl = np.array(self._pend_slot, dtype=np.int64)
+            lens = np.fromiter(map(len, self._pend_ids), np.int64, len(self._pend_ids))
+            toks = np.asarray(np.concatenate(self._pend_ids), dtype=np.int32)
+            self._pend_slot.clear()
+            self._pend_ids.clear()
+            uniq, inv = np.unique(sl, return_inverse=True)
+            slots.reserve(uniq, np.bincount(inv, weights=lens).astype(np.int64))
+            calib = (self._succ, self._tot, self._table, self._prior)
+            strength = float(self.config.calib_prior_strength)
+            for gid, sel in self._by_grammar(sl, items=True):
+                if sel is None:
+                    s_sel, t_sel, off = sl, toks, np.concatenate(([0], np.cumsum(lens)))
+                else:
+                    l_sel = lens[sel]
+                    s_sel = sl[sel]
+                    ends = np.cumsum(lens)[sel]
+                    t_sel = np.concatenate(
+                        [toks[e - n : e] for e, n in zip(ends, l_sel, strict=True)]
+                    )
+                    off = np.concatenate(([0], np.cumsum(l_sel)))
+                K.apply_extends(
+                    s_sel,
+                    off,
+                    t_sel,
+                    slots.si,
+                    slots.stack,
+                    slots.tail,
+                    slots.bst,
+                    slots.dtok,
+                    slots.dcell,
+                    slots.ctx,
+                    self._grammars[gid].arrays,
+                    ix,
+                    calib,
+                    strength,
+                )
+        if self._pend_stop:
+            done = self._pend_stop
+            self._pend_stop = []
+            K.insert_outputs(np.array(done, dtype=np.int64), self._out_seq, slots.si, slots.ctx, ix)
+            for s in done:
+                self._index.end_seq(int(slots.si[s, K.C_SEQ]))
+            slots.release(done)
+
+    def _by_grammar(
+        self, sl: np.ndarray, items: bool = False
+    ) -> list[tuple[int, np.ndarray | None]]:
+        """Split rows by block grammar: ``(grammar id, selection)`` (``None``: all rows)."""
+        if len(self._grammars) == 1:
+            return [(0, None if items else sl)]
+        gids = self._slots.si[sl, K.C_GID]
+        out: list[tuple[int, np.ndarray | None]] = []
+        for gid in np.unique(gids).tolist():
+            sel = np.flatnonzero(gids == gid)
+            out.append((gid, sel if items else sl[sel]))
+        return out
 
     def block_of(self, req_id: str) -> str | None:
         """The block kind request ``req_id`` is in (for per-block metrics), if it is live."""
-        req = self._reqs.get(req_id)
-        return req.state.current if req is not None else None
-
-    # -- calibration ---------------------------------------------------------------------
-    def _calibrate(
-        self, draft: tuple[list[int], list[int], int], ids: list[int]
-    ) -> tuple[list[int], list[int], int] | None:
-        """Score the candidate against the tokens that followed; keep it while unresolved.
-
-        Position ``j`` counts only if positions ``0..j-1`` matched, so each cell estimates
-        a conditional acceptance — whether or not the position was actually drafted.
-        """
-        tokens, cells, done = draft
-        s = self.config.calib_prior_strength
-        succ, tot, table, prior = self._succ, self._tot, self._table, self._prior
-        for t in ids:
-            cell = cells[done]
-            tot[cell] += 1.0
-            hit = tokens[done] == t
-            if hit:
-                succ[cell] += 1.0
-            table[cell] = (succ[cell] + s * prior[cell]) / (tot[cell] + s)
-            if not hit:
-                return None
-            done += 1
-            if done >= len(tokens):
-                return None
-        return tokens, cells, done
+        s = self._reqs.get(req_id)
+        if s is None:
+            return None
+        self._flush()
+        slots = self._slots
+        d = int(slots.bst[s, 0])
+        blk = int(slots.stack[s, d - 1]) if d else 0
+        return self._grammars[int(slots.si[s, K.C_GID])].names[blk]
 
     # -- drafting ------------------------------------------------------------------------
     def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
@@ -315,70 +294,49 @@ class AgentSpecProposer:
         floor = cfg.budget_floor * min(
             1.0, math.log2(max(step.batch_size, 1)) / math.log2(cfg.budget_floor_batch)
         )
-        reqs = [self._reqs[r] for r in req_ids]
-        ctx = np.zeros((n_req, MAX_N), dtype=np.int32)
-        ctx_len = np.empty(n_req, dtype=np.int64)
-        iso_keys = np.empty(n_req, dtype=np.int64)
-        keys = self._keys
-        for i, req in enumerate(reqs):
-            tail = req.ctx.tail(MAX_N)
-            ctx[i, : len(tail)] = tail
-            ctx_len[i] = len(tail)
-            block = req.state.current
-            iso_keys[i] = (
-                req.seq_key if block == req.block else keys.get((*req.iso_base, block), -1)
-            )
-        # candidate matrices: one row per (request, source)
-        rows = [self._index.lookup(iso_keys, ctx, ctx_len, k, _MIN_PROB)]
-        srcs = [np.full(n_req, _ISO)]
-        agent_keys = np.fromiter((keys.get(r.agent_key, -1) for r in reqs), np.int64, n_req)
-        rows.append(self._index.lookup(agent_keys, ctx, ctx_len, k, _MIN_PROB))
-        srcs.append(np.full(n_req, _AGENT))
-        l_tok = np.zeros((n_req, max(k, 1)), dtype=np.int32)
+        reqs = self._reqs
+        sl = np.fromiter((reqs[r] for r in req_ids), np.int64, n_req)
+        slots = self._slots
+        ctx = np.zeros((2 * n_req, MAX_N), dtype=np.int32)
+        ctx_len = np.empty(2 * n_req, dtype=np.int64)
+        keys = np.empty(2 * n_req, dtype=np.int64)
+        K.gather(sl, slots.si, slots.stack, slots.bst, slots.ctx, ctx, ctx_len, keys)
+        ctx[n_req:] = ctx[:n_req]
+        ctx_len[n_req:] = ctx_len[:n_req]
+        # candidate rows: iso (n_req), agent (n_req), local (n_req)
+        kk = max(k, 1)
+        i_tok, i_prob, i_len, i_ml, i_sup = self._index.lookup(keys, ctx, ctx_len, k, _MIN_PROB)
+        l_tok = np.zeros((n_req, kk), dtype=np.int32)
         l_len = np.zeros(n_req, dtype=np.int64)
         l_ml = np.zeros(n_req, dtype=np.int64)
-        for i, req in enumerate(reqs):
-            own = self._local(req, k)
-            if own is not None:
-                l_tok[i, : len(own)] = own
-                l_len[i] = len(own)
-                l_ml[i] = req.lml
-        l_prob = np.ones(l_tok.shape, dtype=np.float64)
-        rows.append((l_tok, l_prob, l_len, l_ml, np.ones(n_req, np.int64)))
-        srcs.append(np.full(n_req, _LOCAL))
-        tok = np.concatenate([r[0] for r in rows])
-        prob = np.concatenate([r[1] for r in rows])
-        lens = np.concatenate([r[2] for r in rows])
-        match = np.concatenate([r[3] for r in rows])
-        support = np.concatenate([r[4] for r in rows])
-        src = np.concatenate(srcs)
-        has = lens > 0
-        if not has.any():
+        K.local_drafts(sl, k, slots.si, slots.ctx, l_tok, l_len, l_ml)
+        tok = np.concatenate([i_tok, l_tok])
+        prob = np.concatenate([i_prob, np.ones(l_tok.shape)])
+        lens = np.concatenate([i_len, l_len])
+        match = np.concatenate([i_ml, l_ml])
+        support = np.concatenate([i_sup, np.ones(n_req, np.int64)])
+        if not (lens > 0).any():
             self._finish_step(t0, 0, 0, step)
             return drafts
-        # agreement: another source of the same request drafts the same first token
-        first = np.where(has, tok[:, 0], -1).reshape(len(rows), n_req)
-        agree2 = np.zeros(first.shape, dtype=np.int64)
-        for a in range(len(rows)):
-            for b in range(len(rows)):
-                if a != b:
-                    agree2[a] |= (first[a] >= 0) & (first[a] == first[b])
-        agree = agree2.reshape(-1)
-        # calibrated per-token acceptance and survival
-        kk = tok.shape[1]
-        mlb = np.clip(np.searchsorted(LEVELS, match, side="right") - 1, 0, _N_ML - 1)
-        supb = np.searchsorted(_SUPPORT_EDGES, support, side="right")
-        head = ((((src * 2 + agree) * _N_ML + mlb) * _N_SUP + supb) * _Q)[:, None]
-        qb = np.minimum((prob * _Q).astype(np.int64), _Q - 1)
-        cell = head + qb
-        valid = np.arange(kk)[None, :] < lens[:, None]
-        acc = np.where(valid, self._table[cell], 0.0)
-        surv = np.cumprod(acc, axis=1)
-        value = surv.sum(axis=1)
-        best = value.reshape(len(rows), n_req).argmax(axis=0)
-        pick = best * n_req + np.arange(n_req)
-        sel_len = lens[pick]
-        sel_surv = surv[pick]
+        pick = np.empty(n_req, dtype=np.int64)
+        sel_len = np.empty(n_req, dtype=np.int64)
+        sel_surv = np.zeros((n_req, kk), dtype=np.float64)
+        sel_cell = np.zeros((n_req, kk), dtype=np.int64)
+        K.score(
+            tok,
+            prob,
+            lens,
+            match,
+            support,
+            self._table,
+            LEVELS,
+            _SUPPORT_EDGES,
+            _Q,
+            pick,
+            sel_len,
+            sel_surv,
+            sel_cell,
+        )
         flat = sel_surv[np.arange(kk)[None, :] < sel_len[:, None]]
         budget = None
         if step.max_num_batched_tokens is not None:
@@ -394,35 +352,24 @@ class AgentSpecProposer:
             min_survival=floor,
         )
         self._threshold = alloc.threshold
-        used = 0
-        for i, n in enumerate(alloc.counts):
-            row = int(pick[i])
-            m = int(lens[row])
-            if m:
-                reqs[i].draft = (tok[row, :m].tolist(), cell[row, :m].tolist(), 0)
-            if n > 0:
-                drafts[i] = Draft(tuple(tok[row, :n].tolist()), tuple(sel_surv[i, :n].tolist()))
-                used += n
+        # every request with a candidate keeps it for calibration, drafted or not
+        cand = sel_len > 0
+        if cand.any():
+            slots.widen_drafts(kk)
+            cs, rows = sl[cand], pick[cand]
+            slots.dtok[cs, :kk] = tok[rows]
+            slots.dcell[cs, :kk] = sel_cell[cand]
+            slots.si[cs, K.C_DLEN] = sel_len[cand]
+            slots.si[cs, K.C_DDONE] = 0
+        counts = np.asarray(alloc.counts, dtype=np.int64)
+        used = int(counts.sum())
+        if used:
+            sel_tok = tok[pick]
+            for i in np.flatnonzero(counts).tolist():
+                n = int(counts[i])
+                drafts[i] = Draft(tuple(sel_tok[i, :n].tolist()), tuple(sel_surv[i, :n].tolist()))
         self._finish_step(t0, alloc.offered, used, step)
         return drafts
-
-    def _local(self, req: _Req, k: int) -> np.ndarray | None:
-        """The ``local`` candidate: follow the last match, or scan (with back-off)."""
-        view = req.ctx.view()
-        if 0 <= req.lptr < len(view):
-            return view[req.lptr : req.lptr + k]
-        if req.lskip > 0:
-            req.lskip -= 1
-            return None
-        own, ml, pos = match_own_context(view, _LOCAL_MIN_MATCH, MAX_N, k)
-        if len(own):
-            req.lptr = pos
-            req.lml = ml
-            req.lback = 0
-            return own
-        req.lback = min(max(1, 2 * req.lback), _LOCAL_MAX_BACKOFF)
-        req.lskip = req.lback
-        return None
 
     def _finish_step(self, t0: float, offered: int, used: int, step: StepContext) -> None:
         if not offered:

@@ -1,0 +1,307 @@
+"""The AgentSpec proposer's per-step numba kernels, one call each for the whole batch.
+
+Per-request state lives in the rows of a few arrays (see :mod:`.slots`); the proposer
+queues ``start``/``extend``/``stop`` calls and applies them here at the next ``propose``:
+
+* :func:`apply_extends` — per accepted token: score the last candidate (calibration),
+  attribute the token to its block, append it to the block occurrence's sequence in the
+  index, follow the ``local`` match, append it to the request's context;
+* :func:`insert_outputs` — at ``stop``, a request's whole output joins its agent's history;
+* :func:`gather` — each request's last :data:`MAX_N` tokens and its index keys;
+* :func:`local_drafts` — the ``local`` source (own-context match, followed or scanned);
+* :func:`score` — calibrated survivals, and each request's best source.
+
+Columns of the int64 slot table are the ``C_*`` constants.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from agentspec_mw.agentspec.blocks import advance, current
+from agentspec_mw.agentspec.lookup import match_tail
+from agentspec_mw.agentspec.ngram_index import MAX_N, insert_one, reset_seq
+
+__all__ = [
+    "NB",
+    "apply_extends",
+    "gather",
+    "insert_outputs",
+    "local_drafts",
+    "scan_prompts",
+    "score",
+]
+
+NB = 64  # index key = key base * NB + block id (block ids < 64)
+# int64 slot table columns
+C_CSTART, C_CLEN, C_CCAP, C_PLEN, C_SEQ, C_KBASE, C_ABASE, C_GID = 0, 1, 2, 3, 4, 5, 6, 7
+C_SEQBLK, C_DLEN, C_DDONE, C_LPTR, C_LML, C_LSKIP, C_LBACK = 8, 9, 10, 11, 12, 13, 14
+N_COLS = 15
+_LOCAL_MIN_MATCH = 3
+_LOCAL_MAX_BACKOFF = 16  # steps a request skips the local scan after failing, at most
+
+
+@njit(cache=True, nogil=True)
+def scan_prompts(
+    slots: np.ndarray,
+    n_scan: int,
+    si: np.ndarray,
+    stack: np.ndarray,
+    tail: np.ndarray,
+    bst: np.ndarray,
+    ctx: np.ndarray,
+    g: Any,
+) -> None:  # pragma: no cover
+    """Run fresh automata over the last ``n_scan`` prompt tokens (e.g. an open ReAct line)."""
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        bst[s, 0] = 0
+        bst[s, 1] = 0
+        a = si[s, C_CSTART]
+        n = si[s, C_CLEN]
+        for p in range(a + max(0, n - n_scan), a + n):
+            advance(ctx[p], stack[s], tail[s], bst[s], g)
+
+
+@njit(cache=True, nogil=True)
+def apply_extends(
+    slots: np.ndarray,
+    off: np.ndarray,
+    toks: np.ndarray,
+    si: np.ndarray,
+    stack: np.ndarray,
+    tail: np.ndarray,
+    bst: np.ndarray,
+    dtok: np.ndarray,
+    dcell: np.ndarray,
+    ctx: np.ndarray,
+    g: Any,
+    ix: Any,
+    calib: Any,
+    strength: float,
+) -> None:  # pragma: no cover
+    """Apply queued ``extend`` calls in order (``toks[off[i]:off[i+1]]`` to ``slots[i]``)."""
+    succ, tot, table, prior = calib
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        a = off[i]
+        b = off[i + 1]
+        # 1. calibration: position j counts only if positions 0..j-1 matched
+        m = si[s, C_DLEN]
+        if m > 0:
+            done = si[s, C_DDONE]
+            for j in range(a, b):
+                cell = dcell[s, done]
+                tot[cell] += 1.0
+                hit = dtok[s, done] == toks[j]
+                if hit:
+                    succ[cell] += 1.0
+                table[cell] = (succ[cell] + strength * prior[cell]) / (tot[cell] + strength)
+                if not hit:
+                    m = 0
+                    break
+                done += 1
+                if done >= m:
+                    m = 0
+                    break
+            si[s, C_DLEN] = m
+            si[s, C_DDONE] = done
+        # 2. blocks and the index: one sequence per block occurrence
+        seq = si[s, C_SEQ]
+        base = si[s, C_KBASE] * NB
+        for j in range(a, b):
+            blk = current(stack[s], bst[s])
+            if blk != si[s, C_SEQBLK]:
+                reset_seq(seq, ix)
+                si[s, C_SEQBLK] = blk
+            insert_one(base + blk, seq, toks[j], ix)
+            advance(toks[j], stack[s], tail[s], bst[s], g)
+        # 3. the local source follows its match while the accepted tokens confirm it
+        c0 = si[s, C_CSTART]
+        n = si[s, C_CLEN]
+        lp = si[s, C_LPTR]
+        if lp >= 0:
+            if lp + (b - a) <= n:
+                for j in range(a, b):
+                    if ctx[c0 + lp + j - a] != toks[j]:
+                        lp = -1
+                        break
+            else:
+                lp = -1
+            if lp >= 0:
+                si[s, C_LPTR] = lp + (b - a)
+                si[s, C_LML] = min(si[s, C_LML] + (b - a), MAX_N)
+            else:
+                si[s, C_LPTR] = -1
+        # 4. the context (capacity ensured by the caller)
+        for j in range(a, b):
+            ctx[c0 + n + j - a] = toks[j]
+        si[s, C_CLEN] = n + (b - a)
+
+
+@njit(cache=True, nogil=True)
+def insert_outputs(
+    slots: np.ndarray, seq: int, si: np.ndarray, ctx: np.ndarray, ix: Any
+) -> None:  # pragma: no cover
+    """Each stopped request's output, as one sequence under its agent key."""
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        reset_seq(seq, ix)
+        key = si[s, C_ABASE] * NB
+        c0 = si[s, C_CSTART]
+        for p in range(c0 + si[s, C_PLEN], c0 + si[s, C_CLEN]):
+            insert_one(key, seq, ctx[p], ix)
+
+
+@njit(cache=True, nogil=True)
+def gather(
+    slots: np.ndarray,
+    si: np.ndarray,
+    stack: np.ndarray,
+    bst: np.ndarray,
+    ctx: np.ndarray,
+    out_ctx: np.ndarray,
+    out_len: np.ndarray,
+    out_keys: np.ndarray,
+) -> None:  # pragma: no cover
+    """Tails of the context (``out_ctx[r, :out_len[r]]``) and keys: iso rows, then agent."""
+    n = slots.shape[0]
+    for r in range(n):
+        s = slots[r]
+        c0 = si[s, C_CSTART]
+        ln = si[s, C_CLEN]
+        t = min(ln, MAX_N)
+        for j in range(t):
+            out_ctx[r, j] = ctx[c0 + ln - t + j]
+        out_len[r] = t
+        out_keys[r] = si[s, C_KBASE] * NB + current(stack[s], bst[s])
+        out_keys[n + r] = si[s, C_ABASE] * NB
+
+
+@njit(cache=True, nogil=True)
+def local_drafts(
+    slots: np.ndarray,
+    k: int,
+    si: np.ndarray,
+    ctx: np.ndarray,
+    out_tok: np.ndarray,
+    out_len: np.ndarray,
+    out_ml: np.ndarray,
+) -> None:  # pragma: no cover
+    """The ``local`` candidate per request: follow the last match, or scan (with back-off)."""
+    for r in range(slots.shape[0]):
+        s = slots[r]
+        c0 = si[s, C_CSTART]
+        n = si[s, C_CLEN]
+        lp = si[s, C_LPTR]
+        out_len[r] = 0
+        out_ml[r] = 0
+        if 0 <= lp < n:
+            pos = lp
+        elif si[s, C_LSKIP] > 0:
+            si[s, C_LSKIP] -= 1
+            continue
+        else:
+            pos, ml = match_tail(ctx[c0 : c0 + n], _LOCAL_MIN_MATCH, MAX_N)
+            if pos < 0:
+                si[s, C_LBACK] = min(max(1, 2 * si[s, C_LBACK]), _LOCAL_MAX_BACKOFF)
+                si[s, C_LSKIP] = si[s, C_LBACK]
+                continue
+            si[s, C_LPTR] = pos
+            si[s, C_LML] = ml
+            si[s, C_LBACK] = 0
+        m = min(k, n - pos)
+        for j in range(m):
+            out_tok[r, j] = ctx[c0 + pos + j]
+        out_len[r] = m
+        out_ml[r] = si[s, C_LML]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _head(
+    a: int,
+    r: int,
+    n_req: int,
+    tok: np.ndarray,
+    lens: np.ndarray,
+    match: np.ndarray,
+    support: np.ndarray,
+    levels: np.ndarray,
+    sup_edges: np.ndarray,
+    n_q: int,
+) -> int:  # pragma: no cover
+    """First calibration cell of row ``a * n_req + r`` (add the token's c/n bucket)."""
+    n_src = tok.shape[0] // n_req
+    row = a * n_req + r
+    agree = 0
+    for b in range(n_src):
+        rb = b * n_req + r
+        if b != a and lens[rb] > 0 and tok[rb, 0] == tok[row, 0]:
+            agree = 1
+            break
+    ml = 0
+    while ml + 1 < levels.shape[0] and levels[ml + 1] <= match[row]:
+        ml += 1
+    sb = 0
+    while sb < sup_edges.shape[0] and sup_edges[sb] <= support[row]:
+        sb += 1
+    return (((a * 2 + agree) * levels.shape[0] + ml) * (sup_edges.shape[0] + 1) + sb) * n_q
+
+
+@njit(cache=True, nogil=True)
+def score(
+    tok: np.ndarray,
+    prob: np.ndarray,
+    lens: np.ndarray,
+    match: np.ndarray,
+    support: np.ndarray,
+    table: np.ndarray,
+    levels: np.ndarray,
+    sup_edges: np.ndarray,
+    n_q: int,
+    out_pick: np.ndarray,
+    out_len: np.ndarray,
+    out_surv: np.ndarray,
+    out_cell: np.ndarray,
+) -> None:  # pragma: no cover
+    """Calibrated survival of every candidate row; pick each request's best source.
+
+    Rows are ``source * n_req + r``. A token's calibration cell is
+    ``(((src*2 + agree)*len(levels) + match bucket)*(len(sup_edges)+1) + support bucket)
+    * n_q + c/n bucket``, where ``agree`` = another source drafts the same first token.
+    The picked row maximises the expected accepted tokens (the sum of its survivals; the
+    first source wins ties); its cells and survivals are written out.
+    """
+    n_req = out_pick.shape[0]
+    n_src = tok.shape[0] // n_req
+    for r in range(n_req):
+        best_v = -1.0
+        best_a = 0
+        for a in range(n_src):
+            row = a * n_req + r
+            v = 0.0
+            if lens[row] > 0:
+                head = _head(a, r, n_req, tok, lens, match, support, levels, sup_edges, n_q)
+                s = 1.0
+                for j in range(lens[row]):
+                    s *= table[head + min(int(prob[row, j] * n_q), n_q - 1)]
+                    v += s
+            if v > best_v:
+                best_v = v
+                best_a = a
+        row = best_a * n_req + r
+        m = lens[row]
+        out_pick[r] = row
+        out_len[r] = m
+        if m <= 0:
+            continue
+        head = _head(best_a, r, n_req, tok, lens, match, support, levels, sup_edges, n_q)
+        s = 1.0
+        for j in range(m):
+            c = head + min(int(prob[row, j] * n_q), n_q - 1)
+            out_cell[r, j] = c
+            s *= table[c]
+            out_surv[r, j] = s

@@ -142,6 +142,10 @@ def _lookup(
     oldest = written - cap
     cmask = cap - 1  # capacity is a power of two
     cand = np.empty(MAX_CANDIDATES, dtype=np.int64)
+    n_lv = levels.shape[0]
+    hs = np.zeros(n_lv, dtype=np.int64)
+    bs = np.zeros(n_lv, dtype=np.uint64)
+    hk0 = np.zeros(n_lv, dtype=np.int64)
     for r in range(keys.shape[0]):
         out_len[r] = 0
         out_match[r] = 0
@@ -150,21 +154,30 @@ def _lookup(
         if key < 0:
             continue
         L = ctx_len[r]
-        for lv in range(levels.shape[0] - 1, -1, -1):
+        # first probes of every level up front: independent loads overlap their misses
+        for lv in range(n_lv):
+            if L >= levels[lv]:
+                hs[lv] = np.int64(_hash(key, levels[lv], ctx[r], L))
+                bs[lv] = np.uint64(hs[lv]) & mask
+        for lv in range(n_lv):
+            if L >= levels[lv]:
+                hk0[lv] = ht[bs[lv], 0]
+        for lv in range(n_lv - 1, -1, -1):
             n = levels[lv]
             if L < n:
                 continue
-            h = np.int64(_hash(key, n, ctx[r], L))
-            b = np.uint64(h) & mask
+            h = hs[lv]
+            b = bs[lv]
+            hk = hk0[lv]
             head = _EMPTY
             for _probe in range(32):
-                hk = ht[b, 0]
                 if hk == 0:
                     break
                 if hk == h:
                     head = ht[b, 1]
                     break
                 b = (b + np.uint64(1)) & mask
+                hk = ht[b, 0]
             nc = 0
             p = head
             while p >= 0 and p >= oldest and nc < MAX_CANDIDATES:

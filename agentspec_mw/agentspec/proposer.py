@@ -218,8 +218,9 @@ class AgentSpecProposer:
             toks = np.asarray(np.concatenate(self._pend_ids), dtype=np.int32)
             self._pend_slot.clear()
             self._pend_ids.clear()
-            uniq, inv = np.unique(sl, return_inverse=True)
-            slots.reserve(uniq, np.bincount(inv, weights=lens).astype(np.int64))
+            need = np.bincount(sl, weights=lens).astype(np.int64)
+            uniq = np.flatnonzero(need)
+            slots.reserve(uniq, need[uniq])
             calib = (self._succ, self._tot, self._table, self._prior)
             strength = float(self.config.calib_prior_strength)
             for gid, sel in self._by_grammar(sl, items=True):
@@ -337,13 +338,15 @@ class AgentSpecProposer:
             sel_surv,
             sel_cell,
         )
-        flat = sel_surv[np.arange(kk)[None, :] < sel_len[:, None]]
+        # positions under the floor can never be admitted: leave them out of the sort
+        n_ok = np.minimum(sel_len, (sel_surv >= max(floor, 1e-12)).sum(axis=1))
+        flat = sel_surv[np.arange(kk)[None, :] < n_ok[:, None]]
         budget = None
         if step.max_num_batched_tokens is not None:
             budget = max(0, step.max_num_batched_tokens - step.batch_size)
         alloc = allocate(
             flat,
-            sel_len,
+            n_ok,
             batch_size=step.batch_size,
             num_kv=step.num_kv_tokens,
             cost=self.cost,

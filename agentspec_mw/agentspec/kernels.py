@@ -39,6 +39,7 @@ NB = 64  # index key = key base * NB + block id (block ids < 64)
 # int64 slot table columns
 C_CSTART, C_CLEN, C_CCAP, C_PLEN, C_SEQ, C_KBASE, C_ABASE, C_GID = 0, 1, 2, 3, 4, 5, 6, 7
 C_SEQBLK, C_DLEN, C_DDONE, C_LPTR, C_LML, C_LSKIP, C_LBACK = 8, 9, 10, 11, 12, 13, 14
+N_POS = 5  # draft-position buckets of the calibration table: 0, 1, 2-3, 4-7, 8+
 N_COLS = 15
 _LOCAL_MIN_MATCH = 3
 _LOCAL_MAX_BACKOFF = 16  # steps a request skips the local scan after failing, at most
@@ -233,7 +234,7 @@ def _head(
     sup_edges: np.ndarray,
     n_q: int,
 ) -> int:  # pragma: no cover
-    """First calibration cell of row ``a * n_req + r`` (add the token's c/n bucket)."""
+    """Calibration row of candidate ``a * n_req + r`` (:func:`_cell` adds position, c/n)."""
     n_src = tok.shape[0] // n_req
     row = a * n_req + r
     agree = 0
@@ -248,7 +249,14 @@ def _head(
     sb = 0
     while sb < sup_edges.shape[0] and sup_edges[sb] <= support[row]:
         sb += 1
-    return (((a * 2 + agree) * levels.shape[0] + ml) * (sup_edges.shape[0] + 1) + sb) * n_q
+    return (((a * 2 + agree) * levels.shape[0] + ml) * (sup_edges.shape[0] + 1) + sb) * N_POS
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _cell(head: int, j: int, p: float, n_q: int) -> int:  # pragma: no cover
+    """Calibration cell of draft position ``j`` with count ratio ``p`` in row ``head``."""
+    pb = j if j < 2 else 2 if j < 4 else 3 if j < 8 else 4
+    return (head + pb) * n_q + min(int(p * n_q), n_q - 1)
 
 
 @njit(cache=True, nogil=True)
@@ -269,9 +277,10 @@ def score(
 ) -> None:  # pragma: no cover
     """Calibrated survival of every candidate row; pick each request's best source.
 
-    Rows are ``source * n_req + r``. A token's calibration cell is
-    ``(((src*2 + agree)*len(levels) + match bucket)*(len(sup_edges)+1) + support bucket)
-    * n_q + c/n bucket``, where ``agree`` = another source drafts the same first token.
+    Rows are ``source * n_req + r``. A token's calibration cell is, flattened,
+    ``(source, agree, match bucket, support bucket, position bucket, c/n bucket)``, where
+    ``agree`` = another source drafts the same first token and the position buckets are
+    0, 1, 2-3, 4-7, 8+ (acceptance given the earlier positions were accepted).
     The picked row maximises the expected accepted tokens (the sum of its survivals; the
     first source wins ties); its cells and survivals are written out.
     """
@@ -287,7 +296,7 @@ def score(
                 head = _head(a, r, n_req, tok, lens, match, support, levels, sup_edges, n_q)
                 s = 1.0
                 for j in range(lens[row]):
-                    s *= table[head + min(int(prob[row, j] * n_q), n_q - 1)]
+                    s *= table[_cell(head, j, prob[row, j], n_q)]
                     v += s
             if v > best_v:
                 best_v = v
@@ -301,7 +310,7 @@ def score(
         head = _head(best_a, r, n_req, tok, lens, match, support, levels, sup_edges, n_q)
         s = 1.0
         for j in range(m):
-            c = head + min(int(prob[row, j] * n_q), n_q - 1)
+            c = _cell(head, j, prob[row, j], n_q)
             out_cell[r, j] = c
             s *= table[c]
             out_surv[r, j] = s

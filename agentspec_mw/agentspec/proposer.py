@@ -115,12 +115,13 @@ class AgentSpecProposer:
         self._pend_slot: list[int] = []
         self._pend_ids: list[Any] = []
         self._pend_stop: list[int] = []
-        # calibration table, flat cell = (((src*2 + agree)*N_ML + ml)*N_SUP + sup)*Q + q
-        shape = (len(SOURCES), 2, _N_ML, _N_SUP, _Q)
+        # calibration table over (source, agree, match, support, position, c/n) buckets
+        shape = (len(SOURCES), 2, _N_ML, _N_SUP, K.N_POS, _Q)
         q_mid = (np.arange(_Q) + 0.5) / _Q
         sup_mid = np.array([1, 2, 5, 10])
         p_n = np.array([redundancy_score(1, int(n), cfg.redundancy_g_min) for n in sup_mid])
-        prior = np.broadcast_to(cfg.calib_prior_scale * q_mid[None, :] * p_n[:, None], shape).copy()
+        base = cfg.calib_prior_scale * q_mid[None, None, :] * p_n[:, None, None]
+        prior = np.broadcast_to(base, shape).copy()
         prior[:, 1] = np.minimum(1.0, prior[:, 1] * 1.1)  # sources agree: more trust
         self._prior = prior.reshape(-1)
         self._succ = np.zeros_like(self._prior)

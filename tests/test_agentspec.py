@@ -15,7 +15,9 @@ from agentspec_mw.agentspec import (
     allocate,
     redundancy_score,
 )
+from agentspec_mw.agentspec.kernels import C_CLEN, C_CSTART
 from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex
+from agentspec_mw.agentspec.slots import SlotTable
 from agentspec_mw.costmodel import PRESETS
 from agentspec_mw.proposer import ProposerEnv, StepContext
 from agentspec_mw.tags import StructureTags
@@ -70,6 +72,47 @@ def test_block_tracker_split_delimiter_and_unterminated(tiny_tokenizer, tb) -> N
     assert st.stack == ["tool_call", "code"]  # nesting
 
 
+def _reference_blocks(g: BlockGrammar, ids: Sequence[int]) -> list[str]:
+    """A slow, obvious oracle: after each byte, apply the delimiters ending there."""
+    delims = sorted(
+        {d for s in g.specs for d in (s.start.encode(), s.end.encode())}, key=len, reverse=True
+    )
+    stack: list[str] = []
+    seen = b""
+    out = []
+    for t in ids:
+        out.append(stack[-1] if stack else "text")
+        for byte in g.token_bytes[t]:
+            seen += bytes([byte])
+            for d in delims:
+                if not seen.endswith(d):
+                    continue
+                if stack and d == next(s.end.encode() for s in g.specs if s.name == stack[-1]):
+                    stack.pop()
+                else:
+                    opens = [s.name for s in g.specs if s.start.encode() == d]
+                    if opens and len(stack) < 8:
+                        stack.append(opens[0])
+    return out
+
+
+def test_block_tracker_matches_a_reference_on_the_sample(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+    from tests.conftest import _corpus
+
+    g = BlockGrammar(DEFAULT_BLOCKS, tb)
+    rng = np.random.default_rng(0)
+    for text in _corpus()[:40]:
+        ids = _ids(tiny_tokenizer, text)
+        st = BlockState(g)
+        got: list[str] = []
+        i = 0
+        while i < len(ids):  # random chunking: attribution must not depend on it
+            n = int(rng.integers(1, 6))
+            got += [b for b, m in st.feed(ids[i : i + n]) for _ in range(m)]
+            i += n
+        assert got == _reference_blocks(g, ids)
+
+
 # -- the index ----------------------------------------------------------------------
 def test_index_majority_continuation_and_key_isolation() -> None:
     ix = NgramIndex(capacity=1 << 12)
@@ -93,6 +136,34 @@ def test_index_capacity_evicts_oldest() -> None:
     ctx = np.zeros((1, MAX_N), np.int32)
     ctx[0, :2] = [2, 3]
     assert ix.lookup(np.array([0]), ctx, np.array([2]), 4, 0.0)[2][0] == 0
+
+
+def test_index_capacity_rounds_up_to_a_power_of_two() -> None:
+    assert NgramIndex(capacity=100).capacity == 128
+    assert NgramIndex(capacity=1 << 12).capacity == 1 << 12
+
+
+def test_slot_table_moves_and_compacts_contexts() -> None:
+    st = SlotTable(rows=1, arena=64)  # forces row growth, segment moves and compaction
+    rows = {}
+    for i in range(20):
+        prompt = np.arange(i * 10, i * 10 + 30, dtype=np.int32)
+        rows[i] = (st.acquire(prompt), list(prompt))
+    st.release([rows[i][0] for i in range(0, 20, 2)])
+    live = {i: r for i, r in rows.items() if i % 2}
+    for step in range(30):
+        sl = np.array([r[0] for r in live.values()], dtype=np.int64)
+        st.reserve(sl, np.full(len(sl), 50, dtype=np.int64))
+        for i, (s, ref) in live.items():
+            new = [1000 + step * 100 + i] * 50
+            a, n = int(st.si[s, C_CSTART]), int(st.si[s, C_CLEN])
+            st.ctx[a + n : a + n + 50] = new
+            st.si[s, C_CLEN] = n + 50
+            ref += new
+    for s, ref in live.values():
+        a, n = int(st.si[s, C_CSTART]), int(st.si[s, C_CLEN])
+        assert st.ctx[a : a + n].tolist() == ref
+    assert len(st) == 10
 
 
 # -- budget -------------------------------------------------------------------------
@@ -237,3 +308,40 @@ def test_block_of_reports_the_current_block(tiny_tokenizer, tb) -> None:  # type
     assert p.block_of("r") == "code"
     p.stop("r")
     assert p.block_of("r") is None
+
+
+def test_agentspec_drafts_do_not_depend_on_slot_or_arena_layout(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+    """Many interleaved requests: a tiny slot table (moves, compactions) drafts the same."""
+    from tests.conftest import _corpus
+
+    texts = [_ids(tiny_tokenizer, t)[:120] for t in _corpus()[:30]]
+    drafts = []
+    for tiny in (False, True):
+        p = _prop(tb)
+        if tiny:
+            p._slots = SlotTable(rows=1, draft_width=8, arena=64)
+        live = {f"r{i}": (t, 1) for i, t in enumerate(texts) if len(t) > 20}
+        for rid, (t, _) in live.items():
+            tags = StructureTags(agent_id=f"a{len(t) % 3}", query_id="q")
+            p.start(rid, t[:10], tags)
+            p.extend(rid, t[10:11])
+        seen = []
+        while live:
+            ids = sorted(live)
+            out = p.propose(ids, 8, StepContext(batch_size=len(ids), num_kv_tokens=1000))
+            seen.append([d.token_ids for d in out])
+            for rid, d in zip(ids, out, strict=True):
+                t, pos = live[rid]
+                a = 0
+                while a < len(d) and pos + 10 + a < len(t) and d.token_ids[a] == t[10 + pos + a]:
+                    a += 1
+                adv = min(a + 1, len(t) - 10 - pos)
+                p.extend(rid, t[10 + pos : 10 + pos + adv])
+                if pos + adv >= len(t) - 10:
+                    p.stop(rid)
+                    del live[rid]
+                else:
+                    live[rid] = (t, pos + adv)
+        drafts.append(seen)
+    assert drafts[0] == drafts[1]
+    assert any(any(d) for d in drafts[0])  # it did draft

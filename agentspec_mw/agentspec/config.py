@@ -24,10 +24,12 @@ class AgentSpecConfig(BaseModel):
     )
     """Block kinds ``(name, start, end)`` used when a request's tags name none."""
     index_max_tokens: int = Field(default=1 << 20, ge=1024)
-    """Tokens the history index holds (all keys together); the oldest are evicted first.
-    Memory: about 120 bytes per token (1M tokens ≈ 120 MB)."""
+    """Tokens the history index holds (all keys together, rounded up to a power of two);
+    the oldest are evicted first. Memory: 128 bytes per token (a 64-byte record and its
+    hash-table entries; 1M tokens = 128 MiB)."""
     index_max_keys: int = Field(default=200_000, ge=1)
-    """Keys (scope, agent, query group, block) remembered; the least recently used go."""
+    """Identities (scope, agent, query group) remembered — each one's block kinds and its
+    agent-wide history are keys of the index; the least recently used go."""
     calib_prior_strength: float = Field(default=8.0, gt=0)
     """Weight, in observations, of the prior in each calibration bucket."""
     calib_prior_scale: float = Field(default=0.9, gt=0, le=1)

@@ -25,8 +25,8 @@ contributes at each batch size is decided by calibration and the budget, not by 
 (keys embed the isolation scope). Each draft token carries ``c / n`` — of the ``n``
 continuations found, ``c`` agree — which is *calibrated* online: every verified draft
 updates an acceptance table bucketed by (source, agreement between sources, match
-length, support ``n``, ``c / n``). Each bucket's prior is the paper's redundancy score
-``g(c, n) = (c/n)·p(n)``. A position's survival probability is the product of the
+length, support ``n``, draft position, ``c / n``). Each bucket's prior is the paper's
+redundancy score ``g(c, n) = (c/n)·p(n)``. A position's survival probability is the product of the
 calibrated acceptances of the tokens up to it; :func:`~agentspec_mw.agentspec.budget.allocate`
 turns survivals into the step's drafts.
 
@@ -183,9 +183,15 @@ class AgentSpecProposer:
         self._pend_start.append(s)
 
     def extend(self, req_id: str, token_ids: TokenIds) -> None:
-        """Accepted tokens: queued, applied for the whole batch at the next ``propose``."""
+        """Accepted tokens: queued, applied for the whole batch at the next ``propose``.
+
+        A writable array or a list is copied (the caller may reuse its buffer); a
+        read-only array (e.g. a slice of a memory-mapped trace) is kept as is.
+        """
         s = self._reqs[req_id]
         if len(token_ids):
+            if not isinstance(token_ids, np.ndarray) or token_ids.flags.writeable:
+                token_ids = np.array(token_ids, dtype=np.int32)
             self._pend_slot.append(s)
             self._pend_ids.append(token_ids)
 

@@ -300,19 +300,30 @@ class NgramIndex:
             _insert(keys, seqs, toks, self.arrays)
 
     def lookup(
-        self, keys: np.ndarray, ctx: np.ndarray, ctx_len: np.ndarray, k: int, min_prob: float
+        self,
+        keys: np.ndarray,
+        ctx: np.ndarray,
+        ctx_len: np.ndarray,
+        k: int,
+        min_prob: float,
+        out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Drafts for a batch: ``(tokens[r, :len], probs[r, :len], len, match_n, support)``.
 
         ``ctx[r, :ctx_len[r]]`` holds the last (at most :data:`MAX_N`) context tokens of
-        request ``r``; ``keys[r] < 0`` skips the row.
+        request ``r``; ``keys[r] < 0`` skips the row. ``out`` (optional) are arrays of
+        those shapes to fill instead of new ones (tokens/probs beyond ``len`` untouched).
         """
         n = len(keys)
-        out_tok = np.zeros((n, max(k, 1)), dtype=np.int32)
-        out_prob = np.zeros((n, max(k, 1)), dtype=np.float64)
-        out_len = np.zeros(n, dtype=np.int64)
-        out_match = np.zeros(n, dtype=np.int64)
-        out_support = np.zeros(n, dtype=np.int64)
+        if out is None:
+            out = (
+                np.zeros((n, max(k, 1)), dtype=np.int32),
+                np.zeros((n, max(k, 1)), dtype=np.float64),
+                np.zeros(n, dtype=np.int64),
+                np.zeros(n, dtype=np.int64),
+                np.zeros(n, dtype=np.int64),
+            )
+        out_tok, out_prob, out_len, out_match, out_support = out
         ks = np.full(n, k, dtype=np.int64)
         _lookup(
             keys,

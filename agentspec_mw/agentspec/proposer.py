@@ -313,16 +313,15 @@ class AgentSpecProposer:
         ctx_len[n_req:] = ctx_len[:n_req]
         # candidate rows: iso (n_req), agent (n_req), local (n_req)
         kk = max(k, 1)
-        i_tok, i_prob, i_len, i_ml, i_sup = self._index.lookup(keys, ctx, ctx_len, k, _MIN_PROB)
-        l_tok = np.zeros((n_req, kk), dtype=np.int32)
-        l_len = np.zeros(n_req, dtype=np.int64)
-        l_ml = np.zeros(n_req, dtype=np.int64)
-        K.local_drafts(sl, k, slots.si, slots.ctx, l_tok, l_len, l_ml)
-        tok = np.concatenate([i_tok, l_tok])
-        prob = np.concatenate([i_prob, np.ones(l_tok.shape)])
-        lens = np.concatenate([i_len, l_len])
-        match = np.concatenate([i_ml, l_ml])
-        support = np.concatenate([i_sup, np.ones(n_req, np.int64)])
+        n2 = 2 * n_req
+        tok = np.zeros((3 * n_req, kk), dtype=np.int32)
+        prob = np.ones((3 * n_req, kk), dtype=np.float64)  # local rows: c/n = 1
+        lens = np.zeros(3 * n_req, dtype=np.int64)
+        match = np.zeros(3 * n_req, dtype=np.int64)
+        support = np.ones(3 * n_req, dtype=np.int64)
+        iso_agent = (tok[:n2], prob[:n2], lens[:n2], match[:n2], support[:n2])
+        self._index.lookup(keys, ctx, ctx_len, k, _MIN_PROB, iso_agent)
+        K.local_drafts(sl, k, slots.si, slots.ctx, tok[n2:], lens[n2:], match[n2:])
         if not (lens > 0).any():
             self._finish_step(t0, 0, 0, step)
             return drafts
@@ -374,10 +373,12 @@ class AgentSpecProposer:
         counts = np.asarray(alloc.counts, dtype=np.int64)
         used = int(counts.sum())
         if used:
-            sel_tok = tok[pick]
-            for i in np.flatnonzero(counts).tolist():
-                n = int(counts[i])
-                drafts[i] = Draft(tuple(sel_tok[i, :n].tolist()), tuple(sel_surv[i, :n].tolist()))
+            rows = np.flatnonzero(counts)
+            sel_tok = tok[pick[rows]].tolist()
+            sel_p = sel_surv[rows].tolist()
+            n_drafted = counts[rows].tolist()
+            for i, n, t, p in zip(rows.tolist(), n_drafted, sel_tok, sel_p, strict=True):
+                drafts[i] = Draft(tuple(t[:n]), tuple(p[:n]))
         self._finish_step(t0, alloc.offered, used, step)
         return drafts
 

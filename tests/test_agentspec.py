@@ -345,3 +345,16 @@ def test_agentspec_drafts_do_not_depend_on_slot_or_arena_layout(tiny_tokenizer, 
         drafts.append(seen)
     assert drafts[0] == drafts[1]
     assert any(any(d) for d in drafts[0])  # it did draft
+
+
+def test_agentspec_caps_distinct_block_grammars(tb, caplog) -> None:  # type: ignore[no-untyped-def]
+    from agentspec_mw.agentspec.proposer import MAX_GRAMMARS
+
+    p = _prop(tb)
+    for i in range(MAX_GRAMMARS + 5):
+        tags = StructureTags(agent_id="a", query_id="q", blocks=[(f"<b{i}>", f"</b{i}>")])
+        p.start(f"r{i}", [1, 2, 3], tags)
+        p.extend(f"r{i}", [4, 5])
+    p.propose([f"r{i}" for i in range(MAX_GRAMMARS + 5)], 4, StepContext(batch_size=8))
+    assert len(p._grammars) == MAX_GRAMMARS
+    assert "distinct block delimiter sets" in caplog.text

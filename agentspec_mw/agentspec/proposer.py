@@ -39,6 +39,7 @@ operations, not a loop over tokens.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 from collections import OrderedDict
@@ -57,7 +58,11 @@ from agentspec_mw.costmodel import StepTimeFn, get_cost_model
 from agentspec_mw.proposer import EMPTY_DRAFT, Draft, ProposerEnv, StepContext, TokenIds
 from agentspec_mw.tags import StructureTags
 
-__all__ = ["SOURCES", "AgentSpecProposer", "redundancy_score"]
+__all__ = ["MAX_GRAMMARS", "SOURCES", "AgentSpecProposer", "redundancy_score"]
+
+logger = logging.getLogger(__name__)
+MAX_GRAMMARS = 64
+"""Block grammars a proposer keeps (the default and 63 sets of delimiters from tags)."""
 
 SOURCES = ("iso", "agent", "local")
 _ISO, _AGENT, _LOCAL = 0, 1, 2
@@ -105,6 +110,7 @@ class AgentSpecProposer:
         default = BlockGrammar([BlockSpec(*b) for b in cfg.blocks], self.token_bytes)
         self._grammars: list[BlockGrammar] = [default]
         self._grammar_ids: dict[tuple[tuple[str, str], ...] | None, int] = {None: 0}
+        self._warned_grammars = False
         self._index = NgramIndex(capacity=cfg.index_max_tokens)
         self._out_seq = self._index.new_seq()  # sequence used to insert finished outputs
         self._keys: OrderedDict[tuple[str, ...], int] = OrderedDict()  # key bases, LRU
@@ -133,10 +139,21 @@ class AgentSpecProposer:
 
     # -- identity and keys ---------------------------------------------------------------
     def _grammar_id(self, tags: StructureTags | None) -> int:
+        """The block grammar of the request's tags (0: the default); at most
+        :data:`MAX_GRAMMARS` distinct ones, later new delimiter sets get the default."""
         blocks = None if tags is None else tags.blocks
         gid = self._grammar_ids.get(blocks)
         if gid is None:
             assert blocks is not None
+            if len(self._grammars) >= MAX_GRAMMARS:
+                if not self._warned_grammars:
+                    self._warned_grammars = True
+                    logger.warning(
+                        "agentspec: more than %d distinct block delimiter sets in tags; "
+                        "further new ones use the default blocks",
+                        MAX_GRAMMARS - 1,
+                    )
+                return 0
             specs = [BlockSpec(f"b{i}:{s}", s, e) for i, (s, e) in enumerate(blocks)]
             gid = self._grammar_ids[blocks] = len(self._grammars)
             self._grammars.append(BlockGrammar(specs, self.token_bytes))

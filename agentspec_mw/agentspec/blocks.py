@@ -214,8 +214,7 @@ class BlockState:
     @property
     def current(self) -> str:
         """The innermost open block (``"text"`` at top level)."""
-        d = int(self._st[DEPTH])
-        return self.grammar.names[int(self._stack[d - 1])] if d else ROOT
+        return self.grammar.names[current(self._stack, self._st)]
 
     def feed(self, token_ids: Sequence[int] | np.ndarray) -> list[tuple[str, int]]:
         """Advance over tokens; return runs ``(block, n_tokens)`` attributing each token."""

@@ -168,7 +168,8 @@ def gather(
     out_len: np.ndarray,
     out_keys: np.ndarray,
 ) -> None:  # pragma: no cover
-    """Tails of the context (``out_ctx[r, :out_len[r]]``) and keys: iso rows, then agent."""
+    """Tails of the context (``out_ctx[r, :out_len[r]]``) and keys, for the ``2n`` lookup
+    rows: iso (``r``), then agent (``n + r``, the same tail)."""
     n = slots.shape[0]
     for r in range(n):
         s = slots[r]
@@ -176,8 +177,8 @@ def gather(
         ln = si[s, C_CLEN]
         t = min(ln, MAX_N)
         for j in range(t):
-            out_ctx[r, j] = ctx[c0 + ln - t + j]
-        out_len[r] = t
+            out_ctx[r, j] = out_ctx[n + r, j] = ctx[c0 + ln - t + j]
+        out_len[r] = out_len[n + r] = t
         out_keys[r] = si[s, C_KBASE] * NB + current(stack[s], bst[s])
         out_keys[n + r] = si[s, C_ABASE] * NB
 

@@ -3,8 +3,9 @@
 The ``local`` source of the AgentSpec proposer. Building a suffix tree over every prompt
 (what SuffixDecoding does on ``start``) costs milliseconds for long agent prompts — more
 than an engine step at large batch — so the own context is searched directly instead,
-as vLLM's n-gram proposer does, with a numba kernel over the int32 context. It returns the
-match length too, which calibrates the draft.
+as vLLM's n-gram proposer does, with a numba function over the int32 context (called
+from :func:`~agentspec_mw.agentspec.kernels.local_drafts`). It returns the match length
+too, which calibrates the draft.
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["match_own_context", "match_tail"]
+__all__ = ["match_tail"]
 
 
 @njit(cache=True, nogil=True)
 def match_tail(ctx: np.ndarray, min_n: int, max_n: int) -> tuple[int, int]:  # pragma: no cover
-    """``(pos, length)``: where the most recent longest match of the suffix continues."""
+    """Where the most recent longest match (``min_n..max_n``) of the suffix continues.
+
+    Returns ``(pos, length)``: the draft is ``ctx[pos : pos + k]``; ``(-1, 0)`` when no
+    match of ``min_n`` tokens exists. Among equally long matches the most recent wins.
+    """
     n = ctx.shape[0]
     best_len = 0
     best_pos = -1
@@ -39,18 +44,3 @@ def match_tail(ctx: np.ndarray, min_n: int, max_n: int) -> tuple[int, int]:  # p
     if best_len < min_n:
         return -1, 0
     return best_pos, best_len
-
-
-def match_own_context(
-    ctx: np.ndarray, min_n: int, max_n: int, k: int
-) -> tuple[np.ndarray, int, int]:
-    """Tokens following the most recent longest match (``min_n..max_n``) of the suffix.
-
-    Returns ``(draft, match_len, pos)`` with ``draft = ctx[pos : pos + k]``; an empty draft
-    (``pos = -1``) when no match of ``min_n`` tokens exists. Among equally long matches the
-    most recent wins.
-    """
-    pos, length = match_tail(ctx, min_n, max_n)
-    if pos < 0:
-        return ctx[:0], 0, -1
-    return ctx[pos : pos + k], int(length), int(pos)

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from agentspec_mw.agentspec import kernels as K
-from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec
+from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec, current
 from agentspec_mw.agentspec.budget import allocate
 from agentspec_mw.agentspec.config import AgentSpecConfig
 from agentspec_mw.agentspec.ngram_index import LEVELS, MAX_N, NgramIndex
@@ -302,8 +302,7 @@ class AgentSpecProposer:
             return None
         self._flush()
         slots = self._slots
-        d = int(slots.bst[s, 0])
-        blk = int(slots.stack[s, d - 1]) if d else 0
+        blk = current(slots.stack[s], slots.bst[s])
         return self._grammars[int(slots.si[s, K.C_GID])].names[blk]
 
     # -- drafting ------------------------------------------------------------------------
@@ -326,8 +325,6 @@ class AgentSpecProposer:
         ctx_len = np.empty(2 * n_req, dtype=np.int64)
         keys = np.empty(2 * n_req, dtype=np.int64)
         K.gather(sl, slots.si, slots.stack, slots.bst, slots.ctx, ctx, ctx_len, keys)
-        ctx[n_req:] = ctx[:n_req]
-        ctx_len[n_req:] = ctx_len[:n_req]
         # candidate rows: iso (n_req), agent (n_req), local (n_req)
         kk = max(k, 1)
         n2 = 2 * n_req

@@ -108,8 +108,9 @@ class VLLMBackend:
         prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         results = []
-        for out in outputs:
+        for req, out in zip(requests, outputs, strict=True):
             comp = out.outputs[0]
+            self._observe(req, comp)
             results.append(
                 GenerationResult(
                     text=comp.text,
@@ -118,3 +119,6 @@ class VLLMBackend:
                 )
             )
         return results
+
+    def _observe(self, request: GenerationRequest, completion: Any) -> None:
+        """Hook: called with each request and its vLLM ``CompletionOutput`` (no-op)."""

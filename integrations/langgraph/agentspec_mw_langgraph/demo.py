@@ -35,9 +35,7 @@ import httpx
 from agentspec_mw.tags import WIRE_PREFIX
 from agentspec_mw_langgraph.backend import (
     GenerationRequest,
-    GenerationResult,
     VLLMBackend,
-    sampling_params,
 )
 from agentspec_mw_langgraph.config import AgentSpecConfig
 from agentspec_mw_langgraph.demo_graph import build_workflow, initial_state
@@ -148,29 +146,15 @@ class MeteredBackend(VLLMBackend):
         with self._lock:
             self.per_agent = defaultdict(AgentCounts)
 
-    def _run_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        params = [sampling_params(r) for r in requests]
-        prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        results = []
-        for req, out in zip(requests, outputs, strict=True):
-            comp = out.outputs[0]
-            drafted, accepted = _spec_counts(comp)
-            agent = str((req.extra_args or {}).get(f"{WIRE_PREFIX}agent", "untagged"))
-            with self._lock:
-                counts = self.per_agent[agent]
-                counts.requests += 1
-                counts.output_tokens += len(comp.token_ids)
-                counts.drafted += drafted
-                counts.accepted += accepted
-            results.append(
-                GenerationResult(
-                    text=comp.text,
-                    token_ids=tuple(comp.token_ids),
-                    finish_reason=comp.finish_reason,
-                )
-            )
-        return results
+    def _observe(self, request: GenerationRequest, completion: Any) -> None:
+        drafted, accepted = _spec_counts(completion)
+        agent = str((request.extra_args or {}).get(f"{WIRE_PREFIX}agent", "untagged"))
+        with self._lock:
+            counts = self.per_agent[agent]
+            counts.requests += 1
+            counts.output_tokens += len(completion.token_ids)
+            counts.drafted += drafted
+            counts.accepted += accepted
 
 
 def _totals(per_agent: dict[str, AgentCounts]) -> AgentCounts:

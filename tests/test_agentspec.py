@@ -16,7 +16,7 @@ from agentspec_mw.agentspec import (
     redundancy_score,
 )
 from agentspec_mw.agentspec.kernels import C_CLEN, C_CSTART
-from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex
+from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex, _lookup_par, _lookup_rows
 from agentspec_mw.agentspec.slots import SlotTable
 from agentspec_mw.costmodel import PRESETS
 from agentspec_mw.proposer import ProposerEnv, StepContext
@@ -136,6 +136,37 @@ def test_index_capacity_evicts_oldest() -> None:
     ctx = np.zeros((1, MAX_N), np.int32)
     ctx[0, :2] = [2, 3]
     assert ix.lookup(np.array([0]), ctx, np.array([2]), 4, 0.0)[2][0] == 0
+
+
+def test_index_threaded_lookup_equals_serial() -> None:
+    """Rows split over threads (``_lookup_par``) give exactly the serial drafts."""
+    rng = np.random.default_rng(3)
+    ix = NgramIndex(capacity=1 << 14)
+    n_tok = 6000
+    toks = rng.integers(0, 12, n_tok).astype(np.int32)  # small vocabulary: many matches
+    keys = rng.integers(0, 5, n_tok).astype(np.int64)
+    ix.insert(keys, np.full(n_tok, ix.new_seq(), np.int64), toks)
+    n = 301
+    ctx = rng.integers(0, 12, (n, MAX_N)).astype(np.int32)
+    ctx_len = rng.integers(0, MAX_N + 1, n).astype(np.int64)
+    qkeys = rng.integers(-1, 5, n).astype(np.int64)
+    ks = np.full(n, 8, np.int64)
+
+    def run(chunks: int) -> list[np.ndarray]:
+        out = [np.zeros((n, 8), np.int32), np.zeros((n, 8))]
+        out += [np.zeros(n, np.int64) for _ in range(3)]
+        args = (qkeys, ctx, ctx_len, ks, ix.arrays, 0.05, *out)
+        if chunks:
+            _lookup_par(chunks, *args)
+        else:
+            _lookup_rows(0, n, *args)
+        return out
+
+    serial = run(0)
+    assert serial[2].sum() > 0  # some rows draft
+    for chunks in (2, 3, 7):
+        for a, b in zip(serial, run(chunks), strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_index_capacity_rounds_up_to_a_power_of_two() -> None:

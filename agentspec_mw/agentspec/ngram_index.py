@@ -26,13 +26,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import njit
+from numba import get_num_threads, njit, prange
 
 __all__ = ["LEVELS", "MAX_CANDIDATES", "MAX_N", "NgramIndex", "insert_one", "reset_seq"]
 
 LEVELS = np.array([2, 4, 8, 16], dtype=np.int64)
 MAX_N = 16
 MAX_CANDIDATES = 16
+_ROWS_PER_THREAD = 64  # a lookup splits its rows over threads from 2 x this many rows
 _EMPTY = np.int64(-1)
 # a token's record, one 64-byte cache line: id, key, next position, previous occurrences
 R_TOK, R_KEY, R_NXT, R_OCC = 0, 1, 2, 3
@@ -122,7 +123,9 @@ def _insert(
 
 
 @njit(cache=True, nogil=True)
-def _lookup(
+def _lookup_rows(
+    lo: int,
+    hi: int,
     keys: np.ndarray,
     ctx: np.ndarray,
     ctx_len: np.ndarray,
@@ -135,6 +138,7 @@ def _lookup(
     out_match: np.ndarray,
     out_support: np.ndarray,
 ) -> None:  # pragma: no cover
+    """Rows ``lo:hi`` of a batched lookup (see :meth:`NgramIndex.lookup`)."""
     rec, ht, _sl, _sr, _sn, state, levels = ix
     cap = rec.shape[0]
     mask = np.uint64(ht.shape[0] - 1)
@@ -146,7 +150,7 @@ def _lookup(
     hs = np.zeros(n_lv, dtype=np.int64)
     bs = np.zeros(n_lv, dtype=np.uint64)
     hk0 = np.zeros(n_lv, dtype=np.int64)
-    for r in range(keys.shape[0]):
+    for r in range(lo, hi):
         out_len[r] = 0
         out_match[r] = 0
         out_support[r] = 0
@@ -241,6 +245,43 @@ def _lookup(
             break
 
 
+@njit(cache=True, nogil=True, parallel=True)
+def _lookup_par(
+    n_chunks: int,
+    keys: np.ndarray,
+    ctx: np.ndarray,
+    ctx_len: np.ndarray,
+    ks: np.ndarray,
+    ix: Any,
+    min_prob: float,
+    out_tok: np.ndarray,
+    out_prob: np.ndarray,
+    out_len: np.ndarray,
+    out_match: np.ndarray,
+    out_support: np.ndarray,
+) -> None:  # pragma: no cover
+    """:func:`_lookup_rows` over ``n_chunks`` interleaved-free row ranges, one per thread
+    (lookups only read the index)."""
+    n = keys.shape[0]
+    step = (n + n_chunks - 1) // n_chunks
+    for c in prange(n_chunks):
+        _lookup_rows(
+            c * step,
+            min(n, (c + 1) * step),
+            keys,
+            ctx,
+            ctx_len,
+            ks,
+            ix,
+            min_prob,
+            out_tok,
+            out_prob,
+            out_len,
+            out_match,
+            out_support,
+        )
+
+
 class NgramIndex:
     """Continuation index over many keys and sequences (see the module docstring)."""
 
@@ -325,7 +366,26 @@ class NgramIndex:
             )
         out_tok, out_prob, out_len, out_match, out_support = out
         ks = np.full(n, k, dtype=np.int64)
-        _lookup(
+        threads = min(get_num_threads(), n // _ROWS_PER_THREAD)
+        if threads >= 2:
+            _lookup_par(
+                threads,
+                keys,
+                ctx,
+                ctx_len,
+                ks,
+                self.arrays,
+                float(min_prob),
+                out_tok,
+                out_prob,
+                out_len,
+                out_match,
+                out_support,
+            )
+            return out_tok, out_prob, out_len, out_match, out_support
+        _lookup_rows(
+            0,
+            n,
             keys,
             ctx,
             ctx_len,

@@ -8,7 +8,6 @@ runs for each row — imported, not re-implemented. vLLM's defaults apply:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +35,6 @@ class NgramConfig(BaseModel):
 
 
 def _load_kernel() -> Callable[..., Any]:
-    os.environ.setdefault("NUMBA_NUM_THREADS", "1")
     try:
         from vllm.v1.spec_decode.ngram_proposer import (
             _find_longest_matched_ngram_and_propose_tokens,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from agentspec_mw.default_model import resolve_model
@@ -55,9 +56,30 @@ CPU_ENV_DEFAULTS: dict[str, str] = {
 }
 
 
+def _limit_numba_threads(value: str) -> None:
+    """``NUMBA_NUM_THREADS=value`` for a process that has already imported numba."""
+    import numba
+    from numba.core import config
+
+    parallel = sys.modules.get("numba.np.ufunc.parallel")
+    if getattr(parallel, "_is_initialized", False):  # the pool's size is fixed now
+        numba.set_num_threads(min(int(value), numba.get_num_threads()))
+        return
+    os.environ["NUMBA_NUM_THREADS"] = value
+    config.reload_config()  # before any pool starts with the old value
+
+
 def apply_env_defaults(*, in_process: bool) -> None:
-    """Set the CPU defaults where unset (and multiprocessing off when ``in_process``)."""
+    """Set the CPU defaults where unset (and multiprocessing off when ``in_process``).
+
+    Numba refuses a new ``NUMBA_NUM_THREADS`` once its thread pool runs (e.g. after a
+    threaded AgentSpec lookup in this process); then the pool is kept and this thread
+    is limited to one numba thread instead.
+    """
     for key, value in CPU_ENV_DEFAULTS.items():
+        if key == "NUMBA_NUM_THREADS" and key not in os.environ and "numba" in sys.modules:
+            _limit_numba_threads(value)
+            continue
         os.environ.setdefault(key, value)
     if in_process:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -257,6 +257,10 @@ def _run(
     while pos < len(out):
         d = p.propose([rid], k, StepContext(batch_size=batch, num_kv_tokens=len(prompt) + pos))[0]
         assert len(d) <= k
+        # per-token probabilities (given the earlier tokens): each draft cell's calibrated
+        # acceptance, not the running product (the survival) the budget ranks by
+        cells = p._slots.dcell[p._reqs[rid], : len(d)]
+        np.testing.assert_allclose(d.probs, p._table[cells], rtol=1e-9)
         a = 0
         while a < len(d) and pos + a < len(out) and d.token_ids[a] == out[pos + a]:
             a += 1

@@ -227,37 +227,47 @@ def _head(
     a: int,
     r: int,
     n_req: int,
-    tok: np.ndarray,
-    lens: np.ndarray,
     match: np.ndarray,
     support: np.ndarray,
     levels: np.ndarray,
     sup_edges: np.ndarray,
-    n_q: int,
 ) -> int:  # pragma: no cover
-    """Calibration row of candidate ``a * n_req + r`` (:func:`_cell` adds position, c/n)."""
-    n_src = tok.shape[0] // n_req
+    """Calibration row of candidate ``a * n_req + r`` with ``agree = 0``
+    (:func:`_cell` adds agreement, position and c/n)."""
     row = a * n_req + r
-    agree = 0
-    for b in range(n_src):
-        rb = b * n_req + r
-        if b != a and lens[rb] > 0 and tok[rb, 0] == tok[row, 0]:
-            agree = 1
-            break
     ml = 0
     while ml + 1 < levels.shape[0] and levels[ml + 1] <= match[row]:
         ml += 1
     sb = 0
     while sb < sup_edges.shape[0] and sup_edges[sb] <= support[row]:
         sb += 1
-    return (((a * 2 + agree) * levels.shape[0] + ml) * (sup_edges.shape[0] + 1) + sb) * N_POS
+    return (((a * 2) * levels.shape[0] + ml) * (sup_edges.shape[0] + 1) + sb) * N_POS
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _cell(head: int, j: int, p: float, n_q: int) -> int:  # pragma: no cover
-    """Calibration cell of draft position ``j`` with count ratio ``p`` in row ``head``."""
+def _agreed(a: int, r: int, n_req: int, tok: np.ndarray, lens: np.ndarray) -> int:
+    """Leading positions of candidate ``a`` that another source drafts identically."""
+    n_src = tok.shape[0] // n_req
+    row = a * n_req + r
+    best = 0
+    for b in range(n_src):
+        if b == a:
+            continue
+        rb = b * n_req + r
+        m = min(lens[rb], lens[row])
+        j = 0
+        while j < m and tok[rb, j] == tok[row, j]:
+            j += 1
+        best = max(best, j)
+    return best
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _cell(head: int, agree: int, j: int, p: float, n_q: int) -> int:  # pragma: no cover
+    """Calibration cell of draft position ``j`` with count ratio ``p`` in row ``head``;
+    ``agree`` is the row offset when another source drafts the same tokens up to ``j``."""
     pb = j if j < 2 else 2 if j < 4 else 3 if j < 8 else 4
-    return (head + pb) * n_q + min(int(p * n_q), n_q - 1)
+    return (head + agree + pb) * n_q + min(int(p * n_q), n_q - 1)
 
 
 @njit(cache=True, nogil=True)
@@ -287,6 +297,7 @@ def score(
     """
     n_req = out_pick.shape[0]
     n_src = tok.shape[0] // n_req
+    agree = levels.shape[0] * (sup_edges.shape[0] + 1) * N_POS  # row offset of agree = 1
     for r in range(n_req):
         best_v = -1.0
         best_a = 0
@@ -294,10 +305,11 @@ def score(
             row = a * n_req + r
             v = 0.0
             if lens[row] > 0:
-                head = _head(a, r, n_req, tok, lens, match, support, levels, sup_edges, n_q)
+                head = _head(a, r, n_req, match, support, levels, sup_edges)
+                ag = _agreed(a, r, n_req, tok, lens)
                 s = 1.0
                 for j in range(lens[row]):
-                    s *= table[_cell(head, j, prob[row, j], n_q)]
+                    s *= table[_cell(head, agree if j < ag else 0, j, prob[row, j], n_q)]
                     v += s
             if v > best_v:
                 best_v = v
@@ -308,10 +320,11 @@ def score(
         out_len[r] = m
         if m <= 0:
             continue
-        head = _head(best_a, r, n_req, tok, lens, match, support, levels, sup_edges, n_q)
+        head = _head(best_a, r, n_req, match, support, levels, sup_edges)
+        ag = _agreed(best_a, r, n_req, tok, lens)
         s = 1.0
         for j in range(m):
-            c = _cell(head, j, prob[row, j], n_q)
+            c = _cell(head, agree if j < ag else 0, j, prob[row, j], n_q)
             out_cell[r, j] = c
             s *= table[c]
             out_surv[r, j] = s

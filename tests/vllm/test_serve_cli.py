@@ -69,3 +69,15 @@ def test_serve_rejects_bad_options() -> None:
 def test_server_env_sets_cpu_defaults_without_overriding() -> None:
     env = server_env({"OMP_NUM_THREADS": "4"})
     assert env["OMP_NUM_THREADS"] == "4" and env["NUMBA_NUM_THREADS"] == "1"
+
+
+def test_thread_limits_only_on_the_cpu_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CUDA build the CPU has cores to spare: no thread limits are added."""
+    import agentspec_mw_vllm.engine as engine
+
+    monkeypatch.setattr(engine, "is_cpu_build", lambda: False)
+    env = server_env({})
+    assert "NUMBA_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in env
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    monkeypatch.setattr(engine, "is_cpu_build", lambda: True)
+    assert server_env({})["NUMBA_NUM_THREADS"] == "1"

@@ -15,7 +15,9 @@ imported): ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine runs in this process
 only — ``AsyncLLM`` always runs its engine core in a child process), ``OMP_NUM_THREADS=1``
 and ``NUMBA_NUM_THREADS=1`` (more threads than cores makes CPU decoding 20x slower),
 ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache; vLLM otherwise reserves most of the RAM).
-On a CUDA host the CPU-only variables are harmless.
+The two thread limits apply only where vLLM is the CPU build (``vllm-cpu``): on a CUDA
+host the CPU has cores to spare, and AgentSpec splits its index lookups over numba's
+threads. The other CPU-only variables are harmless on a CUDA host.
 """
 
 from __future__ import annotations
@@ -35,10 +37,13 @@ if TYPE_CHECKING:
 __all__ = [
     "ADAPTER_PATH",
     "CPU_ENV_DEFAULTS",
+    "CPU_THREAD_VARS",
     "VLLM_METHODS",
     "apply_env_defaults",
     "build_async_llm",
     "build_llm",
+    "env_defaults",
+    "is_cpu_build",
     "engine_kwargs",
     "shutdown",
 ]
@@ -54,6 +59,27 @@ CPU_ENV_DEFAULTS: dict[str, str] = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
+
+
+#: Thread limits among :data:`CPU_ENV_DEFAULTS`, applied on the CPU build of vLLM only.
+CPU_THREAD_VARS = frozenset({"OMP_NUM_THREADS", "NUMBA_NUM_THREADS"})
+
+
+def is_cpu_build() -> bool:
+    """Whether the installed vLLM is its CPU build (the ``vllm-cpu`` distribution)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution("vllm-cpu")
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def env_defaults() -> dict[str, str]:
+    """:data:`CPU_ENV_DEFAULTS`, without the thread limits unless vLLM is the CPU build."""
+    cpu = is_cpu_build()
+    return {k: v for k, v in CPU_ENV_DEFAULTS.items() if cpu or k not in CPU_THREAD_VARS}
 
 
 def _limit_numba_threads(value: str) -> None:
@@ -76,7 +102,7 @@ def apply_env_defaults(*, in_process: bool) -> None:
     threaded AgentSpec lookup in this process); then the pool is kept and this thread
     is limited to one numba thread instead.
     """
-    for key, value in CPU_ENV_DEFAULTS.items():
+    for key, value in env_defaults().items():
         if key == "NUMBA_NUM_THREADS" and key not in os.environ and "numba" in sys.modules:
             _limit_numba_threads(value)
             continue

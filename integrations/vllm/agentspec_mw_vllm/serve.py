@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentspec_mw_vllm.config import ADDITIONAL_CONFIG_KEY, DrafterConfig
-from agentspec_mw_vllm.engine import ADAPTER_PATH, CPU_ENV_DEFAULTS, VLLM_METHODS
+from agentspec_mw_vllm.engine import ADAPTER_PATH, VLLM_METHODS, env_defaults
 
 __all__ = ["ServeConfig", "server_command", "server_env", "serve"]
 
@@ -91,9 +91,10 @@ def server_command(cfg: ServeConfig) -> list[str]:
 
 
 def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: ``base`` (default ``os.environ``) plus the CPU defaults."""
+    """The server's environment: ``base`` (default ``os.environ``) plus the CPU defaults
+    (:func:`~agentspec_mw_vllm.engine.env_defaults`)."""
     env = dict(os.environ if base is None else base)
-    for key, value in CPU_ENV_DEFAULTS.items():
+    for key, value in env_defaults().items():
         env.setdefault(key, value)
     return env
 

@@ -1,0 +1,80 @@
+"""Where AgentSpec's per-step time goes: wall-clock timers around each kernel call.
+
+Replays one trace at a batch size twice with the AgentSpec proposer (the first pass
+compiles and warms up) and prints, per engine step averaged over all steps of the second
+pass, the time inside each kernel and public method (nested: ``propose`` includes
+``_flush``, which includes ``apply_extends`` and ``insert_outputs``).
+
+    python benchmarks/proposer_profile.py --trace ../shared/traces/tot_parallel_sampling.jsonl.xz \\
+        --tokenizer ../shared/tokenizers/qwen2.5 --batch 256 --k 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import agentspec_mw.agentspec.kernels as K
+import agentspec_mw.agentspec.proposer as P
+from agentspec_mw.agentspec.ngram_index import NgramIndex
+from agentspec_mw.costmodel import get_cost_model
+from agentspec_mw.proposer import ProposerEnv
+from agentspec_mw.registry import make_proposer
+from agentspec_mw.replay.run import build_calls
+from agentspec_mw.replay.sim import replay_workload
+from agentspec_mw.tokens import token_bytes_table
+from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
+
+TOTALS: collections.defaultdict[str, float] = collections.defaultdict(float)
+
+
+def _timed(owner: Any, name: str) -> None:
+    fn: Callable[..., Any] = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            TOTALS[name] += time.perf_counter() - t0
+
+    setattr(owner, name, wrapper)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--k", type=int, default=16)
+    args = ap.parse_args()
+    for name in ("apply_extends", "gather", "local_drafts", "score", "insert_outputs"):
+        _timed(K, name)
+    _timed(P, "allocate")
+    _timed(NgramIndex, "lookup")
+    for name in ("propose", "_flush", "extend", "start", "stop"):
+        _timed(P.AgentSpecProposer, name)
+    tok = load_tokenizer(args.tokenizer)
+    cost = get_cost_model("llama8b-h100")
+    env = ProposerEnv(token_bytes=token_bytes_table(tok), cost_model=cost, max_k=args.k)
+    calls = next(iter(build_calls([tokenize_trace(args.trace, tok)]).values()))
+    for _ in range(2):
+        TOTALS.clear()
+        r = replay_workload(
+            calls, make_proposer("agentspec", env), batch=args.batch, k=args.k, cost_model=cost
+        )
+    steps = r.engine_steps
+    print(f"{steps} engine steps; mean proposer time {np.mean(r.propose_us) / 1e3:.3f} ms/step")
+    for name, total in sorted(TOTALS.items(), key=lambda x: -x[1]):
+        print(f"{name:>15} {total / steps * 1e3:.3f} ms/step")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Where a replay's rejections happen: rejection by how full the batch was.
+
+A replay at "batch 256" fills the batch, runs busy, then drains: its last steps have few
+calls in flight, where drafting is nearly free and AgentSpec drafts freely by design. This
+script replays each workload once per proposer and splits the drafted/accepted tokens by
+the step's batch size relative to the largest one seen: full (>= 90 %), middle (50-90 %)
+and drain (< 50 %). Where the proposer gives per-token probabilities, it also prints the
+rejection they predicted (1 - Σ survival / drafted), a check of the calibration.
+
+    python benchmarks/replay_phases.py --traces ../shared/traces/chatdev_multi_agent.jsonl.xz \\
+        --tokenizer ../shared/tokenizers/qwen2.5 --proposers agentspec,suffix --batch 256 --k 16
+
+Deterministic except the "with proposer time" speedup (wall-clock of this machine).
+``--set agentspec.budget_floor=0.5`` passes proposer options as ``agentspec replay`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from agentspec_mw.cli import _parse_set
+from agentspec_mw.costmodel import get_cost_model
+from agentspec_mw.proposer import Draft, Proposer, ProposerEnv, StepContext, TokenIds
+from agentspec_mw.registry import make_proposer
+from agentspec_mw.replay.run import build_calls
+from agentspec_mw.replay.sim import replay_workload
+from agentspec_mw.tags import StructureTags
+from agentspec_mw.tokens import token_bytes_table
+from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
+
+PHASES = (("full", 0.9, 2.0), ("middle", 0.5, 0.9), ("drain", 0.0, 0.5))
+
+
+class Recorder:
+    """Wraps a proposer; records (batch size, drafted, accepted, predicted accepted)."""
+
+    def __init__(self, inner: Proposer) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.rows: list[tuple[int, int, int, float]] = []
+        self._open: dict[str, tuple[int, Draft]] = {}
+
+    def start(self, req_id: str, prompt_ids: TokenIds, tags: StructureTags | None = None) -> None:
+        self.inner.start(req_id, prompt_ids, tags)
+
+    def extend(self, req_id: str, token_ids: TokenIds) -> None:
+        got = self._open.pop(req_id, None)
+        if got is not None:
+            batch, d = got
+            acc = 0
+            while acc < min(len(d), len(token_ids)) and d.token_ids[acc] == token_ids[acc]:
+                acc += 1
+            pred = float(np.cumprod(d.probs).sum()) if d.probs else float("nan")
+            self.rows.append((batch, len(d), acc, pred))
+        self.inner.extend(req_id, token_ids)
+
+    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        drafts = self.inner.propose(req_ids, k, step)
+        for rid, d in zip(req_ids, drafts, strict=True):
+            if len(d):
+                self._open[rid] = (step.batch_size, d)
+        return drafts
+
+    def stop(self, req_id: str) -> None:
+        self._open.pop(req_id, None)
+        self.inner.stop(req_id)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--traces", nargs="+", required=True)
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--proposers", default="agentspec,suffix")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--k", type=int, default=16)
+    ap.add_argument("--max-calls-per-run", type=int, default=None)
+    ap.add_argument("--cost-model", default="llama8b-h100")
+    ap.add_argument("--set", action="append", default=[], metavar="PROPOSER.OPTION=VALUE")
+    args = ap.parse_args()
+    options: dict[str, dict[str, Any]] = _parse_set(args.set)
+    tok = load_tokenizer(args.tokenizer)
+    cost = get_cost_model(args.cost_model)
+    env = ProposerEnv(token_bytes=token_bytes_table(tok), cost_model=cost, max_k=args.k)
+    traces = [tokenize_trace(p, tok) for p in args.traces]
+    calls_by_wl = build_calls(traces, max_calls_per_run=args.max_calls_per_run)
+    for wl, calls in calls_by_wl.items():
+        base = replay_workload(
+            calls, make_proposer("none", env), batch=args.batch, k=0, cost_model=cost
+        )
+        for name in args.proposers.split(","):
+            rec = Recorder(make_proposer(name, env, **options.get(name, {})))
+            t0 = time.perf_counter()
+            r = replay_workload(calls, rec, batch=args.batch, k=args.k, cost_model=cost)
+            wall = time.perf_counter() - t0
+            print(
+                f"{wl} {name} b={args.batch} k={args.k}: tokens/step {r.mat:.3f}, rejection "
+                f"{r.rejection_rate:.3f}, speedup {base.sim_time_s / r.sim_time_s:.3f} "
+                f"({base.sim_time_s / (r.sim_time_s + r.proposer_time_s):.3f} with proposer "
+                f"time), {wall:.0f} s"
+            )
+            if not rec.rows:
+                continue
+            rows = np.asarray(rec.rows, dtype=np.float64)
+            steps = np.asarray(r.step_batch, dtype=np.float64)
+            top = float(steps.max())
+            for phase, lo, hi in PHASES:
+                m = (rows[:, 0] >= lo * top) & (rows[:, 0] < hi * top)
+                drafted, acc, pred = rows[m, 1].sum(), rows[m, 2].sum(), rows[m, 3].sum()
+                call_steps = int(((steps >= lo * top) & (steps < hi * top)).sum())
+                print(
+                    f"  {phase:>6} (batch {lo:.0%}-{min(hi, 1.0):.0%} of {top:.0f}): "
+                    f"{call_steps} steps, drafted {int(drafted)}, rejection "
+                    f"{(drafted - acc) / max(drafted, 1):.3f} (predicted "
+                    f"{(drafted - pred) / max(drafted, 1):.3f}), accepted/draft "
+                    f"{acc / max(int(m.sum()), 1):.2f}"
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -364,38 +364,10 @@ class NgramIndex:
                 np.zeros(n, dtype=np.int64),
                 np.zeros(n, dtype=np.int64),
             )
-        out_tok, out_prob, out_len, out_match, out_support = out
-        ks = np.full(n, k, dtype=np.int64)
+        args = (keys, ctx, ctx_len, np.full(n, k, dtype=np.int64), self.arrays, float(min_prob))
         threads = min(get_num_threads(), n // _ROWS_PER_THREAD)
         if threads >= 2:
-            _lookup_par(
-                threads,
-                keys,
-                ctx,
-                ctx_len,
-                ks,
-                self.arrays,
-                float(min_prob),
-                out_tok,
-                out_prob,
-                out_len,
-                out_match,
-                out_support,
-            )
-            return out_tok, out_prob, out_len, out_match, out_support
-        _lookup_rows(
-            0,
-            n,
-            keys,
-            ctx,
-            ctx_len,
-            ks,
-            self.arrays,
-            float(min_prob),
-            out_tok,
-            out_prob,
-            out_len,
-            out_match,
-            out_support,
-        )
-        return out_tok, out_prob, out_len, out_match, out_support
+            _lookup_par(threads, *args, *out)
+        else:
+            _lookup_rows(0, n, *args, *out)
+        return out

@@ -389,10 +389,8 @@ class AgentSpecProposer:
         if used:
             rows = np.flatnonzero(counts)
             sel_tok = tok[pick[rows]].tolist()
-            # Draft.probs are per-token (given the earlier tokens): ratios of survivals
-            surv = sel_surv[rows]
-            prev = np.concatenate((np.ones((len(rows), 1)), surv[:, :-1]), axis=1)
-            sel_p = np.divide(surv, prev, out=np.zeros_like(surv), where=prev > 0).tolist()
+            # Draft.probs are per-token (given the earlier tokens): each cell's acceptance
+            sel_p = self._table[sel_cell[rows]].tolist()
             n_drafted = counts[rows].tolist()
             for i, n, t, p in zip(rows.tolist(), n_drafted, sel_tok, sel_p, strict=True):
                 drafts[i] = Draft(tuple(t[:n]), tuple(p[:n]))

@@ -301,9 +301,13 @@ def score(
     for r in range(n_req):
         best_v = -1.0
         best_a = 0
+        best_head = 0
+        best_ag = 0
         for a in range(n_src):
             row = a * n_req + r
             v = 0.0
+            head = 0
+            ag = 0
             if lens[row] > 0:
                 head = _head(a, r, n_req, match, support, levels, sup_edges)
                 ag = _agreed(a, r, n_req, tok, lens)
@@ -314,17 +318,17 @@ def score(
             if v > best_v:
                 best_v = v
                 best_a = a
+                best_head = head
+                best_ag = ag
         row = best_a * n_req + r
         m = lens[row]
         out_pick[r] = row
         out_len[r] = m
         if m <= 0:
             continue
-        head = _head(best_a, r, n_req, match, support, levels, sup_edges)
-        ag = _agreed(best_a, r, n_req, tok, lens)
         s = 1.0
         for j in range(m):
-            c = _cell(head, agree if j < ag else 0, j, prob[row, j], n_q)
+            c = _cell(best_head, agree if j < best_ag else 0, j, prob[row, j], n_q)
             out_cell[r, j] = c
             s *= table[c]
             out_surv[r, j] = s

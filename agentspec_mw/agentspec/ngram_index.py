@@ -260,7 +260,7 @@ def _lookup_par(
     out_match: np.ndarray,
     out_support: np.ndarray,
 ) -> None:  # pragma: no cover
-    """:func:`_lookup_rows` over ``n_chunks`` interleaved-free row ranges, one per thread
+    """:func:`_lookup_rows` over ``n_chunks`` contiguous row ranges, one per thread
     (lookups only read the index)."""
     n = keys.shape[0]
     step = (n + n_chunks - 1) // n_chunks

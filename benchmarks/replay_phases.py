@@ -113,10 +113,10 @@ def main() -> None:
             for phase, lo, hi in PHASES:
                 m = (rows[:, 0] >= lo * top) & (rows[:, 0] < hi * top)
                 drafted, acc, pred = rows[m, 1].sum(), rows[m, 2].sum(), rows[m, 3].sum()
-                call_steps = int(((steps >= lo * top) & (steps < hi * top)).sum())
+                n_steps = int(((steps >= lo * top) & (steps < hi * top)).sum())
                 print(
                     f"  {phase:>6} (batch {lo:.0%}-{min(hi, 1.0):.0%} of {top:.0f}): "
-                    f"{call_steps} steps, drafted {int(drafted)}, rejection "
+                    f"{n_steps} steps, drafted {int(drafted)}, rejection "
                     f"{(drafted - acc) / max(drafted, 1):.3f} (predicted "
                     f"{(drafted - pred) / max(drafted, 1):.3f}), accepted/draft "
                     f"{acc / max(int(m.sum()), 1):.2f}"

@@ -13,10 +13,12 @@ from agentspec_mw.agentspec import (
     BlockGrammar,
     BlockState,
     allocate,
+    ngram_index,
     redundancy_score,
 )
 from agentspec_mw.agentspec.kernels import C_CLEN, C_CSTART
 from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex, _lookup_par, _lookup_rows
+from agentspec_mw.agentspec.parallel import SERIAL, THREADED, ModeChooser
 from agentspec_mw.agentspec.slots import SlotTable
 from agentspec_mw.costmodel import PRESETS
 from agentspec_mw.proposer import ProposerEnv, StepContext
@@ -167,6 +169,49 @@ def test_index_threaded_lookup_equals_serial() -> None:
     for chunks in (2, 3, 7):
         for a, b in zip(serial, run(chunks), strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def test_mode_chooser_prefers_threads_until_they_are_measured_slow() -> None:
+    """Threaded unless its measured cost per row exceeds margin x serial; the other mode
+    is re-timed every ``explore_every`` calls; first timings are discarded."""
+    ch = ModeChooser(explore_every=8, alpha=1.0, margin=1.25)
+    first = []
+    for seconds, rows in ((1.0, 1), (1.2e-3, 100), (1.0, 1), (1.0e-3, 100)):
+        mode = ch.pick()
+        first.append(mode)
+        ch.observe(mode, seconds, rows)  # the 1.0 s (compile-like) first timings: ignored
+    assert first == [THREADED, THREADED, SERIAL, SERIAL]
+    assert ch.cost == pytest.approx([1.0e-5, 1.2e-5])
+    picks = [ch.pick() for _ in range(16)]
+    assert picks.count(THREADED) == 14  # within the margin: threads, exploring serial
+    assert [i for i, m in enumerate(picks) if m == SERIAL] == [3, 11]
+    ch.observe(THREADED, 5.0e-3, 100)  # the other cores got busy
+    picks = [ch.pick() for _ in range(16)]
+    assert picks.count(SERIAL) == 14
+    ch.observe(THREADED, 0.5e-3, 100)  # free again: noticed at the next exploration
+    assert ch.pick() == THREADED
+    with pytest.raises(ValueError, match="margin"):
+        ModeChooser(margin=0.5)
+
+
+def test_index_lookup_results_do_not_depend_on_the_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NgramIndex.lookup`` gives the same drafts whichever mode the chooser picks."""
+    monkeypatch.setattr(ngram_index, "get_num_threads", lambda: 2)  # tests run 1 thread
+    rng = np.random.default_rng(5)
+    ix = NgramIndex(capacity=1 << 13)
+    toks = rng.integers(0, 10, 3000).astype(np.int32)
+    keys = rng.integers(0, 3, 3000).astype(np.int64)
+    ix.insert(keys, np.full(3000, ix.new_seq(), np.int64), toks)
+    n = 200
+    ctx = rng.integers(0, 10, (n, MAX_N)).astype(np.int32)
+    ctx_len = np.full(n, MAX_N, np.int64)
+    qkeys = rng.integers(0, 3, n).astype(np.int64)
+    runs = [ix.lookup(qkeys, ctx, ctx_len, 8, 0.05) for _ in range(6)]
+    assert runs[0][2].sum() > 0
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other, strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert ix.lookup_modes._seen == [2, 4]  # both modes ran (serial, threaded)
 
 
 def test_index_capacity_rounds_up_to_a_power_of_two() -> None:

@@ -23,10 +23,13 @@ A key never sees another key's tokens: every occurrence is checked against its k
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 from numba import get_num_threads, njit, prange
+
+from agentspec_mw.agentspec.parallel import THREADED, ModeChooser
 
 __all__ = ["LEVELS", "MAX_CANDIDATES", "MAX_N", "NgramIndex", "insert_one", "reset_seq"]
 
@@ -297,6 +300,7 @@ class NgramIndex:
         self._seq_ring = np.zeros((64, MAX_N), dtype=np.int32)
         self._seq_len = np.zeros(64, dtype=np.int64)
         self._free_seqs: list[int] = list(range(63, -1, -1))
+        self.lookup_modes = ModeChooser()  # serial or threaded lookups, by measured speed
 
     @property
     def arrays(self) -> tuple[np.ndarray, ...]:
@@ -354,6 +358,12 @@ class NgramIndex:
         ``ctx[r, :ctx_len[r]]`` holds the last (at most :data:`MAX_N`) context tokens of
         request ``r``; ``keys[r] < 0`` skips the row. ``out`` (optional) are arrays of
         those shapes to fill instead of new ones (tokens/probs beyond ``len`` untouched).
+
+        From ``2 × 64`` rows the rows may be split over numba's threads; whether a call
+        runs threaded or serial is chosen by measured speed
+        (:class:`~agentspec_mw.agentspec.parallel.ModeChooser`, :attr:`lookup_modes`):
+        on a host whose other cores are busy the serial kernel is the faster one.
+        Both give identical results.
         """
         n = len(keys)
         if out is None:
@@ -366,8 +376,15 @@ class NgramIndex:
             )
         args = (keys, ctx, ctx_len, np.full(n, k, dtype=np.int64), self.arrays, float(min_prob))
         threads = min(get_num_threads(), n // _ROWS_PER_THREAD)
-        if threads >= 2:
+        if threads < 2:
+            _lookup_rows(0, n, *args, *out)
+            return out
+        modes = self.lookup_modes
+        mode = modes.pick()
+        t0 = time.perf_counter()
+        if mode == THREADED:
             _lookup_par(threads, *args, *out)
         else:
             _lookup_rows(0, n, *args, *out)
+        modes.observe(mode, time.perf_counter() - t0, n)
         return out

@@ -319,7 +319,7 @@ class AgentSpecProposer:
             1.0, math.log2(max(step.batch_size, 1)) / math.log2(cfg.budget_floor_batch)
         )
         reqs = self._reqs
-        sl = np.fromiter((reqs[r] for r in req_ids), np.int64, n_req)
+        sl = np.fromiter(map(reqs.__getitem__, req_ids), np.int64, n_req)
         slots = self._slots
         ctx = np.zeros((2 * n_req, MAX_N), dtype=np.int32)
         ctx_len = np.empty(2 * n_req, dtype=np.int64)

@@ -340,6 +340,33 @@ def test_agentspec_tag_free_path(tiny_tokenizer, tb) -> None:  # type: ignore[no
     assert _run(p, "y", prompt, out, None) > len(out) // 2  # same prompt prefix: same agent
 
 
+def test_agentspec_sources_option_limits_where_drafts_come_from(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+    """A continuation that is only in the request's own prompt is found by ``local`` and
+    by nothing else; one only in another query of the same agent only by ``agent``."""
+    text = _ids(tiny_tokenizer, "def add(a, b):\n    return a + b\n\nprint(add(1, 2))\n")
+    out = _ids(tiny_tokenizer, "Fixed:\n") + text
+    acc = {}
+    for srcs in (("iso", "agent", "local"), ("iso", "agent"), ("local",)):
+        p = _prop(tb, sources=srcs)
+        acc[srcs] = _run(p, "r", text, out, StructureTags(agent_id="coder", query_id="q1"))
+    assert acc[("iso", "agent", "local")] > len(text) // 2
+    assert acc[("local",)] > len(text) // 2
+    # only repeats inside the output itself (iso is fed as it is produced)
+    assert acc[("iso", "agent")] < acc[("local",)] // 3
+    tags = [StructureTags(agent_id="coder", query_id=f"q{i}") for i in range(2)]
+    for srcs, want_drafts in ((("agent",), True), (("iso", "local"), False)):
+        p = _prop(tb, sources=srcs)
+        _run(p, "a", [1, 2], out, tags[0])  # the agent's earlier output, another query
+        got = _run(p, "b", [3, 4], out, tags[1])
+        assert (got > len(text) // 2) if want_drafts else got < len(text) // 4, (srcs, got)
+    with pytest.raises(ValueError, match="twice"):
+        _prop(tb, sources=("iso", "iso"))
+    with pytest.raises(ValueError, match="at least one"):
+        _prop(tb, sources=())
+    with pytest.raises(ValueError):
+        _prop(tb, sources=("global",))
+
+
 def test_agentspec_stop_restart_and_release(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
     p = _prop(tb)
     tags = StructureTags(agent_id="a", query_id="q")

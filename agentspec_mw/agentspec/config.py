@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentspec_mw.agentspec.blocks import DEFAULT_BLOCKS
@@ -23,6 +25,11 @@ class AgentSpecConfig(BaseModel):
         (b.name, b.start, b.end) for b in DEFAULT_BLOCKS
     )
     """Block kinds ``(name, start, end)`` used when a request's tags name none."""
+    sources: tuple[Literal["iso", "agent", "local"], ...] = ("iso", "agent", "local")
+    """Candidate sources drafted from: ``iso`` (same scope, agent, query group and block
+    kind), ``agent`` (the agent's finished outputs, any query), ``local`` (the request's
+    own prompt and output). Leaving one out is for ablations; all three are the default
+    at every batch size (calibration and the budget decide what each contributes)."""
     index_max_tokens: int = Field(default=1 << 20, ge=1024)
     """Tokens the history index holds (all keys together, rounded up to a power of two);
     the oldest are evicted first. Memory: 128 bytes per token (a 64-byte record and its
@@ -54,6 +61,15 @@ class AgentSpecConfig(BaseModel):
     """Tag-free query id = hash of this many leading prompt tokens."""
     tagfree_scan_tokens: int = Field(default=64, ge=1)
     """Prompt tokens scanned at start to find the open block (e.g. ReAct ``Thought 3:``)."""
+
+    @field_validator("sources")
+    @classmethod
+    def _check_sources(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("sources must name at least one of 'iso', 'agent', 'local'")
+        if len(set(v)) != len(v):
+            raise ValueError(f"sources {v!r} names a source twice")
+        return v
 
     @field_validator("blocks")
     @classmethod

@@ -334,8 +334,14 @@ class AgentSpecProposer:
         match = np.zeros(3 * n_req, dtype=np.int64)
         support = np.ones(3 * n_req, dtype=np.int64)
         iso_agent = (tok[:n2], prob[:n2], lens[:n2], match[:n2], support[:n2])
+        srcs = cfg.sources
+        if "iso" not in srcs:
+            keys[:n_req] = -1  # a negative key skips the lookup row
+        if "agent" not in srcs:
+            keys[n_req:] = -1
         self._index.lookup(keys, ctx, ctx_len, k, _MIN_PROB, iso_agent)
-        K.local_drafts(sl, k, slots.si, slots.ctx, tok[n2:], lens[n2:], match[n2:])
+        if "local" in srcs:
+            K.local_drafts(sl, k, slots.si, slots.ctx, tok[n2:], lens[n2:], match[n2:])
         if not (lens > 0).any():
             self._finish_step(t0, 0, 0, step)
             return drafts

@@ -7,8 +7,11 @@ Prints a markdown table per k; exits 1 if any bar fails.
 
     python benchmarks/check_bars.py docs/results/replay_main.json [more.json ...]
 
-Several reports are read as one (a workload should be in only one of them); a workload
-replayed without batch 1 has no batch-1 bar.
+Several reports are read as one; where two hold the same (proposer, workload, batch, k)
+the later one wins, so a workload may be pieced together from several runs (put the run
+whose AgentSpec and SuffixDecoding rows at the largest batch belong together last; the
+batch-1 bar compares tokens per step, which do not depend on timing). A workload replayed
+without batch 1 has no batch-1 bar.
 """
 
 from __future__ import annotations

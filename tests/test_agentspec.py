@@ -367,6 +367,24 @@ def test_agentspec_sources_option_limits_where_drafts_come_from(tiny_tokenizer, 
         _prop(tb, sources=("global",))
 
 
+def test_agentspec_candidates_diagnostics(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+    """``candidates`` (off by default) holds each source's whole candidate and the pick."""
+    p = _prop(tb)
+    assert p.candidates is None
+    text = _ids(tiny_tokenizer, "x = compute(alpha, beta)\nprint(x)\n")
+    tags = StructureTags(agent_id="a", query_id="q")
+    p.candidates = {}
+    p.start("r", text, tags)
+    p.extend("r", text[:4])  # the start of the prompt again: local finds the rest
+    drafts = p.propose(["r"], 8, StepContext(batch_size=1, num_kv_tokens=len(text) + 4))
+    c = p.candidates
+    assert set(c) == {"tok", "lens", "pick"} and c["tok"].shape[0] == 3  # iso, agent, local
+    row = int(c["pick"][0])
+    assert c["lens"][row] > 0 and row == 2  # local: the only source with a candidate
+    assert list(c["tok"][row, : c["lens"][row]]) == text[4 : 4 + int(c["lens"][row])]
+    assert tuple(drafts[0].token_ids) == tuple(c["tok"][row, : len(drafts[0].token_ids)])
+
+
 def test_agentspec_stop_restart_and_release(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
     p = _prop(tb)
     tags = StructureTags(agent_id="a", query_id="q")

@@ -136,6 +136,11 @@ class AgentSpecProposer:
         self._threshold = 0.0
         self._overhead_s = 0.0
         self.stats: dict[str, int] = {"steps": 0, "offered": 0, "drafted": 0}
+        self.candidates: dict[str, np.ndarray] | None = None
+        """Set to ``{}`` to have each ``propose`` leave its candidates here (diagnostics,
+        ``benchmarks/candidate_gap.py``): ``tok``/``lens`` per source row
+        (``source * n_req + i``, sources in :data:`SOURCES` order) and ``pick`` (the row
+        chosen for each request), before the budget cuts them."""
 
     # -- identity and keys ---------------------------------------------------------------
     def _grammar_id(self, tags: StructureTags | None) -> int:
@@ -310,6 +315,8 @@ class AgentSpecProposer:
         """Draft for the whole batch, then split the step's budget (see module doc)."""
         t0 = time.perf_counter()
         self._flush()
+        if self.candidates is not None:
+            self.candidates.clear()
         cfg = self.config
         n_req = len(req_ids)
         drafts: list[Draft] = [EMPTY_DRAFT] * n_req
@@ -364,6 +371,8 @@ class AgentSpecProposer:
             sel_surv,
             sel_cell,
         )
+        if self.candidates is not None:
+            self.candidates.update(tok=tok, lens=lens, pick=pick)
         # positions under the floor can never be admitted: leave them out of the sort
         n_ok = np.minimum(sel_len, (sel_surv >= max(floor, 1e-12)).sum(axis=1))
         flat = sel_surv[np.arange(kk)[None, :] < n_ok[:, None]]

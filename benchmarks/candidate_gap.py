@@ -35,20 +35,12 @@ from agentspec_mw.costmodel import get_cost_model
 from agentspec_mw.proposer import Draft, ProposerEnv, StepContext
 from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.run import build_calls
-from agentspec_mw.replay.sim import replay_workload
+from agentspec_mw.replay.sim import accepted_length, replay_workload
 from agentspec_mw.tags import StructureTags
 from agentspec_mw.tokens import token_bytes_table
 from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
 
 COLUMNS = ("suffix", *SOURCES, "best", "picked", "drafted", "accepted")
-
-
-def _lcp(draft: Sequence[int] | np.ndarray, truth: np.ndarray) -> int:
-    n = min(len(draft), len(truth))
-    i = 0
-    while i < n and draft[i] == truth[i]:
-        i += 1
-    return i
 
 
 class Shadowed:
@@ -90,17 +82,17 @@ class Shadowed:
             truth = self.outputs[r][self.pos[r] :]
             v = np.zeros(1 + len(COLUMNS))
             v[0] = 1  # call-steps
-            v[1] = _lcp(shadow[i].token_ids, truth)
+            v[1] = accepted_length(shadow[i].token_ids, truth)
             if cands:
                 tok, lens = cands["tok"], cands["lens"]
                 for src in range(len(SOURCES)):
                     row = src * n + i
-                    v[2 + src] = _lcp(tok[row, : lens[row]], truth)
+                    v[2 + src] = accepted_length(tok[row, : lens[row]], truth)
                 v[2 + len(SOURCES)] = v[2 : 2 + len(SOURCES)].max()
                 p = cands["pick"][i]
-                v[3 + len(SOURCES)] = _lcp(tok[p, : lens[p]], truth)
+                v[3 + len(SOURCES)] = accepted_length(tok[p, : lens[p]], truth)
             v[4 + len(SOURCES)] = len(drafts[i].token_ids)
-            v[5 + len(SOURCES)] = _lcp(drafts[i].token_ids, truth)
+            v[5 + len(SOURCES)] = accepted_length(drafts[i].token_ids, truth)
             self.sums[self.agents[r]] += v
         return drafts
 

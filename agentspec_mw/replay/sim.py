@@ -30,7 +30,7 @@ from agentspec_mw.costmodel import StepTimeFn
 from agentspec_mw.proposer import Proposer, StepContext
 from agentspec_mw.tags import StructureTags
 
-__all__ = ["ReplayCall", "WorkloadRun", "replay_workload"]
+__all__ = ["ReplayCall", "WorkloadRun", "accepted_length", "replay_workload"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +76,8 @@ class WorkloadRun:
         return self.drafted / self.steps if self.steps else 0.0
 
 
-def _lcp(draft: Sequence[int], truth: np.ndarray) -> int:
+def accepted_length(draft: Sequence[int] | np.ndarray, truth: np.ndarray) -> int:
+    """Tokens of ``draft`` a greedy verifier accepts: its common prefix with ``truth``."""
     n = min(len(draft), len(truth))
     i = 0
     while i < n and draft[i] == truth[i]:
@@ -165,7 +166,7 @@ def replay_workload(
             if len(ids) > k:
                 raise RuntimeError(f"{proposer.name} drafted {len(ids)} > k={k} tokens")
             out = slot.call.output
-            acc = _lcp(ids, out[slot.pos :])
+            acc = accepted_length(ids, out[slot.pos :])
             adv = min(acc + 1, len(out) - slot.pos)
             res.drafted += len(ids)
             res.accepted += acc

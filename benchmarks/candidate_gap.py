@@ -23,22 +23,19 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from _replay_setup import load_workloads
 
 from agentspec_mw.agentspec.proposer import SOURCES, AgentSpecProposer
-from agentspec_mw.costmodel import get_cost_model
-from agentspec_mw.proposer import Draft, ProposerEnv, StepContext
+from agentspec_mw.cli import _parse_set
+from agentspec_mw.proposer import Draft, StepContext
 from agentspec_mw.registry import make_proposer
-from agentspec_mw.replay.run import build_calls
 from agentspec_mw.replay.sim import accepted_length, replay_workload
 from agentspec_mw.tags import StructureTags
-from agentspec_mw.tokens import token_bytes_table
-from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
 
 COLUMNS = ("suffix", *SOURCES, "best", "picked", "drafted", "accepted")
 
@@ -108,19 +105,16 @@ def main(argv: list[str] | None = None) -> int:
         "--set",
         action="append",
         default=[],
-        metavar="OPTION=JSON",
-        help="AgentSpec option, e.g. budget_floor=0",
+        metavar="agentspec.OPTION=VALUE",
+        help="AgentSpec option as in agentspec replay, e.g. agentspec.budget_floor=0",
     )
     args = ap.parse_args(argv)
-    opts = {}
-    for item in args.set:
-        key, _, raw = item.partition("=")
-        opts[key] = json.loads(raw)
-    tok = load_tokenizer(args.tokenizer)
-    cost = get_cost_model("llama8b-h100")
-    env = ProposerEnv(token_bytes=token_bytes_table(tok), cost_model=cost, max_k=max(args.k, 1))
-    trace = tokenize_trace(args.trace, tok)
-    ((workload, calls),) = build_calls([trace], max_calls_per_run=args.max_calls_per_run).items()
+    opts = _parse_set(args.set).get("agentspec", {})
+    setup = load_workloads(
+        [args.trace], args.tokenizer, max_k=args.k, max_calls_per_run=args.max_calls_per_run
+    )
+    ((workload, calls),) = setup.workloads.items()
+    env, cost = setup.env, setup.cost
     outputs = {c.req_id: c.output for c in calls}
     agents = {c.req_id: (c.tags.agent_id if c.tags else "(untagged)") for c in calls}
     agentspec = make_proposer("agentspec", env, **opts)

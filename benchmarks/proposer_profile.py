@@ -18,17 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _replay_setup import load_workloads
 
 import agentspec_mw.agentspec.kernels as K
 import agentspec_mw.agentspec.proposer as P
 from agentspec_mw.agentspec.ngram_index import NgramIndex
-from agentspec_mw.costmodel import get_cost_model
-from agentspec_mw.proposer import ProposerEnv
 from agentspec_mw.registry import make_proposer
-from agentspec_mw.replay.run import build_calls
 from agentspec_mw.replay.sim import replay_workload
-from agentspec_mw.tokens import token_bytes_table
-from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
 
 TOTALS: collections.defaultdict[str, float] = collections.defaultdict(float)
 
@@ -61,10 +57,9 @@ def main() -> None:
     _timed(NgramIndex, "lookup")
     for name in ("propose", "_flush", "extend", "start", "stop"):
         _timed(P.AgentSpecProposer, name)
-    tok = load_tokenizer(args.tokenizer)
-    cost = get_cost_model("llama8b-h100")
-    env = ProposerEnv(token_bytes=token_bytes_table(tok), cost_model=cost, max_k=args.k)
-    calls = next(iter(build_calls([tokenize_trace(args.trace, tok)]).values()))
+    setup = load_workloads([args.trace], args.tokenizer, max_k=args.k)
+    env, cost = setup.env, setup.cost
+    calls = next(iter(setup.workloads.values()))
     for _ in range(2):
         TOTALS.clear()
         r = replay_workload(

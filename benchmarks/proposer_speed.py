@@ -19,14 +19,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _replay_setup import load_workloads
 
-from agentspec_mw.costmodel import get_cost_model
-from agentspec_mw.proposer import ProposerEnv
 from agentspec_mw.registry import make_proposer
-from agentspec_mw.replay.run import build_calls
 from agentspec_mw.replay.sim import replay_workload
-from agentspec_mw.tokens import token_bytes_table
-from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
 
 
 def main() -> None:
@@ -41,15 +37,13 @@ def main() -> None:
     ap.add_argument("--max-calls", type=int, default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    tok = load_tokenizer(args.tokenizer)
-    cost = get_cost_model("llama8b-h100")
     ks = [int(x) for x in args.k.split(",")]
-    env = ProposerEnv(token_bytes=token_bytes_table(tok), cost_model=cost, max_k=max(ks))
-    traces = [tokenize_trace(p, tok) for p in args.traces]
+    setup = load_workloads(args.traces, args.tokenizer, max_k=max(ks), max_calls=args.max_calls)
+    env, cost = setup.env, setup.cost
     rows = []
     head = ("workload", "proposer", "k", "full steps", "p50 ms", "p90 ms", "p99 ms")
     print("".join(f"{h:>{w}}" for h, w in zip(head, (22, 11, 4, 11, 9, 9, 9), strict=True)))
-    for wl, calls in build_calls(traces, max_calls=args.max_calls).items():
+    for wl, calls in setup.workloads.items():
         for name in args.proposers.split(","):
             for k in ks:
                 t0 = time.perf_counter()

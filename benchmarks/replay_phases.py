@@ -22,16 +22,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from _replay_setup import load_workloads
 
 from agentspec_mw.cli import _parse_set
-from agentspec_mw.costmodel import get_cost_model
-from agentspec_mw.proposer import Draft, Proposer, ProposerEnv, StepContext, TokenIds
+from agentspec_mw.proposer import Draft, Proposer, StepContext, TokenIds
 from agentspec_mw.registry import make_proposer
-from agentspec_mw.replay.run import build_calls
 from agentspec_mw.replay.sim import replay_workload
 from agentspec_mw.tags import StructureTags
-from agentspec_mw.tokens import token_bytes_table
-from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
 
 PHASES = (("full", 0.9, 2.0), ("middle", 0.5, 0.9), ("drain", 0.0, 0.5))
 
@@ -85,12 +82,15 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="PROPOSER.OPTION=VALUE")
     args = ap.parse_args()
     options: dict[str, dict[str, Any]] = _parse_set(args.set)
-    tok = load_tokenizer(args.tokenizer)
-    cost = get_cost_model(args.cost_model)
-    env = ProposerEnv(token_bytes=token_bytes_table(tok), cost_model=cost, max_k=args.k)
-    traces = [tokenize_trace(p, tok) for p in args.traces]
-    calls_by_wl = build_calls(traces, max_calls_per_run=args.max_calls_per_run)
-    for wl, calls in calls_by_wl.items():
+    setup = load_workloads(
+        args.traces,
+        args.tokenizer,
+        max_k=args.k,
+        cost_model=args.cost_model,
+        max_calls_per_run=args.max_calls_per_run,
+    )
+    env, cost = setup.env, setup.cost
+    for wl, calls in setup.workloads.items():
         base = replay_workload(
             calls, make_proposer("none", env), batch=args.batch, k=0, cost_model=cost
         )

@@ -1,0 +1,46 @@
+"""Set-up shared by the benchmark scripts: tokenized traces, replay calls, proposer env.
+
+The scripts run as ``python benchmarks/<script>.py``, so this folder is on ``sys.path``
+and they import this module by its bare name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agentspec_mw.costmodel import StepTimeFn, get_cost_model
+from agentspec_mw.proposer import ProposerEnv
+from agentspec_mw.replay.run import build_calls
+from agentspec_mw.replay.sim import ReplayCall
+from agentspec_mw.tokens import token_bytes_table
+from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
+
+__all__ = ["ReplaySetup", "load_workloads"]
+
+
+@dataclass(frozen=True)
+class ReplaySetup:
+    """Replay calls by workload, with the proposer environment and cost model to use."""
+
+    workloads: dict[str, list[ReplayCall]]
+    env: ProposerEnv
+    cost: StepTimeFn
+
+
+def load_workloads(
+    traces: Sequence[str],
+    tokenizer: str,
+    *,
+    max_k: int,
+    cost_model: str = "llama8b-h100",
+    max_calls: int | None = None,
+    max_calls_per_run: int | None = None,
+) -> ReplaySetup:
+    """Tokenize ``traces`` (cached) and build their calls as ``agentspec replay`` does."""
+    tok = load_tokenizer(tokenizer)
+    cost = get_cost_model(cost_model)
+    env = ProposerEnv(token_bytes=token_bytes_table(tok), cost_model=cost, max_k=max(max_k, 1))
+    tokenized = [tokenize_trace(p, tok) for p in traces]
+    workloads = build_calls(tokenized, max_calls=max_calls, max_calls_per_run=max_calls_per_run)
+    return ReplaySetup(workloads, env, cost)

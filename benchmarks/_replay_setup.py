@@ -6,6 +6,7 @@ and they import this module by its bare name.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from agentspec_mw.replay.sim import ReplayCall
 from agentspec_mw.tokens import token_bytes_table
 from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
 
-__all__ = ["ReplaySetup", "load_workloads"]
+__all__ = ["ReplaySetup", "load_workloads", "replay_parser"]
 
 
 @dataclass(frozen=True)
@@ -44,3 +45,16 @@ def load_workloads(
     tokenized = [tokenize_trace(p, tok) for p in traces]
     workloads = build_calls(tokenized, max_calls=max_calls, max_calls_per_run=max_calls_per_run)
     return ReplaySetup(workloads, env, cost)
+
+
+def replay_parser(doc: str | None, *, proposers: str) -> argparse.ArgumentParser:
+    """A parser with the options every multi-trace script takes: ``--traces``,
+    ``--tokenizer``, ``--proposers`` (default ``proposers``) and ``--batch`` (256)."""
+    ap = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--traces", nargs="+", required=True)
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--proposers", default=proposers)
+    ap.add_argument("--batch", type=int, default=256)
+    return ap

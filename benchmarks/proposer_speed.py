@@ -12,27 +12,20 @@ and compare proposers within one run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import time
 from pathlib import Path
 
 import numpy as np
-from _replay_setup import load_workloads
+from _replay_setup import load_workloads, replay_parser
 
 from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.sim import replay_workload
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--traces", nargs="+", required=True)
-    ap.add_argument("--tokenizer", required=True)
-    ap.add_argument("--proposers", default="agentspec,suffix,ngram")
-    ap.add_argument("--batch", type=int, default=256)
+    ap = replay_parser(__doc__, proposers="agentspec,suffix,ngram")
     ap.add_argument("--k", default="16,32")
     ap.add_argument("--max-calls", type=int, default=None)
     ap.add_argument("--json", default=None)

@@ -16,13 +16,12 @@ Deterministic except the "with proposer time" speedup (wall-clock of this machin
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from _replay_setup import load_workloads
+from _replay_setup import load_workloads, replay_parser
 
 from agentspec_mw.cli import _parse_set
 from agentspec_mw.proposer import Draft, Proposer, StepContext, TokenIds
@@ -69,13 +68,7 @@ class Recorder:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--traces", nargs="+", required=True)
-    ap.add_argument("--tokenizer", required=True)
-    ap.add_argument("--proposers", default="agentspec,suffix")
-    ap.add_argument("--batch", type=int, default=256)
+    ap = replay_parser(__doc__, proposers="agentspec,suffix")
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--max-calls-per-run", type=int, default=None)
     ap.add_argument("--cost-model", default="llama8b-h100")

@@ -42,9 +42,9 @@ __all__ = [
     "apply_env_defaults",
     "build_async_llm",
     "build_llm",
+    "engine_kwargs",
     "env_defaults",
     "is_cpu_build",
-    "engine_kwargs",
     "shutdown",
 ]
 

@@ -483,3 +483,74 @@ def test_agentspec_caps_distinct_block_grammars(tb, caplog) -> None:  # type: ig
     p.propose([f"r{i}" for i in range(MAX_GRAMMARS + 5)], 4, StepContext(batch_size=8))
     assert len(p._grammars) == MAX_GRAMMARS
     assert "distinct block delimiter sets" in caplog.text
+
+
+def test_agentspec_agent_history_is_live(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+    """With ``index_agent_live`` a request drafts from a concurrent request of the same
+    agent (another query) while that one is still decoding; without it, only once the
+    other has stopped."""
+    out = _ids(tiny_tokenizer, "def area(r):\n    return 3.14159 * r * r\n\nprint(area(2))\n")
+    for live in (True, False):
+        p = _prop(tb, sources=("agent",), index_agent_live=live)
+        p.start("a", [1, 2], StructureTags(agent_id="coder", query_id="q1"))
+        p.extend("a", out)  # still in flight: no stop
+        p.start("b", [3, 4], StructureTags(agent_id="coder", query_id="q2"))
+        p.extend("b", out[:6])
+        d = p.propose(["a", "b"], 8, StepContext(batch_size=1, num_kv_tokens=64))[1]
+        if live:
+            assert list(d.token_ids) == out[6 : 6 + len(d)] and len(d) >= 4
+        else:
+            assert len(d) == 0
+
+
+def test_agentspec_rejection_ledger_counts_verified_drafts(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+    """The ledger the floor follows holds exactly the drafted and accepted tokens a
+    verifier saw, including a draft that runs past the end of the output (rejected)."""
+    p = _prop(tb, budget_floor=0.0)
+    text = _ids(tiny_tokenizer, "total = price * quantity + shipping_cost\nreturn total\n")
+    out = text + _ids(tiny_tokenizer, " # done")
+    tags = StructureTags(agent_id="a", query_id="q")
+    drafted = accepted = 0
+    for rid in ("r1", "r2", "r3"):  # later requests draft the earlier ones' text
+        p.start(rid, text, tags)
+        p.extend(rid, out[:1])
+        pos = 1
+        while pos < len(out):
+            d = p.propose([rid], 8, StepContext(batch_size=1, num_kv_tokens=len(text) + pos))[0]
+            a = 0
+            while a < len(d) and pos + a < len(out) and d.token_ids[a] == out[pos + a]:
+                a += 1
+            drafted += len(d)
+            accepted += a
+            adv = min(a + 1, len(out) - pos)
+            p.extend(rid, out[pos : pos + adv])
+            pos += adv
+        p.stop(rid)
+    p._flush()
+    assert drafted > accepted > 0  # some drafts ran past the end of the output
+    assert tuple(p._ledger) == (accepted, drafted)
+
+
+def test_agentspec_floor_follows_measured_rejection(tb) -> None:  # type: ignore[no-untyped-def]
+    from agentspec_mw.agentspec import proposer as P
+
+    p = _prop(tb, budget_floor=0.75, budget_max_rejection=0.2)
+    p._ledger[:] = (100.0, 200.0)  # under a window: no move
+    assert p._update_floor() == 0.75
+    p._ledger[:] = (128.0, 256.0)  # 50 % rejected: the floor rises
+    up = p._update_floor()
+    assert up == pytest.approx(0.75 + P._FLOOR_GAIN * (128 - 0.2 * 256) / P._LEDGER_WINDOW)
+    assert tuple(p._ledger) == (0.0, 0.0)
+    for _ in range(100):  # everything accepted: down to the lower bound, never below
+        p._ledger[:] = (256.0, 256.0)
+        low = p._update_floor()
+    assert low == P._FLOOR_MIN
+    for _ in range(100):
+        p._ledger[:] = (0.0, 256.0)
+        high = p._update_floor()
+    assert high == P._FLOOR_MAX
+    fixed = _prop(tb, budget_floor=0.6, budget_max_rejection=None)
+    fixed._ledger[:] = (0.0, 10_000.0)
+    assert fixed._update_floor() == 0.6
+    with pytest.raises(ValueError):
+        _prop(tb, budget_max_rejection=1.5)

@@ -27,9 +27,13 @@ class AgentSpecConfig(BaseModel):
     """Block kinds ``(name, start, end)`` used when a request's tags name none."""
     sources: tuple[Literal["iso", "agent", "local"], ...] = ("iso", "agent", "local")
     """Candidate sources drafted from: ``iso`` (same scope, agent, query group and block
-    kind), ``agent`` (the agent's finished outputs, any query), ``local`` (the request's
+    kind), ``agent`` (the agent's outputs, any query), ``local`` (the request's
     own prompt and output). Leaving one out is for ablations; all three are the default
     at every batch size (calibration and the budget decide what each contributes)."""
+    index_agent_live: bool = True
+    """``agent`` history grows token by token as the agent's requests decode, so
+    concurrent requests of one agent (fan-out siblings on other queries) draft from each
+    other; ``False``: a request's output joins it only when the request stops."""
     index_max_tokens: int = Field(default=1 << 20, ge=1024)
     """Tokens the history index holds (all keys together, rounded up to a power of two);
     the oldest are evicted first. Memory: 128 bytes per token (a 64-byte record and its
@@ -44,14 +48,19 @@ class AgentSpecConfig(BaseModel):
     budget_cost_model: str = "llama8b-h100"
     """Step-time preset used when the host gives no cost model."""
     budget_floor: float = Field(default=0.75, ge=0, le=1)
-    """Survival floor at large batch: a position is admitted only if its survival is at
-    least ``budget_floor × min(1, log2(b) / log2(budget_floor_batch))``. At ``b = 1`` the
-    floor is 0 and the cost model alone decides (a slot is nearly free); from
-    ``budget_floor_batch`` on, every admitted position must be likely (the cost model's
-    linear fit under-charges what a rejected token costs a busy engine: KV writes, the
-    rejection sampler, scheduler trimming)."""
+    """Survival floor ``θ`` at large batch, where the floor starts (and stays, with
+    ``budget_max_rejection=None``): a position is admitted only if its survival is at
+    least ``θ × min(1, log2(b) / log2(budget_floor_batch))``. At ``b = 1`` the floor is 0
+    and the cost model alone decides (a slot is nearly free); from ``budget_floor_batch``
+    on, every admitted position must be likely (the cost model's linear fit under-charges
+    what a rejected token costs a busy engine: KV writes, the rejection sampler, scheduler
+    trimming)."""
+    budget_max_rejection: float | None = Field(default=0.16, gt=0, lt=1)
+    """Rejection rate the drafts aim at: ``θ`` moves by ``0.2 ×`` (measured − target)
+    after every 256 verified drafted tokens, within [0.2, 0.95], so each deployment's
+    drafts use the rejection it allows — no more. ``None``: ``θ`` stays ``budget_floor``."""
     budget_floor_batch: int = Field(default=32, ge=2)
-    """Batch size from which the full ``budget_floor`` applies (the brief: past ~32
+    """Batch size from which the full floor ``θ`` applies (the brief: past ~32
     concurrent requests the state of the art is slower than no speculation)."""
     redundancy_g_min: float = Field(default=0.5, ge=0, le=1)
     """g_min of the paper's p(n) = g_min + (1 - g_min)(1 - e^(1-n)) (agreement prior)."""

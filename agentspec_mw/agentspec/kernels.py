@@ -38,9 +38,10 @@ __all__ = [
 NB = 64  # index key = key base * NB + block id (block ids < 64)
 # int64 slot table columns
 C_CSTART, C_CLEN, C_CCAP, C_PLEN, C_SEQ, C_KBASE, C_ABASE, C_GID = 0, 1, 2, 3, 4, 5, 6, 7
-C_SEQBLK, C_DLEN, C_DDONE, C_LPTR, C_LML, C_LSKIP, C_LBACK = 8, 9, 10, 11, 12, 13, 14
+C_SEQBLK, C_DLEN, C_DDONE, C_LPTR, C_LML, C_LSKIP, C_LBACK, C_ASEQ = 8, 9, 10, 11, 12, 13, 14, 15
+C_DSENT = 16  # tokens drafted at the last step (counted in the rejection ledger)
 N_POS = 5  # draft-position buckets of the calibration table: 0, 1, 2-3, 4-7, 8+
-N_COLS = 15
+N_COLS = 17
 _LOCAL_MIN_MATCH = 3
 _LOCAL_MAX_BACKOFF = 16  # steps a request skips the local scan after failing, at most
 
@@ -83,6 +84,8 @@ def apply_extends(
     ix: Any,
     calib: Any,
     strength: float,
+    live: bool,
+    ledger: np.ndarray,
 ) -> None:  # pragma: no cover
     """Apply queued ``extend`` calls in order (``toks[off[i]:off[i+1]]`` to ``slots[i]``)."""
     succ, tot, table, prior = calib
@@ -94,6 +97,8 @@ def apply_extends(
         m = si[s, C_DLEN]
         if m > 0:
             done = si[s, C_DDONE]
+            sent = si[s, C_DSENT]
+            miss = False
             for j in range(a, b):
                 cell = dcell[s, done]
                 tot[cell] += 1.0
@@ -103,13 +108,20 @@ def apply_extends(
                 table[cell] = (succ[cell] + strength * prior[cell]) / (tot[cell] + strength)
                 if not hit:
                     m = 0
+                    miss = True
                     break
                 done += 1
                 if done >= m:
                     m = 0
                     break
+            # the rejection ledger: drafted tokens once their verification is known
+            if sent > 0 and (miss or done >= sent):
+                ledger[0] += min(done, sent)
+                ledger[1] += sent
+                sent = 0
             si[s, C_DLEN] = m
             si[s, C_DDONE] = done
+            si[s, C_DSENT] = sent
         # 2. blocks and the index: one sequence per block occurrence
         seq = si[s, C_SEQ]
         base = si[s, C_KBASE] * NB
@@ -120,6 +132,11 @@ def apply_extends(
                 si[s, C_SEQBLK] = blk
             insert_one(base + blk, seq, toks[j], ix)
             advance(toks[j], stack[s], tail[s], bst[s], g)
+        if live:
+            aseq = si[s, C_ASEQ]
+            akey = si[s, C_ABASE] * NB
+            for j in range(a, b):
+                insert_one(akey, aseq, toks[j], ix)
         # 3. the local source follows its match while the accepted tokens confirm it
         c0 = si[s, C_CSTART]
         n = si[s, C_CLEN]

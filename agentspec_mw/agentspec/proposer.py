@@ -70,6 +70,9 @@ _Q = 10  # buckets of c/n
 _N_ML = len(LEVELS)  # match-length buckets (index levels; local uses the same edges)
 _SUPPORT_EDGES = np.array([2, 4, 8], dtype=np.int64)  # support buckets: 1, 2-3, 4-7, 8+
 _N_SUP = len(_SUPPORT_EDGES) + 1
+_LEDGER_WINDOW = 256  # verified drafted tokens per floor update
+_FLOOR_GAIN = 0.2  # floor change per unit of rejection error, per window
+_FLOOR_MIN, _FLOOR_MAX = 0.2, 0.95  # bounds of the moving floor
 _MIN_PROB = 0.05  # the index stops a draft at a token fewer than 5% of candidates agree on
 
 
@@ -134,6 +137,8 @@ class AgentSpecProposer:
         self._tot = np.zeros_like(self._prior)
         self._table = self._prior.copy()
         self._threshold = 0.0
+        self._floor = cfg.budget_floor
+        self._ledger = np.zeros(2, dtype=np.float64)  # verified drafts: accepted, drafted
         self._overhead_s = 0.0
         self.stats: dict[str, int] = {"steps": 0, "offered": 0, "drafted": 0}
         self.candidates: dict[str, np.ndarray] | None = None
@@ -201,6 +206,7 @@ class AgentSpecProposer:
         row[K.C_GID] = gid
         row[K.C_SEQBLK] = -1
         row[K.C_LPTR] = -1
+        row[K.C_ASEQ] = self._index.new_seq() if cfg.index_agent_live else -1
         self._reqs[req_id] = s
         self._pend_start.append(s)
 
@@ -278,13 +284,24 @@ class AgentSpecProposer:
                     ix,
                     calib,
                     strength,
+                    self.config.index_agent_live,
+                    self._ledger,
                 )
         if self._pend_stop:
             done = self._pend_stop
             self._pend_stop = []
-            K.insert_outputs(np.array(done, dtype=np.int64), self._out_seq, slots.si, slots.ctx, ix)
+            if not self.config.index_agent_live:
+                K.insert_outputs(
+                    np.array(done, dtype=np.int64), self._out_seq, slots.si, slots.ctx, ix
+                )
+            # a draft still open when its request stops ran past the output's end
+            sent = slots.si[done, K.C_DSENT]
+            self._ledger[0] += np.minimum(slots.si[done, K.C_DDONE], sent).sum()
+            self._ledger[1] += sent.sum()
             for s in done:
                 self._index.end_seq(int(slots.si[s, K.C_SEQ]))
+                if slots.si[s, K.C_ASEQ] >= 0:
+                    self._index.end_seq(int(slots.si[s, K.C_ASEQ]))
             slots.release(done)
 
     def _by_grammar(
@@ -322,9 +339,9 @@ class AgentSpecProposer:
         drafts: list[Draft] = [EMPTY_DRAFT] * n_req
         if n_req == 0 or k <= 0:
             return drafts
-        floor = cfg.budget_floor * min(
-            1.0, math.log2(max(step.batch_size, 1)) / math.log2(cfg.budget_floor_batch)
-        )
+        scale = min(1.0, math.log2(max(step.batch_size, 1)) / math.log2(cfg.budget_floor_batch))
+        theta = self._update_floor()
+        floor = theta * scale
         reqs = self._reqs
         sl = np.fromiter(map(reqs.__getitem__, req_ids), np.int64, n_req)
         slots = self._slots
@@ -399,10 +416,12 @@ class AgentSpecProposer:
             slots.dcell[cs, :kk] = sel_cell[cand]
             slots.si[cs, K.C_DLEN] = sel_len[cand]
             slots.si[cs, K.C_DDONE] = 0
+            slots.si[cs, K.C_DSENT] = 0
         counts = np.asarray(alloc.counts, dtype=np.int64)
         used = int(counts.sum())
         if used:
             rows = np.flatnonzero(counts)
+            slots.si[sl[rows], K.C_DSENT] = counts[rows]
             sel_tok = tok[pick[rows]].tolist()
             # Draft.probs are per-token (given the earlier tokens): each cell's acceptance
             sel_p = self._table[sel_cell[rows]].tolist()
@@ -411,6 +430,21 @@ class AgentSpecProposer:
                 drafts[i] = Draft(tuple(t[:n]), tuple(p[:n]))
         self._finish_step(t0, alloc.offered, used, step)
         return drafts
+
+    def _update_floor(self) -> float:
+        """The survival floor at full scale: fixed (``budget_max_rejection=None``) or
+        moved by the rejection the verified drafts had, once a window of them is in."""
+        cfg = self.config
+        target = cfg.budget_max_rejection
+        if target is None:
+            return cfg.budget_floor
+        acc, dr = self._ledger
+        if dr >= _LEDGER_WINDOW:
+            # token-weighted: a window that ran long moves the floor in proportion
+            err = ((dr - acc) - target * dr) / _LEDGER_WINDOW
+            self._floor = min(_FLOOR_MAX, max(_FLOOR_MIN, self._floor + _FLOOR_GAIN * err))
+            self._ledger[:] = 0.0
+        return self._floor
 
     def _finish_step(self, t0: float, offered: int, used: int, step: StepContext) -> None:
         if not offered:

@@ -528,29 +528,31 @@ def test_agentspec_rejection_ledger_counts_verified_drafts(tiny_tokenizer, tb) -
         p.stop(rid)
     p._flush()
     assert drafted > accepted > 0  # some drafts ran past the end of the output
-    assert tuple(p._ledger) == (accepted, drafted)
+    assert tuple(p._ledger[:2]) == (accepted, drafted)
+    assert p._ledger[2] == drafted  # batch 1: every drafted token may be rejected
 
 
 def test_agentspec_floor_follows_measured_rejection(tb) -> None:  # type: ignore[no-untyped-def]
     from agentspec_mw.agentspec import proposer as P
 
     p = _prop(tb, budget_floor=0.75, budget_max_rejection=0.2)
-    p._ledger[:] = (100.0, 200.0)  # under a window: no move
+    # ledger: accepted, drafted, rejections allowed (0.2 per token drafted at full scale)
+    p._ledger[:] = (100.0, 200.0, 40.0)  # under a window: no move
     assert p._update_floor() == 0.75
-    p._ledger[:] = (128.0, 256.0)  # 50 % rejected: the floor rises
+    p._ledger[:] = (128.0, 256.0, 51.2)  # 50 % rejected: the floor rises
     up = p._update_floor()
-    assert up == pytest.approx(0.75 + P._FLOOR_GAIN * (128 - 0.2 * 256) / P._LEDGER_WINDOW)
-    assert tuple(p._ledger) == (0.0, 0.0)
+    assert up == pytest.approx(0.75 + P._FLOOR_GAIN * (128 - 51.2) / P._LEDGER_WINDOW)
+    assert tuple(p._ledger) == (0.0, 0.0, 0.0)
     for _ in range(100):  # everything accepted: down to the lower bound, never below
-        p._ledger[:] = (256.0, 256.0)
+        p._ledger[:] = (256.0, 256.0, 51.2)
         low = p._update_floor()
     assert low == P._FLOOR_MIN
     for _ in range(100):
-        p._ledger[:] = (0.0, 256.0)
+        p._ledger[:] = (0.0, 256.0, 51.2)
         high = p._update_floor()
     assert high == P._FLOOR_MAX
     fixed = _prop(tb, budget_floor=0.6, budget_max_rejection=None)
-    fixed._ledger[:] = (0.0, 10_000.0)
+    fixed._ledger[:] = (0.0, 10_000.0, 0.0)
     assert fixed._update_floor() == 0.6
     with pytest.raises(ValueError):
         _prop(tb, budget_max_rejection=1.5)

@@ -55,10 +55,13 @@ class AgentSpecConfig(BaseModel):
     on, every admitted position must be likely (the cost model's linear fit under-charges
     what a rejected token costs a busy engine: KV writes, the rejection sampler, scheduler
     trimming)."""
-    budget_max_rejection: float | None = Field(default=0.16, gt=0, lt=1)
-    """Rejection rate the drafts aim at: ``θ`` moves by ``0.2 ×`` (measured − target)
-    after every 256 verified drafted tokens, within [0.2, 0.95], so each deployment's
-    drafts use the rejection it allows — no more. ``None``: ``θ`` stays ``budget_floor``."""
+    budget_max_rejection: float | None = Field(default=0.15, gt=0, lt=1)
+    """Rejection rate the drafts of busy steps (``b ≥ budget_floor_batch``) aim at; a
+    smaller step may reject ``1 / min(1, log2(b) / log2(budget_floor_batch))`` times as
+    much (its floor is scaled down by that factor). ``θ`` moves by ``0.2 ×``
+    (rejected − allowed) / 256 after every 256 verified drafted tokens, within
+    [0.2, 0.95], so each deployment's drafts use the rejection it allows — no more.
+    ``None``: ``θ`` stays ``budget_floor``."""
     budget_floor_batch: int = Field(default=32, ge=2)
     """Batch size from which the full floor ``θ`` applies (the brief: past ~32
     concurrent requests the state of the art is slower than no speculation)."""

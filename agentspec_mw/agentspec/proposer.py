@@ -9,8 +9,9 @@ Sources a request may draft from, in decreasing isolation:
     member of the group. Updated every step, so parallel siblings draft from each other.
     This is the paper's structure-isolated cache.
 ``agent``
-    everything this agent produced in this scope, across queries (added when a request
-    stops). Looked up in the same batched index call as ``iso``; what it adds is decided
+    everything this agent produced in this scope, across queries (added token by token
+    as its requests decode, or when a request stops with ``index_agent_live=False``).
+    Looked up in the same batched index call as ``iso``; what it adds is decided
     by calibration (cross-query text is trusted only where it has proven accepted).
 ``local``
     the request's own prompt and output, searched directly for the most recent longest
@@ -28,7 +29,9 @@ updates an acceptance table bucketed by (source, agreement between sources, matc
 length, support ``n``, draft position, ``c / n``). Each bucket's prior is the paper's
 redundancy score ``g(c, n) = (c/n)·p(n)``. A position's survival probability is the product of the
 calibrated acceptances of the tokens up to it; :func:`~agentspec_mw.agentspec.budget.allocate`
-turns survivals into the step's drafts.
+turns survivals into the step's drafts, admitting only positions whose survival is at
+least a floor that follows the rejection measured on verified drafts
+(``budget_max_rejection``; :meth:`AgentSpecProposer._update_floor`).
 
 Speed: ``start``/``extend``/``stop`` only queue their arguments; the next ``propose``
 applies them for the whole batch in a few numba kernels (:mod:`.kernels`) over per-request
@@ -138,7 +141,8 @@ class AgentSpecProposer:
         self._table = self._prior.copy()
         self._threshold = 0.0
         self._floor = cfg.budget_floor
-        self._ledger = np.zeros(2, dtype=np.float64)  # verified drafts: accepted, drafted
+        # verified drafts: accepted, drafted; and the rejections the drafting steps allowed
+        self._ledger = np.zeros(3, dtype=np.float64)
         self._overhead_s = 0.0
         self.stats: dict[str, int] = {"steps": 0, "offered": 0, "drafted": 0}
         self.candidates: dict[str, np.ndarray] | None = None
@@ -224,7 +228,8 @@ class AgentSpecProposer:
             self._pend_ids.append(token_ids)
 
     def stop(self, req_id: str) -> None:
-        """Release the request; its output joins the agent-wide history."""
+        """Release the request (with ``index_agent_live=False`` its output joins the
+        agent-wide history now)."""
         s = self._reqs.pop(req_id, None)
         if s is not None:
             self._pend_stop.append(s)
@@ -422,6 +427,10 @@ class AgentSpecProposer:
         if used:
             rows = np.flatnonzero(counts)
             slots.si[sl[rows], K.C_DSENT] = counts[rows]
+            if cfg.budget_max_rejection is not None:
+                # a step under budget_floor_batch may reject more (its floor is lower)
+                t = cfg.budget_max_rejection
+                self._ledger[2] += used * (min(1.0, t / scale) if scale > 0 else 1.0)
             sel_tok = tok[pick[rows]].tolist()
             # Draft.probs are per-token (given the earlier tokens): each cell's acceptance
             sel_p = self._table[sel_cell[rows]].tolist()
@@ -438,10 +447,10 @@ class AgentSpecProposer:
         target = cfg.budget_max_rejection
         if target is None:
             return cfg.budget_floor
-        acc, dr = self._ledger
+        acc, dr, allowed = self._ledger
         if dr >= _LEDGER_WINDOW:
             # token-weighted: a window that ran long moves the floor in proportion
-            err = ((dr - acc) - target * dr) / _LEDGER_WINDOW
+            err = ((dr - acc) - allowed) / _LEDGER_WINDOW
             self._floor = min(_FLOOR_MAX, max(_FLOOR_MIN, self._floor + _FLOOR_GAIN * err))
             self._ledger[:] = 0.0
         return self._floor

@@ -3,10 +3,12 @@
 Per-request state lives in the rows of a few arrays (see :mod:`.slots`); the proposer
 queues ``start``/``extend``/``stop`` calls and applies them here at the next ``propose``:
 
-* :func:`apply_extends` — per accepted token: score the last candidate (calibration),
-  attribute the token to its block, append it to the block occurrence's sequence in the
-  index, follow the ``local`` match, append it to the request's context;
-* :func:`insert_outputs` — at ``stop``, a request's whole output joins its agent's history;
+* :func:`apply_extends` — per accepted token: score the last candidate (calibration) and
+  count a resolved draft in the rejection ledger, attribute the token to its block,
+  append it to the block occurrence's sequence in the index (and to the agent's history
+  when live), follow the ``local`` match, append it to the request's context;
+* :func:`insert_outputs` — at ``stop``, a request's whole output joins its agent's history
+  (only with ``index_agent_live=False``; otherwise ``apply_extends`` adds each token);
 * :func:`gather` — each request's last :data:`MAX_N` tokens and its index keys;
 * :func:`local_drafts` — the ``local`` source (own-context match, followed or scanned);
 * :func:`score` — calibrated survivals, and each request's best source.

@@ -171,6 +171,94 @@ def test_index_threaded_lookup_equals_serial() -> None:
             np.testing.assert_array_equal(a, b)
 
 
+def _reference_lookup(
+    events: list[tuple[int, int, int]], cap: int, key: int, tail: list[int], k: int, min_prob: float
+) -> tuple[list[int], list[float], int, int]:
+    """The index's lookup by brute force over the inserted ``(key, seq, token)`` events:
+    ``(tokens, probs, match, support)``."""
+    oldest = len(events) - cap
+    seq_of = [e[1] for e in events]
+    prev: list[int] = []  # position of the previous token of the same sequence
+    last: dict[int, int] = {}
+    for p, (_, s, _) in enumerate(events):
+        prev.append(last.get(s, -1))
+        last[s] = p
+    nxt = [-1] * len(events)
+    for p, q in enumerate(prev):
+        if q >= 0:
+            nxt[q] = p
+
+    def window(p: int, n: int) -> list[int] | None:
+        out = []
+        while len(out) < n and p >= 0:
+            out.append(events[p][2])
+            p = prev[p]
+        return out[::-1] if len(out) == n else None
+
+    for n in (16, 8, 4, 2):
+        if len(tail) < n:
+            continue
+        cands = []
+        for p in range(len(events) - 1, max(oldest, 0) - 1, -1):
+            if len(cands) == 16:
+                break
+            if events[p][0] == key and seq_of[p] >= 0 and window(p, n) == tail[-n:]:
+                if nxt[p] >= max(oldest, 0):
+                    cands.append(nxt[p])
+        if not cands:
+            continue
+        toks: list[int] = []
+        probs: list[float] = []
+        support = len(cands)
+        while len(toks) < k and cands:
+            seen = [events[c][2] for c in cands]
+            best = max(dict.fromkeys(seen), key=seen.count)  # the first seen wins ties
+            pr = seen.count(best) / len(cands)
+            if pr < min_prob:
+                break
+            toks.append(best)
+            probs.append(pr)
+            cands = [nxt[c] for c in cands if events[c][2] == best and nxt[c] >= max(oldest, 0)]
+        return toks, probs, n, support
+    return [], [], 0, 0
+
+
+@pytest.mark.parametrize("capacity", [1 << 13])
+def test_index_lookup_equals_brute_force(capacity: int) -> None:
+    """The lockstep lookup (serial and threaded) drafts exactly what a brute-force search
+    over the inserted tokens gives, also after eviction."""
+    rng = np.random.default_rng(7)
+    ix = NgramIndex(capacity=capacity)
+    n_tok = 4000
+    toks = rng.integers(0, 6, n_tok).astype(np.int32)  # small vocabulary: long chains
+    keys = rng.integers(0, 3, n_tok).astype(np.int64)
+    seqs = np.array([ix.new_seq() for _ in range(4)])[rng.integers(0, 4, n_tok)]
+    ix.insert(keys, seqs, toks)
+    events = list(zip(keys.tolist(), seqs.tolist(), toks.tolist(), strict=True))
+    n = 200
+    ctx = rng.integers(0, 6, (n, MAX_N)).astype(np.int32)
+    ctx_len = rng.integers(0, MAX_N + 1, n).astype(np.int64)
+    qkeys = rng.integers(-1, 3, n).astype(np.int64)
+    for mode in ("serial", "threaded"):
+        out = [np.zeros((n, 12), np.int32), np.zeros((n, 12))]
+        out += [np.zeros(n, np.int64) for _ in range(3)]
+        args = (qkeys, ctx, ctx_len, np.full(n, 12, np.int64), ix.arrays, 0.2, *out)
+        if mode == "serial":
+            _lookup_rows(0, n, *args)
+        else:
+            _lookup_par(3, *args)
+        tok, prob, lens, match, support = out
+        assert lens.sum() > n  # the rows draft
+        for r in range(n):
+            want = ([], [], 0, 0)
+            if qkeys[r] >= 0:
+                tail = ctx[r, : ctx_len[r]].tolist()
+                want = _reference_lookup(events, ix.capacity, int(qkeys[r]), tail, 12, 0.2)
+            got = (tok[r, : lens[r]].tolist(), prob[r, : lens[r]].tolist(), match[r], support[r])
+            assert got[0] == want[0] and got[2:] == want[2:], (mode, r)
+            np.testing.assert_allclose(got[1], want[1])
+
+
 def test_mode_chooser_prefers_threads_until_they_are_measured_slow() -> None:
     """Threaded unless its measured cost per row exceeds margin x serial; the other mode
     is re-timed every ``explore_every`` calls; first timings are discarded."""

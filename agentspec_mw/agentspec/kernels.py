@@ -25,7 +25,8 @@ from numba import njit
 
 from agentspec_mw.agentspec.blocks import advance, current
 from agentspec_mw.agentspec.lookup import match_tail
-from agentspec_mw.agentspec.ngram_index import MAX_N, insert_one, reset_seq
+from agentspec_mw.agentspec.ngram_index import MAX_N, _hash, insert_one, reset_seq
+from agentspec_mw.agentspec.prefetch import prefetch2
 
 __all__ = [
     "NB",
@@ -71,6 +72,53 @@ def scan_prompts(
 
 
 @njit(cache=True, nogil=True)
+def _prefetch_inserts(
+    slots: np.ndarray,
+    off: np.ndarray,
+    toks: np.ndarray,
+    si: np.ndarray,
+    stack: np.ndarray,
+    bst: np.ndarray,
+    ix: Any,
+    live: bool,
+) -> None:  # pragma: no cover
+    """Prefetch the hash-table buckets the inserts of this batch will probe.
+
+    Each token's bucket per level is known from its sequence's last tokens, so all the
+    batch's probes (random lines of a table far larger than the caches) are requested at
+    once and their misses overlap. A block change mid-batch makes some guesses wrong,
+    which costs only the wasted prefetch.
+    """
+    _rec, ht, _sl, seq_ring, seq_len, _st, levels = ix
+    mask = np.uint64(ht.shape[0] - 1)
+    buf = np.empty(2 * MAX_N + 64, dtype=np.int32)
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        a = off[i]
+        b = min(off[i + 1], a + 64)
+        for which in range(2 if live else 1):
+            if which == 0:
+                seq = si[s, C_SEQ]
+                key = si[s, C_KBASE] * NB + current(stack[s], bst[s])
+            else:
+                seq = si[s, C_ASEQ]
+                key = si[s, C_ABASE] * NB
+            ln = seq_len[seq]
+            for j in range(ln):
+                buf[j] = seq_ring[seq, j]
+            for j in range(a, b):
+                buf[ln + j - a] = toks[j]
+            for j in range(a, b):
+                end = ln + j - a + 1
+                for lv in range(levels.shape[0]):
+                    n = levels[lv]
+                    if end < n:
+                        break
+                    h = _hash(key, n, buf, end)
+                    prefetch2(ht, h & mask, 0)
+
+
+@njit(cache=True, nogil=True)
 def apply_extends(
     slots: np.ndarray,
     off: np.ndarray,
@@ -91,6 +139,7 @@ def apply_extends(
 ) -> None:  # pragma: no cover
     """Apply queued ``extend`` calls in order (``toks[off[i]:off[i+1]]`` to ``slots[i]``)."""
     succ, tot, table, prior = calib
+    _prefetch_inserts(slots, off, toks, si, stack, bst, ix, live)
     for i in range(slots.shape[0]):
         s = slots[i]
         a = off[i]

@@ -18,6 +18,8 @@ Lookup. For the longest level whose last ``n`` context tokens occurred before un
 request's key, up to :data:`MAX_CANDIDATES` occurrences are followed; the draft is built
 token by token by majority vote among the continuations that still agree — the paper's
 ``n`` candidates of which ``c`` agree — and each token's probability is ``c / n``.
+The rows of a batch walk their chains in lockstep with prefetches, so their cache misses
+overlap (:func:`_lookup_rows`).
 A key never sees another key's tokens: every occurrence is checked against its key.
 """
 
@@ -30,6 +32,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from agentspec_mw.agentspec.parallel import THREADED, ModeChooser
+from agentspec_mw.agentspec.prefetch import prefetch2
 
 __all__ = ["LEVELS", "MAX_CANDIDATES", "MAX_N", "NgramIndex", "insert_one", "reset_seq"]
 
@@ -141,111 +144,165 @@ def _lookup_rows(
     out_match: np.ndarray,
     out_support: np.ndarray,
 ) -> None:  # pragma: no cover
-    """Rows ``lo:hi`` of a batched lookup (see :meth:`NgramIndex.lookup`)."""
+    """Rows ``lo:hi`` of a batched lookup (see :meth:`NgramIndex.lookup`).
+
+    Each row's work is a chain of dependent reads of records scattered over an arena far
+    larger than the caches (the occurrences of its suffix, then their continuations), so
+    the rows advance in lockstep — one hop of every row per round, the next hop's record
+    prefetched — and the rows' cache misses overlap instead of queuing one by one. The
+    result equals a row-by-row walk:
+
+    1. hash the last ``n`` context tokens for every level ``n`` and probe the table
+       (all rows' buckets prefetched first);
+    2. from the longest level with an entry, follow its occurrences (newest first, at
+       most :data:`MAX_CANDIDATES` with a continuation, stopping at another key's or an
+       evicted record); a level without a continuation falls to the next shorter one;
+    3. draft by majority vote among the continuations that still agree, one position
+       per round, until ``k`` tokens, no candidate left, or ``c / n < min_prob``.
+    """
     rec, ht, _sl, _sr, _sn, state, levels = ix
     cap = rec.shape[0]
     mask = np.uint64(ht.shape[0] - 1)
-    written = state[0]
-    oldest = written - cap
+    oldest = state[0] - cap
     cmask = cap - 1  # capacity is a power of two
-    cand = np.empty(MAX_CANDIDATES, dtype=np.int64)
     n_lv = levels.shape[0]
-    hs = np.zeros(n_lv, dtype=np.int64)
-    bs = np.zeros(n_lv, dtype=np.uint64)
-    hk0 = np.zeros(n_lv, dtype=np.int64)
-    for r in range(lo, hi):
+    nr = hi - lo
+    hs = np.zeros((nr, n_lv), dtype=np.int64)  # 0: level longer than the context
+    heads = np.full((nr, n_lv), _EMPTY, dtype=np.int64)
+    lvl = np.full(nr, -1, dtype=np.int64)
+    ptr = np.full(nr, _EMPTY, dtype=np.int64)
+    nc = np.zeros(nr, dtype=np.int64)
+    cand = np.empty((nr, MAX_CANDIDATES), dtype=np.int64)
+    act = np.empty(nr, dtype=np.int64)
+    # 1. every row's bucket per level, prefetched, then probed
+    for i in range(nr):
+        r = lo + i
         out_len[r] = 0
         out_match[r] = 0
         out_support[r] = 0
         key = keys[r]
         if key < 0:
             continue
-        L = ctx_len[r]
-        # first probes of every level up front: independent loads overlap their misses
         for lv in range(n_lv):
-            if L >= levels[lv]:
-                hs[lv] = np.int64(_hash(key, levels[lv], ctx[r], L))
-                bs[lv] = np.uint64(hs[lv]) & mask
+            if ctx_len[r] >= levels[lv]:
+                h = np.int64(_hash(key, levels[lv], ctx[r], ctx_len[r]))
+                hs[i, lv] = h
+                prefetch2(ht, np.uint64(h) & mask, 0)
+    n_act = 0
+    for i in range(nr):
+        top = -1
         for lv in range(n_lv):
-            if L >= levels[lv]:
-                hk0[lv] = ht[bs[lv], 0]
-        for lv in range(n_lv - 1, -1, -1):
-            n = levels[lv]
-            if L < n:
+            h = hs[i, lv]
+            if h == 0:
                 continue
-            h = hs[lv]
-            b = bs[lv]
-            hk = hk0[lv]
-            head = _EMPTY
+            top = lv
+            b = np.uint64(h) & mask
             for _probe in range(32):
+                hk = ht[b, 0]
                 if hk == 0:
                     break
                 if hk == h:
-                    head = ht[b, 1]
+                    heads[i, lv] = ht[b, 1]
                     break
                 b = (b + np.uint64(1)) & mask
-                hk = ht[b, 0]
-            nc = 0
-            p = head
-            while p >= 0 and p >= oldest and nc < MAX_CANDIDATES:
+        if top >= 0:
+            lvl[i] = top
+            ptr[i] = heads[i, top]
+            if ptr[i] >= 0:
+                prefetch2(rec, ptr[i] & cmask, 0)
+            act[n_act] = i
+            n_act += 1
+    # 2. the occurrence chains, one hop per row per round
+    while n_act > 0:
+        w = 0
+        for t in range(n_act):
+            i = act[t]
+            p = ptr[i]
+            if p >= 0 and p >= oldest and nc[i] < MAX_CANDIDATES:
                 sl = p & cmask
-                if rec[sl, R_KEY] != key:
-                    break
-                nx = rec[sl, R_NXT]
-                if nx >= 0 and nx >= oldest:
-                    cand[nc] = nx
-                    nc += 1
-                p = rec[sl, R_OCC + lv]
-            if nc == 0:
+                if rec[sl, R_KEY] == keys[lo + i]:
+                    nx = rec[sl, R_NXT]
+                    if nx >= 0 and nx >= oldest:
+                        cand[i, nc[i]] = nx
+                        nc[i] += 1
+                    p = rec[sl, R_OCC + lvl[i]]
+                    ptr[i] = p
+                    if p >= 0:
+                        prefetch2(rec, p & cmask, 0)
+                    act[w] = i
+                    w += 1
+                    continue
+            if nc[i] == 0:  # no continuation at this level: the next shorter one
+                lvl[i] -= 1
+                if lvl[i] >= 0:
+                    ptr[i] = heads[i, lvl[i]]
+                    if ptr[i] >= 0:
+                        prefetch2(rec, ptr[i] & cmask, 0)
+                    act[w] = i
+                    w += 1
+        n_act = w
+    # 3. the drafts, one position per row per round
+    for i in range(nr):
+        if nc[i] > 0:
+            out_match[lo + i] = levels[lvl[i]]
+            out_support[lo + i] = nc[i]
+            for c in range(nc[i]):
+                prefetch2(rec, cand[i, c] & cmask, 0)
+            act[n_act] = i
+            n_act += 1
+    while n_act > 0:
+        w = 0
+        for t in range(n_act):
+            i = act[t]
+            r = lo + i
+            m = out_len[r]
+            na = nc[i]  # cand[i, :na] = the candidates that agreed so far (in order)
+            if m >= ks[r] or na == 0:
                 continue
-            out_match[r] = n
-            out_support[r] = nc
-            na = nc  # cand[:na] = the candidates that agreed so far (in order)
-            k = ks[r]
-            m = 0
-            while m < k and na > 0:
-                best_t = rec[cand[0] & cmask, R_TOK]
-                best_c = 1
-                for c in range(1, na):
-                    if rec[cand[c] & cmask, R_TOK] == best_t:
-                        best_c += 1
-                if best_c < na:  # disagreement: majority vote, the first seen wins ties
-                    best_c = 0
-                    for c in range(na):
-                        t = rec[cand[c] & cmask, R_TOK]
-                        seen = False
-                        for d in range(c):
-                            if rec[cand[d] & cmask, R_TOK] == t:
-                                seen = True
-                                break
-                        if seen:
-                            continue
-                        cnt = 1
-                        for d in range(c + 1, na):
-                            if rec[cand[d] & cmask, R_TOK] == t:
-                                cnt += 1
-                        if cnt > best_c:
-                            best_c = cnt
-                            best_t = t
-                        if 2 * best_c > na:
-                            break
-                pr = best_c / na
-                if pr < min_prob:
-                    break
-                out_tok[r, m] = best_t
-                out_prob[r, m] = pr
-                m += 1
-                keep = 0
+            best_t = rec[cand[i, 0] & cmask, R_TOK]
+            best_c = 1
+            for c in range(1, na):
+                if rec[cand[i, c] & cmask, R_TOK] == best_t:
+                    best_c += 1
+            if best_c < na:  # disagreement: majority vote, the first seen wins ties
+                best_c = 0
                 for c in range(na):
-                    sl = cand[c] & cmask
-                    if rec[sl, R_TOK] == best_t:
-                        nx = rec[sl, R_NXT]
-                        if nx >= 0 and nx >= oldest:
-                            cand[keep] = nx
-                            keep += 1
-                na = keep
-            out_len[r] = m
-            break
+                    tk = rec[cand[i, c] & cmask, R_TOK]
+                    seen = False
+                    for d in range(c):
+                        if rec[cand[i, d] & cmask, R_TOK] == tk:
+                            seen = True
+                            break
+                    if seen:
+                        continue
+                    cnt = 1
+                    for d in range(c + 1, na):
+                        if rec[cand[i, d] & cmask, R_TOK] == tk:
+                            cnt += 1
+                    if cnt > best_c:
+                        best_c = cnt
+                        best_t = tk
+                    if 2 * best_c > na:
+                        break
+            pr = best_c / na
+            if pr < min_prob:
+                continue
+            out_tok[r, m] = best_t
+            out_prob[r, m] = pr
+            out_len[r] = m + 1
+            keep = 0
+            for c in range(na):
+                sl = cand[i, c] & cmask
+                if rec[sl, R_TOK] == best_t:
+                    nx = rec[sl, R_NXT]
+                    if nx >= 0 and nx >= oldest:
+                        cand[i, keep] = nx
+                        keep += 1
+                        prefetch2(rec, nx & cmask, 0)
+            nc[i] = keep
+            act[w] = i
+            w += 1
+        n_act = w
 
 
 @njit(cache=True, nogil=True, parallel=True)

@@ -431,12 +431,15 @@ class AgentSpecProposer:
                 # a step under budget_floor_batch may reject more (its floor is lower)
                 t = cfg.budget_max_rejection
                 self._ledger[2] += used * (min(1.0, t / scale) if scale > 0 else 1.0)
-            sel_tok = tok[pick[rows]].tolist()
+            # only the drafted tokens leave numpy (converting whole rows costs more)
+            keep = np.arange(kk)[None, :] < counts[rows, None]
+            flat_tok = tok[pick[rows]][keep].tolist()
             # Draft.probs are per-token (given the earlier tokens): each cell's acceptance
-            sel_p = self._table[sel_cell[rows]].tolist()
-            n_drafted = counts[rows].tolist()
-            for i, n, t, p in zip(rows.tolist(), n_drafted, sel_tok, sel_p, strict=True):
-                drafts[i] = Draft(tuple(t[:n]), tuple(p[:n]))
+            flat_p = self._table[sel_cell[rows][keep]].tolist()
+            a = 0
+            for i, b in zip(rows.tolist(), np.cumsum(counts[rows]).tolist(), strict=True):
+                drafts[i] = Draft(tuple(flat_tok[a:b]), tuple(flat_p[a:b]))
+                a = b
         self._finish_step(t0, alloc.offered, used, step)
         return drafts
 

@@ -1,14 +1,20 @@
 """Set-up shared by the benchmark scripts: tokenized traces, replay calls, proposer env.
 
 The scripts run as ``python benchmarks/<script>.py``, so this folder is on ``sys.path``
-and they import this module by its bare name.
+and they import this module by its bare name. It puts this checkout's root first on
+``sys.path``, so a script run from a git worktree measures that worktree's code (an
+editable install of the package points at the main checkout).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from agentspec_mw.costmodel import StepTimeFn, get_cost_model
 from agentspec_mw.proposer import ProposerEnv

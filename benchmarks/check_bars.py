@@ -5,19 +5,25 @@ over all batch sizes, speedup vs SuffixDecoding at the largest batch (and the ge
 mean over workloads), and mean accepted tokens per step vs SuffixDecoding at batch 1.
 Prints a markdown table per k; exits 1 if any bar fails.
 
-    python benchmarks/check_bars.py docs/results/replay_main.json [more.json ...]
+    python benchmarks/check_bars.py [--median] docs/results/replay_main.json [more.json ...]
 
 Several reports are read as one; where two hold the same (proposer, workload, batch, k)
 the later one wins, so a workload may be pieced together from several runs (put the run
 whose AgentSpec and SuffixDecoding rows at the largest batch belong together last; the
 batch-1 bar compares tokens per step, which do not depend on timing). A workload replayed
 without batch 1 has no batch-1 bar.
+
+With ``--median`` the reports are repeats of one command instead: each row's speedup is
+the median over the reports that hold it (with ``--add-proposer-time`` the speedups
+depend on the proposers' measured CPU time, which drifts between runs; the other
+columns do not), and the pooled ``ALL`` rows are kept under one name.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -47,20 +53,34 @@ def speedup_tables(rows: list[dict]) -> None:  # type: ignore[type-arg]
             )
 
 
-def _load(paths: list[str]) -> list[dict]:  # type: ignore[type-arg]
+def _load(paths: list[str], median: bool = False) -> list[dict]:  # type: ignore[type-arg]
     """Rows of every report; each report's pooled ``ALL`` rows are named after its file
-    when there are several (they pool different workloads)."""
+    when there are several (they pool different workloads). ``median``: one row per
+    (proposer, workload, batch, k), its speedup the median over the reports."""
     rows = []
     for p in paths:
         for r in json.loads(Path(p).read_text())["results"]:
-            if r["workload"] == "ALL" and len(paths) > 1:
+            if r["workload"] == "ALL" and len(paths) > 1 and not median:
                 r = {**r, "workload": f"ALL ({Path(p).stem})"}
             rows.append(r)
-    return rows
+    if not median:
+        return rows
+    groups: dict[tuple[str, str, int, int], list[dict]] = {}  # type: ignore[type-arg]
+    for r in rows:
+        groups.setdefault((r["proposer"], r["workload"], r["batch"], r["k"]), []).append(r)
+    return [
+        {**g[-1], "speedup": statistics.median(r["speedup"] for r in g), "repeats": len(g)}
+        for g in groups.values()
+    ]
 
 
-def main(paths: list[str]) -> int:
-    rows = _load(paths)
+def main(argv: list[str]) -> int:
+    median = "--median" in argv
+    paths = [a for a in argv if a != "--median"]
+    rows = _load(paths, median)
+    if median:
+        n = sorted({r["repeats"] for r in rows})
+        print(f"speedups: median over {'/'.join(map(str, n))} reports per row")
     speedup_tables(rows)
     by = {(r["proposer"], r["workload"], r["batch"], r["k"]): r for r in rows}
     ks = sorted({r["k"] for r in rows if r["proposer"] == "agentspec"})

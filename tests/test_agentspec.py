@@ -172,12 +172,10 @@ def test_index_threaded_lookup_equals_serial() -> None:
 
 
 def _reference_lookup(
-    events: list[tuple[int, int, int]], cap: int, key: int, tail: list[int], k: int, min_prob: float
+    events: list[tuple[int, int, int]], key: int, tail: list[int], k: int, min_prob: float
 ) -> tuple[list[int], list[float], int, int]:
-    """The index's lookup by brute force over the inserted ``(key, seq, token)`` events:
-    ``(tokens, probs, match, support)``."""
-    oldest = len(events) - cap
-    seq_of = [e[1] for e in events]
+    """The index's lookup by brute force over the inserted ``(key, seq, token)`` events
+    (none evicted): ``(tokens, probs, match, support)``."""
     prev: list[int] = []  # position of the previous token of the same sequence
     last: dict[int, int] = {}
     for p, (_, s, _) in enumerate(events):
@@ -199,12 +197,11 @@ def _reference_lookup(
         if len(tail) < n:
             continue
         cands = []
-        for p in range(len(events) - 1, max(oldest, 0) - 1, -1):
+        for p in range(len(events) - 1, -1, -1):
             if len(cands) == 16:
                 break
-            if events[p][0] == key and seq_of[p] >= 0 and window(p, n) == tail[-n:]:
-                if nxt[p] >= max(oldest, 0):
-                    cands.append(nxt[p])
+            if events[p][0] == key and nxt[p] >= 0 and window(p, n) == tail[-n:]:
+                cands.append(nxt[p])
         if not cands:
             continue
         toks: list[int] = []
@@ -218,22 +215,24 @@ def _reference_lookup(
                 break
             toks.append(best)
             probs.append(pr)
-            cands = [nxt[c] for c in cands if events[c][2] == best and nxt[c] >= max(oldest, 0)]
+            cands = [nxt[c] for c in cands if events[c][2] == best and nxt[c] >= 0]
         return toks, probs, n, support
     return [], [], 0, 0
 
 
-@pytest.mark.parametrize("capacity", [1 << 13])
-def test_index_lookup_equals_brute_force(capacity: int) -> None:
+def test_index_lookup_equals_brute_force() -> None:
     """The lockstep lookup (serial and threaded) drafts exactly what a brute-force search
-    over the inserted tokens gives, also after eviction."""
+    over the inserted tokens gives. The index has not wrapped here: once it has, an
+    insert can start a new chain past a stale bucket and lose older occurrences (the
+    known limitation in docs/agentspec.md), so brute force is not its specification."""
     rng = np.random.default_rng(7)
-    ix = NgramIndex(capacity=capacity)
+    ix = NgramIndex(capacity=1 << 13)
     n_tok = 4000
     toks = rng.integers(0, 6, n_tok).astype(np.int32)  # small vocabulary: long chains
     keys = rng.integers(0, 3, n_tok).astype(np.int64)
     seqs = np.array([ix.new_seq() for _ in range(4)])[rng.integers(0, 4, n_tok)]
     ix.insert(keys, seqs, toks)
+    assert ix.written <= ix.capacity
     events = list(zip(keys.tolist(), seqs.tolist(), toks.tolist(), strict=True))
     n = 200
     ctx = rng.integers(0, 6, (n, MAX_N)).astype(np.int32)
@@ -253,7 +252,7 @@ def test_index_lookup_equals_brute_force(capacity: int) -> None:
             want = ([], [], 0, 0)
             if qkeys[r] >= 0:
                 tail = ctx[r, : ctx_len[r]].tolist()
-                want = _reference_lookup(events, ix.capacity, int(qkeys[r]), tail, 12, 0.2)
+                want = _reference_lookup(events, int(qkeys[r]), tail, 12, 0.2)
             got = (tok[r, : lens[r]].tolist(), prob[r, : lens[r]].tolist(), match[r], support[r])
             assert got[0] == want[0] and got[2:] == want[2:], (mode, r)
             np.testing.assert_allclose(got[1], want[1])

@@ -47,6 +47,7 @@ N_POS = 5  # draft-position buckets of the calibration table: 0, 1, 2-3, 4-7, 8+
 N_COLS = 17
 _LOCAL_MIN_MATCH = 3
 _LOCAL_MAX_BACKOFF = 16  # steps a request skips the local scan after failing, at most
+_PREFETCH_TOKENS = 64  # tokens per request whose inserts are prefetched (the rest are not)
 
 
 @njit(cache=True, nogil=True)
@@ -91,11 +92,11 @@ def _prefetch_inserts(
     """
     _rec, ht, _sl, seq_ring, seq_len, _st, levels = ix
     mask = np.uint64(ht.shape[0] - 1)
-    buf = np.empty(2 * MAX_N + 64, dtype=np.int32)
+    buf = np.empty(MAX_N + _PREFETCH_TOKENS, dtype=np.int32)
     for i in range(slots.shape[0]):
         s = slots[i]
         a = off[i]
-        b = min(off[i + 1], a + 64)
+        b = min(off[i + 1], a + _PREFETCH_TOKENS)
         for which in range(2 if live else 1):
             if which == 0:
                 seq = si[s, C_SEQ]

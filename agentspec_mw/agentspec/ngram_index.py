@@ -128,6 +128,41 @@ def _insert(
         insert_one(keys[i], seqs[i], toks[i], ix)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _vote(
+    rec: np.ndarray, cand: np.ndarray, na: int, cmask: int
+) -> tuple[int, int]:  # pragma: no cover
+    """The token most of the continuations ``cand[:na]`` hold, and how many hold it
+    (the first seen wins ties)."""
+    best_t = rec[cand[0] & cmask, R_TOK]
+    best_c = 1
+    for c in range(1, na):
+        if rec[cand[c] & cmask, R_TOK] == best_t:
+            best_c += 1
+    if best_c == na:  # all agree: the common case
+        return best_t, best_c
+    best_c = 0
+    for c in range(na):
+        tk = rec[cand[c] & cmask, R_TOK]
+        seen = False
+        for d in range(c):
+            if rec[cand[d] & cmask, R_TOK] == tk:
+                seen = True
+                break
+        if seen:
+            continue
+        cnt = 1
+        for d in range(c + 1, na):
+            if rec[cand[d] & cmask, R_TOK] == tk:
+                cnt += 1
+        if cnt > best_c:
+            best_c = cnt
+            best_t = tk
+        if 2 * best_c > na:
+            break
+    return best_t, best_c
+
+
 @njit(cache=True, nogil=True)
 def _lookup_rows(
     lo: int,
@@ -259,31 +294,7 @@ def _lookup_rows(
             na = nc[i]  # cand[i, :na] = the candidates that agreed so far (in order)
             if m >= ks[r] or na == 0:
                 continue
-            best_t = rec[cand[i, 0] & cmask, R_TOK]
-            best_c = 1
-            for c in range(1, na):
-                if rec[cand[i, c] & cmask, R_TOK] == best_t:
-                    best_c += 1
-            if best_c < na:  # disagreement: majority vote, the first seen wins ties
-                best_c = 0
-                for c in range(na):
-                    tk = rec[cand[i, c] & cmask, R_TOK]
-                    seen = False
-                    for d in range(c):
-                        if rec[cand[i, d] & cmask, R_TOK] == tk:
-                            seen = True
-                            break
-                    if seen:
-                        continue
-                    cnt = 1
-                    for d in range(c + 1, na):
-                        if rec[cand[i, d] & cmask, R_TOK] == tk:
-                            cnt += 1
-                    if cnt > best_c:
-                        best_c = cnt
-                        best_t = tk
-                    if 2 * best_c > na:
-                        break
+            best_t, best_c = _vote(rec, cand[i], na, cmask)
             pr = best_c / na
             if pr < min_prob:
                 continue

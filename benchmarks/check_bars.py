@@ -21,6 +21,7 @@ columns do not), and the pooled ``ALL`` rows are kept under one name.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -75,8 +76,13 @@ def _load(paths: list[str], median: bool = False) -> list[dict]:  # type: ignore
 
 
 def main(argv: list[str]) -> int:
-    median = "--median" in argv
-    paths = [a for a in argv if a != "--median"]
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("reports", nargs="+", help="`agentspec replay --json` files")
+    ap.add_argument("--median", action="store_true", help="the reports are repeats")
+    args = ap.parse_args(argv)
+    median, paths = args.median, args.reports
     rows = _load(paths, median)
     if median:
         n = sorted({r["repeats"] for r in rows})

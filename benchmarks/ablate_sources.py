@@ -1,7 +1,7 @@
 """Which candidate sources pay, at batch 1 and at batch 256: an ablation of AgentSpec.
 
 Runs ``agentspec replay`` once per source set (``iso`` alone is the paper's isolated
-cache; ``agent`` and ``local`` widen it), with ``none`` as the baseline in the same run,
+cache; ``agent``, ``local`` and ``scope`` widen it), with ``none`` as the baseline in the same run,
 then prints a markdown table (speedup / mean accepted tokens per step / rejection rate per
 workload and source set) and draws one bar chart per batch size (``sources.png``; the
 JSON report of each run stays in ``--out-dir``).
@@ -21,7 +21,13 @@ from pathlib import Path
 
 from agentspec_mw.cli import main as agentspec_main
 
-SOURCE_SETS = (("iso",), ("iso", "agent"), ("iso", "local"), ("iso", "agent", "local"))
+SOURCE_SETS = (
+    ("iso",),
+    ("iso", "agent"),
+    ("iso", "local"),
+    ("iso", "agent", "local"),
+    ("iso", "agent", "scope", "local"),
+)
 
 
 def _name(sources: tuple[str, ...]) -> str:

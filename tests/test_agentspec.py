@@ -19,6 +19,7 @@ from agentspec_mw.agentspec import (
 from agentspec_mw.agentspec.kernels import C_CLEN, C_CSTART
 from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex, _lookup_par, _lookup_rows
 from agentspec_mw.agentspec.parallel import SERIAL, THREADED, ModeChooser
+from agentspec_mw.agentspec.proposer import SOURCES
 from agentspec_mw.agentspec.slots import SlotTable
 from agentspec_mw.costmodel import PRESETS
 from agentspec_mw.proposer import ProposerEnv, StepContext
@@ -429,7 +430,8 @@ def test_agentspec_tag_free_path(tiny_tokenizer, tb) -> None:  # type: ignore[no
 
 def test_agentspec_sources_option_limits_where_drafts_come_from(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
     """A continuation that is only in the request's own prompt is found by ``local`` and
-    by nothing else; one only in another query of the same agent only by ``agent``."""
+    by nothing else; one only in another query of the same agent by ``agent`` (and
+    ``scope``); one only in another agent's output by ``scope``, never across scopes."""
     text = _ids(tiny_tokenizer, "def add(a, b):\n    return a + b\n\nprint(add(1, 2))\n")
     out = _ids(tiny_tokenizer, "Fixed:\n") + text
     acc = {}
@@ -441,10 +443,22 @@ def test_agentspec_sources_option_limits_where_drafts_come_from(tiny_tokenizer, 
     # only repeats inside the output itself (iso is fed as it is produced)
     assert acc[("iso", "agent")] < acc[("local",)] // 3
     tags = [StructureTags(agent_id="coder", query_id=f"q{i}") for i in range(2)]
-    for srcs, want_drafts in ((("agent",), True), (("iso", "local"), False)):
+    for srcs, want_drafts in ((("agent",), True), (("scope",), True), (("iso", "local"), False)):
         p = _prop(tb, sources=srcs)
         _run(p, "a", [1, 2], out, tags[0])  # the agent's earlier output, another query
         got = _run(p, "b", [3, 4], out, tags[1])
+        assert (got > len(text) // 2) if want_drafts else got < len(text) // 4, (srcs, got)
+    # another agent's output in the same scope: only the scope source has it, and only
+    # for requests of that scope
+    coder = StructureTags(agent_id="coder", query_id="q1")
+    for srcs, tags_b, want_drafts in (
+        (("scope",), StructureTags(agent_id="reviewer", query_id="q1"), True),
+        (("iso", "agent", "local"), StructureTags(agent_id="reviewer", query_id="q1"), False),
+        (("scope",), StructureTags(scope="t2", agent_id="reviewer", query_id="q1"), False),
+    ):
+        p = _prop(tb, sources=srcs)
+        _run(p, "a", [1, 2], out, coder)
+        got = _run(p, "b", [3, 4], out, tags_b)
         assert (got > len(text) // 2) if want_drafts else got < len(text) // 4, (srcs, got)
     with pytest.raises(ValueError, match="twice"):
         _prop(tb, sources=("iso", "iso"))
@@ -465,9 +479,10 @@ def test_agentspec_candidates_diagnostics(tiny_tokenizer, tb) -> None:  # type: 
     p.extend("r", text[:4])  # the start of the prompt again: local finds the rest
     drafts = p.propose(["r"], 8, StepContext(batch_size=1, num_kv_tokens=len(text) + 4))
     c = p.candidates
-    assert set(c) == {"tok", "lens", "pick"} and c["tok"].shape[0] == 3  # iso, agent, local
+    # one row per source: iso, agent, scope, local
+    assert set(c) == {"tok", "lens", "pick"} and c["tok"].shape[0] == len(SOURCES)
     row = int(c["pick"][0])
-    assert c["lens"][row] > 0 and row == 2  # local: the only source with a candidate
+    assert c["lens"][row] > 0 and row == SOURCES.index("local")  # the only candidate
     assert list(c["tok"][row, : c["lens"][row]]) == text[4 : 4 + int(c["lens"][row])]
     assert tuple(drafts[0].token_ids) == tuple(c["tok"][row, : len(drafts[0].token_ids)])
 
@@ -574,20 +589,27 @@ def test_agentspec_caps_distinct_block_grammars(tb, caplog) -> None:  # type: ig
 
 def test_agentspec_agent_history_is_live(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
     """With ``index_agent_live`` a request drafts from a concurrent request of the same
-    agent (another query) while that one is still decoding; without it, only once the
-    other has stopped."""
+    agent (another query; ``agent``) or of another agent (``scope``) while that one is
+    still decoding; without it, only once the other has stopped."""
     out = _ids(tiny_tokenizer, "def area(r):\n    return 3.14159 * r * r\n\nprint(area(2))\n")
-    for live in (True, False):
-        p = _prop(tb, sources=("agent",), index_agent_live=live)
-        p.start("a", [1, 2], StructureTags(agent_id="coder", query_id="q1"))
-        p.extend("a", out)  # still in flight: no stop
-        p.start("b", [3, 4], StructureTags(agent_id="coder", query_id="q2"))
-        p.extend("b", out[:6])
-        d = p.propose(["a", "b"], 8, StepContext(batch_size=1, num_kv_tokens=64))[1]
-        if live:
-            assert list(d.token_ids) == out[6 : 6 + len(d)] and len(d) >= 4
-        else:
-            assert len(d) == 0
+    # agent: the same agent on another query; scope: another agent
+    for source, agent_b in (("agent", "coder"), ("scope", "tester")):
+        for live in (True, False):
+            p = _prop(tb, sources=(source,), index_agent_live=live)
+            p.start("a", [1, 2], StructureTags(agent_id="coder", query_id="q1"))
+            p.extend("a", out)  # still in flight: no stop
+            p.start("b", [3, 4], StructureTags(agent_id=agent_b, query_id="q2"))
+            p.extend("b", out[:6])
+            step = StepContext(batch_size=1, num_kv_tokens=64)
+            d = p.propose(["a", "b"], 8, step)[1]
+            if live:
+                assert list(d.token_ids) == out[6 : 6 + len(d)] and len(d) >= 4
+            else:
+                assert len(d) == 0
+                p.stop("a")  # now its output joins the history
+                p.extend("b", d.token_ids or out[6:7])
+                d = p.propose(["b"], 8, step)[0]
+                assert len(d) >= 4, (source, live)
 
 
 def test_agentspec_rejection_ledger_counts_verified_drafts(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]

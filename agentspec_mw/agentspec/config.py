@@ -25,15 +25,21 @@ class AgentSpecConfig(BaseModel):
         (b.name, b.start, b.end) for b in DEFAULT_BLOCKS
     )
     """Block kinds ``(name, start, end)`` used when a request's tags name none."""
-    sources: tuple[Literal["iso", "agent", "local"], ...] = ("iso", "agent", "local")
+    sources: tuple[Literal["iso", "agent", "scope", "local"], ...] = (
+        "iso",
+        "agent",
+        "scope",
+        "local",
+    )
     """Candidate sources drafted from: ``iso`` (same scope, agent, query group and block
-    kind), ``agent`` (the agent's outputs, any query), ``local`` (the request's
-    own prompt and output). Leaving one out is for ablations; all three are the default
-    at every batch size (calibration and the budget decide what each contributes)."""
+    kind), ``agent`` (the agent's outputs, any query), ``scope`` (every agent's outputs
+    in the isolation scope), ``local`` (the request's own prompt and output). Leaving one
+    out is for ablations; all four are the default at every batch size (calibration and
+    the budget decide what each contributes)."""
     index_agent_live: bool = True
-    """``agent`` history grows token by token as the agent's requests decode, so
-    concurrent requests of one agent (fan-out siblings on other queries) draft from each
-    other; ``False``: a request's output joins it only when the request stops."""
+    """``agent`` and ``scope`` histories grow token by token as requests decode, so
+    concurrent requests (fan-out siblings on other queries, other agents) draft from each
+    other; ``False``: a request's output joins them only when the request stops."""
     index_max_tokens: int = Field(default=1 << 20, ge=1024)
     """Tokens the history index holds (all keys together, rounded up to a power of two);
     the oldest are evicted first. Memory: 128 bytes per token (a 64-byte record and its
@@ -78,7 +84,7 @@ class AgentSpecConfig(BaseModel):
     @classmethod
     def _check_sources(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if not v:
-            raise ValueError("sources must name at least one of 'iso', 'agent', 'local'")
+            raise ValueError("sources must name at least one of 'iso', 'agent', 'scope', 'local'")
         if len(set(v)) != len(v):
             raise ValueError(f"sources {v!r} names a source twice")
         return v

@@ -43,8 +43,10 @@ NB = 64  # index key = key base * NB + block id (block ids < 64)
 C_CSTART, C_CLEN, C_CCAP, C_PLEN, C_SEQ, C_KBASE, C_ABASE, C_GID = 0, 1, 2, 3, 4, 5, 6, 7
 C_SEQBLK, C_DLEN, C_DDONE, C_LPTR, C_LML, C_LSKIP, C_LBACK, C_ASEQ = 8, 9, 10, 11, 12, 13, 14, 15
 C_DSENT = 16  # tokens drafted at the last step (counted in the rejection ledger)
+C_GBASE, C_GSEQ = 17, 18  # scope-wide key base (-1: source off) and its live sequence
 N_POS = 5  # draft-position buckets of the calibration table: 0, 1, 2-3, 4-7, 8+
-N_COLS = 17
+N_COLS = 19
+N_HIST = 3  # index-backed sources, in lookup-row order: iso, agent, scope
 _LOCAL_MIN_MATCH = 3
 _LOCAL_MAX_BACKOFF = 16  # steps a request skips the local scan after failing, at most
 _PREFETCH_TOKENS = 64  # tokens per request whose inserts are prefetched (the rest are not)
@@ -97,13 +99,18 @@ def _prefetch_inserts(
         s = slots[i]
         a = off[i]
         b = min(off[i + 1], a + _PREFETCH_TOKENS)
-        for which in range(2 if live else 1):
+        for which in range(N_HIST if live else 1):
             if which == 0:
                 seq = si[s, C_SEQ]
                 key = si[s, C_KBASE] * NB + current(stack[s], bst[s])
-            else:
+            elif which == 1:
                 seq = si[s, C_ASEQ]
                 key = si[s, C_ABASE] * NB
+            else:
+                if si[s, C_GBASE] < 0:
+                    continue
+                seq = si[s, C_GSEQ]
+                key = si[s, C_GBASE] * NB
             ln = seq_len[seq]
             for j in range(ln):
                 buf[j] = seq_ring[seq, j]
@@ -189,6 +196,11 @@ def apply_extends(
             akey = si[s, C_ABASE] * NB
             for j in range(a, b):
                 insert_one(akey, aseq, toks[j], ix)
+            if si[s, C_GBASE] >= 0:
+                gseq = si[s, C_GSEQ]
+                gkey = si[s, C_GBASE] * NB
+                for j in range(a, b):
+                    insert_one(gkey, gseq, toks[j], ix)
         # 3. the local source follows its match while the accepted tokens confirm it
         c0 = si[s, C_CSTART]
         n = si[s, C_CLEN]
@@ -214,13 +226,16 @@ def apply_extends(
 
 @njit(cache=True, nogil=True)
 def insert_outputs(
-    slots: np.ndarray, seq: int, si: np.ndarray, ctx: np.ndarray, ix: Any
+    slots: np.ndarray, seq: int, si: np.ndarray, ctx: np.ndarray, ix: Any, col: int
 ) -> None:  # pragma: no cover
-    """Each stopped request's output, as one sequence under its agent key."""
+    """Each stopped request's output, as one sequence under the key base in column
+    ``col`` (``C_ABASE``: agent, ``C_GBASE``: scope; a negative base is skipped)."""
     for i in range(slots.shape[0]):
         s = slots[i]
+        if si[s, col] < 0:
+            continue
         reset_seq(seq, ix)
-        key = si[s, C_ABASE] * NB
+        key = si[s, col] * NB
         c0 = si[s, C_CSTART]
         for p in range(c0 + si[s, C_PLEN], c0 + si[s, C_CLEN]):
             insert_one(key, seq, ctx[p], ix)
@@ -237,8 +252,8 @@ def gather(
     out_len: np.ndarray,
     out_keys: np.ndarray,
 ) -> None:  # pragma: no cover
-    """Tails of the context (``out_ctx[r, :out_len[r]]``) and keys, for the ``2n`` lookup
-    rows: iso (``r``), then agent (``n + r``, the same tail)."""
+    """Tails of the context (``out_ctx[r, :out_len[r]]``) and keys, for the ``3n`` lookup
+    rows: iso (``r``), then agent (``n + r``) and scope (``2n + r``), the same tail."""
     n = slots.shape[0]
     for r in range(n):
         s = slots[r]
@@ -246,10 +261,12 @@ def gather(
         ln = si[s, C_CLEN]
         t = min(ln, MAX_N)
         for j in range(t):
-            out_ctx[r, j] = out_ctx[n + r, j] = ctx[c0 + ln - t + j]
-        out_len[r] = out_len[n + r] = t
+            out_ctx[r, j] = out_ctx[n + r, j] = out_ctx[2 * n + r, j] = ctx[c0 + ln - t + j]
+        out_len[r] = out_len[n + r] = out_len[2 * n + r] = t
         out_keys[r] = si[s, C_KBASE] * NB + current(stack[s], bst[s])
         out_keys[n + r] = si[s, C_ABASE] * NB
+        g = si[s, C_GBASE]
+        out_keys[2 * n + r] = g * NB if g >= 0 else -1
 
 
 @njit(cache=True, nogil=True)

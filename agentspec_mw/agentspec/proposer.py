@@ -13,6 +13,11 @@ Sources a request may draft from, in decreasing isolation:
     as its requests decode, or when a request stops with ``index_agent_live=False``).
     Looked up in the same batched index call as ``iso``; what it adds is decided
     by calibration (cross-query text is trusted only where it has proven accepted).
+``scope``
+    everything any agent produced in this isolation scope (kept like ``agent``): one
+    agent quoting or rewriting another's text, boilerplate shared by the agents of an
+    app. The widest index source — SuffixDecoding's global tree, but never crossing a
+    scope, and calibrated like the others.
 ``local``
     the request's own prompt and output, searched directly for the most recent longest
     match of its suffix (:mod:`~agentspec_mw.agentspec.lookup`).
@@ -22,7 +27,7 @@ keeps being confirmed by the accepted tokens it is followed without rescanning, 
 request whose scan finds nothing skips the next 1, 2, 4 … 16 steps. What each source
 contributes at each batch size is decided by calibration and the budget, not by rules.
 
-``iso`` and ``agent`` live in one :class:`~agentspec_mw.agentspec.ngram_index.NgramIndex`
+``iso``, ``agent`` and ``scope`` live in one :class:`~agentspec_mw.agentspec.ngram_index.NgramIndex`
 (keys embed the isolation scope). Each draft token carries ``c / n`` — of the ``n``
 continuations found, ``c`` agree — which is *calibrated* online: every verified draft
 updates an acceptance table bucketed by (source, agreement between sources, match
@@ -67,8 +72,7 @@ logger = logging.getLogger(__name__)
 MAX_GRAMMARS = 64
 """Block grammars a proposer keeps (the default and 63 sets of delimiters from tags)."""
 
-SOURCES = ("iso", "agent", "local")
-_ISO, _AGENT, _LOCAL = 0, 1, 2
+SOURCES = ("iso", "agent", "scope", "local")
 _Q = 10  # buckets of c/n
 _N_ML = len(LEVELS)  # match-length buckets (index levels; local uses the same edges)
 _SUPPORT_EDGES = np.array([2, 4, 8], dtype=np.int64)  # support buckets: 1, 2-3, 4-7, 8+
@@ -118,7 +122,8 @@ class AgentSpecProposer:
         self._grammar_ids: dict[tuple[tuple[str, str], ...] | None, int] = {None: 0}
         self._warned_grammars = False
         self._index = NgramIndex(capacity=cfg.index_max_tokens)
-        self._out_seq = self._index.new_seq()  # sequence used to insert finished outputs
+        self._out_seq = self._index.new_seq()  # sequences used to insert finished outputs
+        self._out_gseq = self._index.new_seq()
         self._keys: OrderedDict[tuple[str, ...], int] = OrderedDict()  # key bases, LRU
         self._next_key = 0
         self._slots = SlotTable(draft_width=max(env.max_k, 1))
@@ -211,6 +216,11 @@ class AgentSpecProposer:
         row[K.C_SEQBLK] = -1
         row[K.C_LPTR] = -1
         row[K.C_ASEQ] = self._index.new_seq() if cfg.index_agent_live else -1
+        if "scope" in cfg.sources:
+            row[K.C_GBASE] = self._key_base(("scope", scope))
+            row[K.C_GSEQ] = self._index.new_seq() if cfg.index_agent_live else -1
+        else:
+            row[K.C_GBASE] = row[K.C_GSEQ] = -1
         self._reqs[req_id] = s
         self._pend_start.append(s)
 
@@ -296,17 +306,18 @@ class AgentSpecProposer:
             done = self._pend_stop
             self._pend_stop = []
             if not self.config.index_agent_live:
-                K.insert_outputs(
-                    np.array(done, dtype=np.int64), self._out_seq, slots.si, slots.ctx, ix
-                )
+                dn = np.array(done, dtype=np.int64)
+                K.insert_outputs(dn, self._out_seq, slots.si, slots.ctx, ix, K.C_ABASE)
+                K.insert_outputs(dn, self._out_gseq, slots.si, slots.ctx, ix, K.C_GBASE)
             # a draft still open when its request stops ran past the output's end
             sent = slots.si[done, K.C_DSENT]
             self._ledger[0] += np.minimum(slots.si[done, K.C_DDONE], sent).sum()
             self._ledger[1] += sent.sum()
             for s in done:
                 self._index.end_seq(int(slots.si[s, K.C_SEQ]))
-                if slots.si[s, K.C_ASEQ] >= 0:
-                    self._index.end_seq(int(slots.si[s, K.C_ASEQ]))
+                for col in (K.C_ASEQ, K.C_GSEQ):
+                    if slots.si[s, col] >= 0:
+                        self._index.end_seq(int(slots.si[s, col]))
             slots.release(done)
 
     def _by_grammar(
@@ -350,27 +361,25 @@ class AgentSpecProposer:
         reqs = self._reqs
         sl = np.fromiter(map(reqs.__getitem__, req_ids), np.int64, n_req)
         slots = self._slots
-        ctx = np.zeros((2 * n_req, MAX_N), dtype=np.int32)
-        ctx_len = np.empty(2 * n_req, dtype=np.int64)
-        keys = np.empty(2 * n_req, dtype=np.int64)
+        nh = K.N_HIST * n_req  # index rows: iso, agent, scope (n_req each); then local
+        ctx = np.zeros((nh, MAX_N), dtype=np.int32)
+        ctx_len = np.empty(nh, dtype=np.int64)
+        keys = np.empty(nh, dtype=np.int64)
         K.gather(sl, slots.si, slots.stack, slots.bst, slots.ctx, ctx, ctx_len, keys)
-        # candidate rows: iso (n_req), agent (n_req), local (n_req)
         kk = max(k, 1)
-        n2 = 2 * n_req
-        tok = np.zeros((3 * n_req, kk), dtype=np.int32)
-        prob = np.ones((3 * n_req, kk), dtype=np.float64)  # local rows: c/n = 1
-        lens = np.zeros(3 * n_req, dtype=np.int64)
-        match = np.zeros(3 * n_req, dtype=np.int64)
-        support = np.ones(3 * n_req, dtype=np.int64)
-        iso_agent = (tok[:n2], prob[:n2], lens[:n2], match[:n2], support[:n2])
+        tok = np.zeros((nh + n_req, kk), dtype=np.int32)
+        prob = np.ones((nh + n_req, kk), dtype=np.float64)  # local rows: c/n = 1
+        lens = np.zeros(nh + n_req, dtype=np.int64)
+        match = np.zeros(nh + n_req, dtype=np.int64)
+        support = np.ones(nh + n_req, dtype=np.int64)
+        hist = (tok[:nh], prob[:nh], lens[:nh], match[:nh], support[:nh])
         srcs = cfg.sources
-        if "iso" not in srcs:
-            keys[:n_req] = -1  # a negative key skips the lookup row
-        if "agent" not in srcs:
-            keys[n_req:] = -1
-        self._index.lookup(keys, ctx, ctx_len, k, _MIN_PROB, iso_agent)
+        for h, name in enumerate(SOURCES[: K.N_HIST]):
+            if name not in srcs:
+                keys[h * n_req : (h + 1) * n_req] = -1  # a negative key skips the row
+        self._index.lookup(keys, ctx, ctx_len, k, _MIN_PROB, hist)
         if "local" in srcs:
-            K.local_drafts(sl, k, slots.si, slots.ctx, tok[n2:], lens[n2:], match[n2:])
+            K.local_drafts(sl, k, slots.si, slots.ctx, tok[nh:], lens[nh:], match[nh:])
         if not (lens > 0).any():
             self._finish_step(t0, 0, 0, step)
             return drafts

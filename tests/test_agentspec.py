@@ -349,6 +349,44 @@ def test_budget_total_within_budget_and_prefixes() -> None:
     assert all(c <= n for c, n in zip(free.counts, lens, strict=True))
 
 
+def test_score_picks_the_candidate_that_pays_above_the_floor() -> None:
+    """Of two candidates, the one with more expected accepted tokens *at or above the
+    floor* is picked, not the one whose long low-survival tail sums higher."""
+    from agentspec_mw.agentspec import kernels as K
+    from agentspec_mw.agentspec.ngram_index import LEVELS
+    from agentspec_mw.agentspec.proposer import _N_ML, _N_SUP, _Q, _SUPPORT_EDGES
+
+    n_src, k = len(SOURCES), 16
+    table = np.zeros((n_src, 2, _N_ML, _N_SUP, K.N_POS, _Q))
+    table[0], table[1] = 0.85, 0.95  # per-token acceptance: iso 0.85, agent 0.95
+    table = table.reshape(-1)
+    tok = np.zeros((n_src, k), dtype=np.int32)
+    tok[0], tok[1] = 1, 2  # they disagree from the first token
+    lens = np.array([16, 2] + [0] * (n_src - 2), dtype=np.int64)  # iso: 16, agent: 2 tokens
+    prob = np.ones((n_src, k))
+    ones = np.ones(n_src, dtype=np.int64)
+    for floor, want in ((1e-12, 0), (0.8, 1)):  # sums: 5.1 vs 1.85; above 0.8: 0.85 vs 1.85
+        pick, ln = np.empty(1, np.int64), np.empty(1, np.int64)
+        surv, cell = np.zeros((1, k)), np.zeros((1, k), np.int64)
+        K.score(
+            tok,
+            prob,
+            lens,
+            ones,
+            ones,
+            table,
+            LEVELS,
+            _SUPPORT_EDGES,
+            _Q,
+            floor,
+            pick,
+            ln,
+            surv,
+            cell,
+        )
+        assert pick[0] == want, (floor, pick[0])
+
+
 def test_budget_drafts_nothing_when_no_slot_pays() -> None:
     surv = np.array([0.3, 0.2, 0.1])
     # batch 256 with short contexts: a 30%-likely token does not pay for its slot

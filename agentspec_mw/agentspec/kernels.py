@@ -367,6 +367,7 @@ def score(
     levels: np.ndarray,
     sup_edges: np.ndarray,
     n_q: int,
+    floor: float,
     out_pick: np.ndarray,
     out_len: np.ndarray,
     out_surv: np.ndarray,
@@ -378,20 +379,24 @@ def score(
     ``(source, agree, match bucket, support bucket, position bucket, c/n bucket)``, where
     ``agree`` = another source drafts the same first token and the position buckets are
     0, 1, 2-3, 4-7, 8+ (acceptance given the earlier positions were accepted).
-    The picked row maximises the expected accepted tokens (the sum of its survivals; the
-    first source wins ties); its cells and survivals are written out.
+    The picked row maximises the expected accepted tokens among its positions whose
+    survival is at least ``floor`` (the step's survival floor: what the budget can admit),
+    then the sum of all its survivals; the first source wins ties. Its cells and
+    survivals are written out.
     """
     n_req = out_pick.shape[0]
     n_src = tok.shape[0] // n_req
     agree = levels.shape[0] * (sup_edges.shape[0] + 1) * N_POS  # row offset of agree = 1
     for r in range(n_req):
         best_v = -1.0
+        best_w = -1.0
         best_a = 0
         best_head = 0
         best_ag = 0
         for a in range(n_src):
             row = a * n_req + r
             v = 0.0
+            w = 0.0  # expected accepted tokens among the positions at or above the floor
             head = 0
             ag = 0
             if lens[row] > 0:
@@ -401,7 +406,10 @@ def score(
                 for j in range(lens[row]):
                     s *= table[_cell(head, agree if j < ag else 0, j, prob[row, j], n_q)]
                     v += s
-            if v > best_v:
+                    if s >= floor:
+                        w += s
+            if w > best_w or (w == best_w and v > best_v):
+                best_w = w
                 best_v = v
                 best_a = a
                 best_head = head

@@ -397,6 +397,7 @@ class AgentSpecProposer:
             LEVELS,
             _SUPPORT_EDGES,
             _Q,
+            max(floor, 1e-12),
             pick,
             sel_len,
             sel_surv,

@@ -368,7 +368,8 @@ def test_score_picks_the_candidate_that_pays_above_the_floor() -> None:
     for floor, want in ((1e-12, 0), (0.8, 1)):  # sums: 5.1 vs 1.85; above 0.8: 0.85 vs 1.85
         pick, ln = np.empty(1, np.int64), np.empty(1, np.int64)
         surv, cell = np.zeros((1, k)), np.zeros((1, k), np.int64)
-        K.score(
+        ok, flat = np.empty(1, np.int64), np.empty(k)
+        n_flat = K.score(
             tok,
             prob,
             lens,
@@ -383,8 +384,13 @@ def test_score_picks_the_candidate_that_pays_above_the_floor() -> None:
             ln,
             surv,
             cell,
+            ok,
+            flat,
         )
         assert pick[0] == want, (floor, pick[0])
+        # the positions the budget may admit: the picked row's prefix at or above floor
+        assert n_flat == ok[0] == (16 if want == 0 else 2)
+        np.testing.assert_allclose(flat[:n_flat], surv[0, :n_flat])
 
 
 def test_budget_drafts_nothing_when_no_slot_pays() -> None:

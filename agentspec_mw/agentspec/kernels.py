@@ -25,7 +25,7 @@ from numba import njit
 
 from agentspec_mw.agentspec.blocks import advance, current
 from agentspec_mw.agentspec.lookup import match_tail
-from agentspec_mw.agentspec.ngram_index import MAX_N, _hash, insert_one, reset_seq
+from agentspec_mw.agentspec.ngram_index import MAX_N, _final, _mix, _seed, insert_one, reset_seq
 from agentspec_mw.agentspec.prefetch import prefetch2
 
 __all__ = [
@@ -118,12 +118,16 @@ def _prefetch_inserts(
                 buf[ln + j - a] = toks[j]
             for j in range(a, b):
                 end = ln + j - a + 1
+                hr = _seed(key)  # see ngram_index._hash: one pass, newest token first
+                c = 0
                 for lv in range(levels.shape[0]):
                     n = levels[lv]
                     if end < n:
                         break
-                    h = _hash(key, n, buf, end)
-                    prefetch2(ht, h & mask, 0)
+                    while c < n:
+                        c += 1
+                        hr = _mix(hr, buf[end - c])
+                    prefetch2(ht, np.uint64(_final(hr, n)) & mask, 0)
 
 
 @njit(cache=True, nogil=True)
@@ -372,7 +376,9 @@ def score(
     out_len: np.ndarray,
     out_surv: np.ndarray,
     out_cell: np.ndarray,
-) -> None:  # pragma: no cover
+    out_ok: np.ndarray,
+    out_flat: np.ndarray,
+) -> int:  # pragma: no cover
     """Calibrated survival of every candidate row; pick each request's best source.
 
     Rows are ``source * n_req + r``. A token's calibration cell is, flattened,
@@ -382,11 +388,14 @@ def score(
     The picked row maximises the expected accepted tokens among its positions whose
     survival is at least ``floor`` (the step's survival floor: what the budget can admit),
     then the sum of all its survivals; the first source wins ties. Its cells and
-    survivals are written out.
+    survivals are written out; ``out_ok[r]`` is how many of its leading positions reach
+    ``floor``, and those survivals, request after request, fill ``out_flat`` (their
+    count is returned).
     """
     n_req = out_pick.shape[0]
     n_src = tok.shape[0] // n_req
     agree = levels.shape[0] * (sup_edges.shape[0] + 1) * N_POS  # row offset of agree = 1
+    n_flat = 0
     for r in range(n_req):
         best_v = -1.0
         best_w = -1.0
@@ -418,6 +427,7 @@ def score(
         m = lens[row]
         out_pick[r] = row
         out_len[r] = m
+        out_ok[r] = 0
         if m <= 0:
             continue
         s = 1.0
@@ -426,3 +436,8 @@ def score(
             out_cell[r, j] = c
             s *= table[c]
             out_surv[r, j] = s
+            if s >= floor and out_ok[r] == j:
+                out_ok[r] = j + 1
+                out_flat[n_flat] = s
+                n_flat += 1
+    return n_flat

@@ -57,13 +57,35 @@ def _aligned(shape: tuple[int, int], fill: int) -> np.ndarray:
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _seed(key: np.int64) -> np.uint64:  # pragma: no cover
+    """Start of the hashes of ``key``'s n-grams (:func:`_hash`)."""
+    return np.uint64(key) * np.uint64(0x100000001B3)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _mix(h: np.uint64, t: np.int64) -> np.uint64:  # pragma: no cover
+    """Fold one more (earlier) token into a running n-gram hash."""
+    h = (h ^ np.uint64(t & 0xFFFFFFFF)) * _MULT
+    return h ^ (h >> np.uint64(29))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _final(h: np.uint64, n: np.int64) -> np.int64:  # pragma: no cover
+    """The table hash of a running hash over ``n`` tokens (never 0: 0 marks empty)."""
+    h = (h ^ (np.uint64(n) * np.uint64(0x9E3779B1))) * _MULT
+    return np.int64((h ^ (h >> np.uint64(29))) | np.uint64(1))
+
+
 @njit(cache=True, nogil=True)
-def _hash(key: np.int64, n: np.int64, toks: np.ndarray, end: int) -> np.uint64:  # pragma: no cover
-    h = np.uint64(key) * np.uint64(0x100000001B3) + np.uint64(n) * np.uint64(0x9E3779B1)
-    for i in range(end - n, end):
-        h = (h ^ np.uint64(toks[i] & 0xFFFFFFFF)) * np.uint64(0x9E3779B97F4A7C15)
-        h ^= h >> np.uint64(29)
-    return h | np.uint64(1)  # never 0: 0 marks an empty slot
+def _hash(key: np.int64, n: np.int64, toks: np.ndarray, end: int) -> np.int64:  # pragma: no cover
+    """Hash of ``(key, n, toks[end-n:end])``, folding the tokens newest first — so the
+    hashes of every level are one pass over the last :data:`MAX_N` tokens, each level's
+    taken on the way (:func:`insert_one`, :func:`_lookup_rows`)."""
+    h = _seed(key)
+    for c in range(1, n + 1):
+        h = _mix(h, toks[end - c])
+    return _final(h, n)
 
 
 @njit(cache=True, nogil=True)
@@ -93,12 +115,18 @@ def insert_one(key: int, s: int, t: int, ix: Any) -> None:  # pragma: no cover
             seq_ring[s, j] = seq_ring[s, j + 1]
         seq_ring[s, MAX_N - 1] = t
     oldest = pos - rec.shape[0]
+    hr = _seed(key)  # running hash of the last c tokens, newest first (see _hash)
+    c = 0
+    ring = seq_ring[s]
     for lv in range(levels.shape[0]):
         n = levels[lv]
         rec[slot, R_OCC + lv] = _EMPTY
         if ln < n:
             continue
-        h = np.int64(_hash(key, n, seq_ring[s], ln))
+        while c < n:
+            c += 1
+            hr = _mix(hr, ring[ln - c])
+        h = _final(hr, n)
         b = np.uint64(h) & mask
         for _probe in range(32):
             hk = ht[b, 0]
@@ -218,11 +246,19 @@ def _lookup_rows(
         key = keys[r]
         if key < 0:
             continue
+        hr = _seed(key)  # see _hash: one pass, newest token first
+        c = 0
+        end = ctx_len[r]
         for lv in range(n_lv):
-            if ctx_len[r] >= levels[lv]:
-                h = np.int64(_hash(key, levels[lv], ctx[r], ctx_len[r]))
-                hs[i, lv] = h
-                prefetch2(ht, np.uint64(h) & mask, 0)
+            n = levels[lv]
+            if end < n:
+                break
+            while c < n:
+                c += 1
+                hr = _mix(hr, ctx[r, end - c])
+            h = _final(hr, n)
+            hs[i, lv] = h
+            prefetch2(ht, np.uint64(h) & mask, 0)
     n_act = 0
     for i in range(nr):
         top = -1

@@ -387,7 +387,10 @@ class AgentSpecProposer:
         sel_len = np.empty(n_req, dtype=np.int64)
         sel_surv = np.zeros((n_req, kk), dtype=np.float64)
         sel_cell = np.zeros((n_req, kk), dtype=np.int64)
-        K.score(
+        # positions under the floor can never be admitted: the sort sees only the others
+        n_ok = np.empty(n_req, dtype=np.int64)
+        flat = np.empty(n_req * kk, dtype=np.float64)
+        n_flat = K.score(
             tok,
             prob,
             lens,
@@ -402,17 +405,16 @@ class AgentSpecProposer:
             sel_len,
             sel_surv,
             sel_cell,
+            n_ok,
+            flat,
         )
         if self.candidates is not None:
             self.candidates.update(tok=tok, lens=lens, pick=pick)
-        # positions under the floor can never be admitted: leave them out of the sort
-        n_ok = np.minimum(sel_len, (sel_surv >= max(floor, 1e-12)).sum(axis=1))
-        flat = sel_surv[np.arange(kk)[None, :] < n_ok[:, None]]
         budget = None
         if step.max_num_batched_tokens is not None:
             budget = max(0, step.max_num_batched_tokens - step.batch_size)
         alloc = allocate(
-            flat,
+            flat[:n_flat],
             n_ok,
             batch_size=step.batch_size,
             num_kv=step.num_kv_tokens,

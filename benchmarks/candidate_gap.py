@@ -6,7 +6,7 @@ are only scored). Per agent and in all, per call-step, it prints the tokens each
 have accepted against the recorded output:
 
 * ``suffix`` — SuffixDecoding's draft;
-* ``iso`` / ``agent`` / ``local`` — each AgentSpec source's whole candidate (up to k);
+* ``iso`` / ``agent`` / ``scope`` / ``local`` — each AgentSpec source's whole candidate (up to k);
 * ``best`` — the best of the three (an oracle that knows the output);
 * ``picked`` — the candidate AgentSpec chose, whole;
 * ``drafted`` / ``accepted`` — what the budget let through, and what of it was accepted.

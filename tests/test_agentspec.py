@@ -129,6 +129,20 @@ def test_index_majority_continuation_and_key_isolation() -> None:
     assert lens[1] == 0  # key 1 never sees key 0's tokens
 
 
+def test_index_inserts_hash_every_level_as_the_reference_hash() -> None:
+    """``insert_one`` hashes all levels in one pass; each level's table entry must sit
+    under :func:`ngram_index._hash` of the same n-gram and point at the newest token."""
+    ix = NgramIndex(capacity=1 << 12)
+    toks = np.arange(100, 120, dtype=np.int32)
+    key = 7
+    ix.insert(np.full(len(toks), key, np.int64), np.full(len(toks), ix.new_seq(), np.int64), toks)
+    _rec, ht, *_ = ix.arrays
+    for n in ngram_index.LEVELS:
+        h = ngram_index._hash(np.int64(key), np.int64(n), toks, len(toks))
+        rows = np.flatnonzero(ht[:, 0] == h)
+        assert len(rows) == 1 and ht[rows[0], 1] == len(toks) - 1, n
+
+
 def test_index_capacity_evicts_oldest() -> None:
     ix = NgramIndex(capacity=64)
     s = ix.new_seq()
@@ -367,7 +381,7 @@ def test_score_picks_the_candidate_that_pays_above_the_floor() -> None:
     ones = np.ones(n_src, dtype=np.int64)
     for floor, want in ((1e-12, 0), (0.8, 1)):  # sums: 5.1 vs 1.85; above 0.8: 0.85 vs 1.85
         pick, ln = np.empty(1, np.int64), np.empty(1, np.int64)
-        surv, cell = np.zeros((1, k)), np.zeros((1, k), np.int64)
+        cell = np.zeros((1, k), np.int64)
         ok, flat = np.empty(1, np.int64), np.empty(k)
         n_flat = K.score(
             tok,
@@ -382,7 +396,6 @@ def test_score_picks_the_candidate_that_pays_above_the_floor() -> None:
             floor,
             pick,
             ln,
-            surv,
             cell,
             ok,
             flat,
@@ -390,7 +403,8 @@ def test_score_picks_the_candidate_that_pays_above_the_floor() -> None:
         assert pick[0] == want, (floor, pick[0])
         # the positions the budget may admit: the picked row's prefix at or above floor
         assert n_flat == ok[0] == (16 if want == 0 else 2)
-        np.testing.assert_allclose(flat[:n_flat], surv[0, :n_flat])
+        p = 0.85 if want == 0 else 0.95
+        np.testing.assert_allclose(flat[:n_flat], p ** np.arange(1, n_flat + 1))
 
 
 def test_budget_drafts_nothing_when_no_slot_pays() -> None:

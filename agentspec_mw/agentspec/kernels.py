@@ -374,7 +374,6 @@ def score(
     floor: float,
     out_pick: np.ndarray,
     out_len: np.ndarray,
-    out_surv: np.ndarray,
     out_cell: np.ndarray,
     out_ok: np.ndarray,
     out_flat: np.ndarray,
@@ -387,10 +386,10 @@ def score(
     0, 1, 2-3, 4-7, 8+ (acceptance given the earlier positions were accepted).
     The picked row maximises the expected accepted tokens among its positions whose
     survival is at least ``floor`` (the step's survival floor: what the budget can admit),
-    then the sum of all its survivals; the first source wins ties. Its cells and
-    survivals are written out; ``out_ok[r]`` is how many of its leading positions reach
-    ``floor``, and those survivals, request after request, fill ``out_flat`` (their
-    count is returned).
+    then the sum of all its survivals; the first source wins ties. Its cells are written
+    out; ``out_ok[r]`` is how many of its leading positions reach ``floor``, and those
+    positions' survivals, request after request, fill ``out_flat`` (their count is
+    returned).
     """
     n_req = out_pick.shape[0]
     n_src = tok.shape[0] // n_req
@@ -435,7 +434,6 @@ def score(
             c = _cell(best_head, agree if j < best_ag else 0, j, prob[row, j], n_q)
             out_cell[r, j] = c
             s *= table[c]
-            out_surv[r, j] = s
             if s >= floor and out_ok[r] == j:
                 out_ok[r] = j + 1
                 out_flat[n_flat] = s

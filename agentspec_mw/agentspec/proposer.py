@@ -385,7 +385,6 @@ class AgentSpecProposer:
             return drafts
         pick = np.empty(n_req, dtype=np.int64)
         sel_len = np.empty(n_req, dtype=np.int64)
-        sel_surv = np.zeros((n_req, kk), dtype=np.float64)
         sel_cell = np.zeros((n_req, kk), dtype=np.int64)
         # positions under the floor can never be admitted: the sort sees only the others
         n_ok = np.empty(n_req, dtype=np.int64)
@@ -403,7 +402,6 @@ class AgentSpecProposer:
             max(floor, 1e-12),
             pick,
             sel_len,
-            sel_surv,
             sel_cell,
             n_ok,
             flat,

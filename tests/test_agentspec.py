@@ -407,6 +407,55 @@ def test_score_picks_the_candidate_that_pays_above_the_floor() -> None:
         np.testing.assert_allclose(flat[:n_flat], p ** np.arange(1, n_flat + 1))
 
 
+def _allocate_reference(
+    surv: np.ndarray, lens: np.ndarray, b: int, kv: float, budget: int | None, floor: float
+) -> tuple[list[int], int]:
+    """The allocation spelled out in numpy: the n highest survivals (stable order) for
+    the n that maximises E(n) / T(n), within the budget and the floor."""
+    cost = COST
+    order = np.argsort(-surv, kind="stable")
+    s_sorted = surv[order]
+    cap = len(surv) if budget is None else min(len(surv), budget)
+    cap = min(cap, int(np.sum(s_sorted >= floor)))
+    exp = b + np.concatenate(([0.0], np.cumsum(s_sorted[:cap])))
+    times = np.array([cost.step_time(b + n, kv) for n in range(cap + 1)])
+    best = int(np.argmax(exp / (times + 1e-3)))
+    owner = np.repeat(np.arange(len(lens)), lens)
+    return np.bincount(owner[order[:best]], minlength=len(lens)).tolist(), cap
+
+
+def test_budget_matches_the_reference_on_random_steps() -> None:
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        n_req = int(rng.integers(1, 40))
+        lens = rng.integers(0, 9, size=n_req)
+        # survivals non-increasing per request, with ties (coarse values) across requests
+        surv = np.concatenate(
+            [np.sort(rng.integers(1, 11, size=n) / 10.0)[::-1] for n in lens]
+        ).astype(np.float64)
+        b = int(rng.integers(1, 300))
+        kv = float(rng.integers(0, 10**6))
+        budget = None if trial % 3 else int(rng.integers(0, 20))
+        floor = float(rng.choice([0.0, 0.3, 0.75]))
+        a = allocate(
+            surv,
+            lens,
+            batch_size=b,
+            num_kv=kv,
+            cost=COST,
+            budget=budget,
+            overhead_s=1e-3,
+            min_survival=floor,
+        )
+        want, cap = _allocate_reference(surv, lens, b, kv, budget, floor)
+        if lens.sum():
+            assert a.counts == want and a.offered == cap, trial
+        else:
+            assert a.counts == [0] * n_req and a.used == 0
+    with pytest.raises(ValueError, match="sum\\(lens\\)"):
+        allocate(np.ones(3), np.array([2]), batch_size=1, num_kv=0, cost=COST)
+
+
 def test_budget_drafts_nothing_when_no_slot_pays() -> None:
     surv = np.array([0.3, 0.2, 0.1])
     # batch 256 with short contexts: a 30%-likely token does not pay for its slot

@@ -18,6 +18,7 @@ says the budget tracks the free budget ``M(b) = AI − b``) and its ``max(|CT_i|
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from agentspec_mw.costmodel import StepTimeFn
 
@@ -69,22 +70,56 @@ def allocate(
     total = int(lens.sum()) if n_req else 0
     if total == 0:
         return Allocation([0] * n_req, float(batch_size), marginal0 * batch_size / base_t, 0, 0)
-    owner = np.repeat(np.arange(n_req), lens)
-    order = np.argsort(-survival, kind="stable")
-    s_sorted = survival[order]
     cap = total if budget is None else max(0, min(total, int(budget)))
-    if min_survival > 0:
-        cap = min(cap, int(np.searchsorted(-s_sorted, -min_survival, side="right")))
-    nb = np.arange(cap + 1) + batch_size
+    survival = np.ascontiguousarray(survival, dtype=np.float64)
+    lens = np.ascontiguousarray(lens, dtype=np.int64)
+    order, csum = _rank(survival, lens, float(min_survival), cap)
+    nb = np.arange(len(csum)) + batch_size
     vec = getattr(cost, "step_time_array", None)
     if vec is not None:
         times = np.asarray(vec(nb, num_kv), dtype=np.float64)
     else:
-        times = np.fromiter((cost.step_time(int(x), num_kv) for x in nb), np.float64, cap + 1)
-    exp = batch_size + np.concatenate(([0.0], np.cumsum(s_sorted[:cap])))
+        times = np.fromiter((cost.step_time(int(x), num_kv) for x in nb), np.float64, len(nb))
+    exp = batch_size + csum
     goodput = exp / (times + overhead_s)
     best = int(np.argmax(goodput))  # first maximum: ties prefer fewer drafted tokens
-    counts = np.bincount(owner[order[:best]], minlength=n_req).tolist() if best else [0] * n_req
+    counts = _counts(order, best, lens).tolist() if best else [0] * n_req
     n_now = batch_size + best
     marginal = cost.step_time(n_now + 1, num_kv) - cost.step_time(n_now, num_kv)
-    return Allocation(counts, float(exp[best]), marginal * float(goodput[best]), cap, best)
+    offered = len(csum) - 1  # positions that could be admitted (budget, floor)
+    return Allocation(counts, float(exp[best]), marginal * float(goodput[best]), offered, best)
+
+
+@njit(cache=True, nogil=True)
+def _rank(
+    survival: np.ndarray, lens: np.ndarray, min_survival: float, cap: int
+) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
+    """Survivals highest first (a stable order: a request's positions stay a prefix) and
+    the running sums ``csum[n]`` of the first ``n``, for every ``n`` up to ``cap`` and
+    while the survivals reach ``min_survival``."""
+    if lens.sum() != survival.shape[0]:
+        raise ValueError("allocate: survival must hold sum(lens) entries")
+    order = np.argsort(-survival, kind="mergesort")
+    n = min(cap, survival.shape[0])
+    csum = np.empty(n + 1, dtype=np.float64)
+    csum[0] = 0.0
+    m = 0
+    while m < n and survival[order[m]] >= min_survival:
+        csum[m + 1] = csum[m] + survival[order[m]]
+        m += 1
+    return order, csum[: m + 1]
+
+
+@njit(cache=True, nogil=True)
+def _counts(order: np.ndarray, best: int, lens: np.ndarray) -> np.ndarray:  # pragma: no cover
+    """Positions each request has among the first ``best`` of ``order``."""
+    owner = np.empty(order.shape[0], dtype=np.int64)
+    p = 0
+    for i in range(lens.shape[0]):
+        for _ in range(lens[i]):
+            owner[p] = i
+            p += 1
+    counts = np.zeros(lens.shape[0], dtype=np.int64)
+    for i in range(best):
+        counts[owner[order[i]]] += 1
+    return counts

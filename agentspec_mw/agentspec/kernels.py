@@ -11,7 +11,8 @@ queues ``start``/``extend``/``stop`` calls and applies them here at the next ``p
   (only with ``index_agent_live=False``; otherwise ``apply_extends`` adds each token);
 * :func:`gather` — each request's last :data:`MAX_N` tokens and its index keys;
 * :func:`local_drafts` — the ``local`` source (own-context match, followed or scanned);
-* :func:`score` — calibrated survivals, and each request's best source.
+* :func:`score` — calibrated survivals, and each request's best source;
+* :func:`keep_candidates` — each request's picked candidate, kept for calibration.
 
 Columns of the int64 slot table are the ``C_*`` constants.
 """
@@ -33,6 +34,7 @@ __all__ = [
     "apply_extends",
     "gather",
     "insert_outputs",
+    "keep_candidates",
     "local_drafts",
     "scan_prompts",
     "score",
@@ -310,6 +312,33 @@ def local_drafts(
             out_tok[r, j] = ctx[c0 + pos + j]
         out_len[r] = m
         out_ml[r] = si[s, C_LML]
+
+
+@njit(cache=True, nogil=True)
+def keep_candidates(
+    slots: np.ndarray,
+    pick: np.ndarray,
+    sel_len: np.ndarray,
+    sel_cell: np.ndarray,
+    tok: np.ndarray,
+    si: np.ndarray,
+    dtok: np.ndarray,
+    dcell: np.ndarray,
+) -> None:  # pragma: no cover
+    """Each request with a candidate keeps it (tokens and calibration cells of its
+    ``sel_len`` positions), drafted or not, for the calibration of the next extend."""
+    for r in range(slots.shape[0]):
+        m = sel_len[r]
+        if m <= 0:
+            continue
+        s = slots[r]
+        row = pick[r]
+        for j in range(m):
+            dtok[s, j] = tok[row, j]
+            dcell[s, j] = sel_cell[r, j]
+        si[s, C_DLEN] = m
+        si[s, C_DDONE] = 0
+        si[s, C_DSENT] = 0
 
 
 @njit(cache=True, nogil=True, inline="always")

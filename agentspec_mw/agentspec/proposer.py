@@ -150,11 +150,19 @@ class AgentSpecProposer:
         self._ledger = np.zeros(3, dtype=np.float64)
         self._overhead_s = 0.0
         self.stats: dict[str, int] = {"steps": 0, "offered": 0, "drafted": 0}
+        self._work: dict[str, np.ndarray] = {}  # per-step arrays, reused (see _buf)
         self.candidates: dict[str, np.ndarray] | None = None
         """Set to ``{}`` to have each ``propose`` leave its candidates here (diagnostics,
         ``benchmarks/candidate_gap.py``): ``tok``/``lens`` per source row
         (``source * n_req + i``, sources in :data:`SOURCES` order) and ``pick`` (the row
         chosen for each request), before the budget cuts them."""
+
+    def _buf(self, name: str, n: int, dtype: type[np.generic]) -> np.ndarray:
+        """A work array of ``n`` entries, reused across steps (contents left over)."""
+        a = self._work.get(name)
+        if a is None or len(a) < n:
+            a = self._work[name] = np.zeros(max(n, 2 * len(a) if a is not None else n), dtype)
+        return a[:n]
 
     # -- identity and keys ---------------------------------------------------------------
     def _grammar_id(self, tags: StructureTags | None) -> int:
@@ -275,7 +283,9 @@ class AgentSpecProposer:
             strength = float(self.config.calib_prior_strength)
             for gid, sel in self._by_grammar(sl, items=True):
                 if sel is None:
-                    s_sel, t_sel, off = sl, toks, np.concatenate(([0], np.cumsum(lens)))
+                    s_sel, t_sel = sl, toks
+                    off = np.zeros(len(lens) + 1, dtype=np.int64)
+                    np.cumsum(lens, out=off[1:])
                 else:
                     l_sel = lens[sel]
                     s_sel = sl[sel]
@@ -362,16 +372,23 @@ class AgentSpecProposer:
         sl = np.fromiter(map(reqs.__getitem__, req_ids), np.int64, n_req)
         slots = self._slots
         nh = K.N_HIST * n_req  # index rows: iso, agent, scope (n_req each); then local
-        ctx = np.zeros((nh, MAX_N), dtype=np.int32)
-        ctx_len = np.empty(nh, dtype=np.int64)
-        keys = np.empty(nh, dtype=np.int64)
-        K.gather(sl, slots.si, slots.stack, slots.bst, slots.ctx, ctx, ctx_len, keys)
+        nr = nh + n_req
         kk = max(k, 1)
-        tok = np.zeros((nh + n_req, kk), dtype=np.int32)
-        prob = np.ones((nh + n_req, kk), dtype=np.float64)  # local rows: c/n = 1
-        lens = np.zeros(nh + n_req, dtype=np.int64)
-        match = np.zeros(nh + n_req, dtype=np.int64)
-        support = np.ones(nh + n_req, dtype=np.int64)
+        buf = self._buf
+        ctx = buf("ctx", nh * MAX_N, np.int32).reshape(nh, MAX_N)
+        ctx_len = buf("ctx_len", nh, np.int64)
+        keys = buf("keys", nh, np.int64)
+        K.gather(sl, slots.si, slots.stack, slots.bst, slots.ctx, ctx, ctx_len, keys)
+        # rows are written by the lookup (index rows) and local_drafts (local rows); only
+        # what neither writes is set here: a local token's c/n is 1, its support 1
+        tok = buf("tok", nr * kk, np.int32).reshape(nr, kk)
+        prob = buf("prob", nr * kk, np.float64).reshape(nr, kk)
+        prob[nh:] = 1.0
+        lens = buf("lens", nr, np.int64)
+        lens[nh:] = 0
+        match = buf("match", nr, np.int64)
+        support = buf("support", nr, np.int64)
+        support[nh:] = 1
         hist = (tok[:nh], prob[:nh], lens[:nh], match[:nh], support[:nh])
         srcs = cfg.sources
         for h, name in enumerate(SOURCES[: K.N_HIST]):
@@ -380,15 +397,15 @@ class AgentSpecProposer:
         self._index.lookup(keys, ctx, ctx_len, k, _MIN_PROB, hist)
         if "local" in srcs:
             K.local_drafts(sl, k, slots.si, slots.ctx, tok[nh:], lens[nh:], match[nh:])
-        if not (lens > 0).any():
+        if not lens.any():
             self._finish_step(t0, 0, 0, step)
             return drafts
-        pick = np.empty(n_req, dtype=np.int64)
-        sel_len = np.empty(n_req, dtype=np.int64)
-        sel_cell = np.zeros((n_req, kk), dtype=np.int64)
+        pick = buf("pick", n_req, np.int64)
+        sel_len = buf("sel_len", n_req, np.int64)
+        sel_cell = buf("sel_cell", n_req * kk, np.int64).reshape(n_req, kk)
         # positions under the floor can never be admitted: the sort sees only the others
-        n_ok = np.empty(n_req, dtype=np.int64)
-        flat = np.empty(n_req * kk, dtype=np.float64)
+        n_ok = buf("n_ok", n_req, np.int64)
+        flat = buf("flat", n_req * kk, np.float64)
         n_flat = K.score(
             tok,
             prob,
@@ -407,7 +424,7 @@ class AgentSpecProposer:
             flat,
         )
         if self.candidates is not None:
-            self.candidates.update(tok=tok, lens=lens, pick=pick)
+            self.candidates.update(tok=tok.copy(), lens=lens.copy(), pick=pick.copy())
         budget = None
         if step.max_num_batched_tokens is not None:
             budget = max(0, step.max_num_batched_tokens - step.batch_size)
@@ -423,15 +440,8 @@ class AgentSpecProposer:
         )
         self._threshold = alloc.threshold
         # every request with a candidate keeps it for calibration, drafted or not
-        cand = sel_len > 0
-        if cand.any():
-            slots.widen_drafts(kk)
-            cs, rows = sl[cand], pick[cand]
-            slots.dtok[cs, :kk] = tok[rows]
-            slots.dcell[cs, :kk] = sel_cell[cand]
-            slots.si[cs, K.C_DLEN] = sel_len[cand]
-            slots.si[cs, K.C_DDONE] = 0
-            slots.si[cs, K.C_DSENT] = 0
+        slots.widen_drafts(kk)
+        K.keep_candidates(sl, pick, sel_len, sel_cell, tok, slots.si, slots.dtok, slots.dcell)
         counts = np.asarray(alloc.counts, dtype=np.int64)
         used = int(counts.sum())
         if used:

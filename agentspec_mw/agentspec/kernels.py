@@ -33,6 +33,8 @@ __all__ = [
     "NB",
     "apply_extends",
     "gather",
+    "release_rows",
+    "room_needed",
     "insert_outputs",
     "keep_candidates",
     "local_drafts",
@@ -46,8 +48,9 @@ C_CSTART, C_CLEN, C_CCAP, C_PLEN, C_SEQ, C_KBASE, C_ABASE, C_GID = 0, 1, 2, 3, 4
 C_SEQBLK, C_DLEN, C_DDONE, C_LPTR, C_LML, C_LSKIP, C_LBACK, C_ASEQ = 8, 9, 10, 11, 12, 13, 14, 15
 C_DSENT = 16  # tokens drafted at the last step (counted in the rejection ledger)
 C_GBASE, C_GSEQ = 17, 18  # scope-wide key base (-1: source off) and its live sequence
+C_QUEUED = 19  # scratch: tokens queued for the slot (room_needed)
 N_POS = 5  # draft-position buckets of the calibration table: 0, 1, 2-3, 4-7, 8+
-N_COLS = 19
+N_COLS = 20
 N_HIST = 3  # index-backed sources, in lookup-row order: iso, agent, scope
 _LOCAL_MIN_MATCH = 3
 _LOCAL_MAX_BACKOFF = 16  # steps a request skips the local scan after failing, at most
@@ -228,6 +231,52 @@ def apply_extends(
         for j in range(a, b):
             ctx[c0 + n + j - a] = toks[j]
         si[s, C_CLEN] = n + (b - a)
+
+
+@njit(cache=True, nogil=True)
+def room_needed(
+    slots: np.ndarray, lens: np.ndarray, si: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
+    """The slots whose context segments cannot take their queued tokens (``lens[i]`` for
+    ``slots[i]``; a slot may appear more than once), with the tokens each must add."""
+    for i in range(slots.shape[0]):
+        si[slots[i], C_QUEUED] += lens[i]
+    short = np.empty(slots.shape[0], dtype=np.int64)
+    extra = np.empty(slots.shape[0], dtype=np.int64)
+    n = 0
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        q = si[s, C_QUEUED]
+        if q == 0:
+            continue  # counted at its first occurrence
+        si[s, C_QUEUED] = 0
+        if si[s, C_CLEN] + q > si[s, C_CCAP]:
+            short[n] = s
+            extra[n] = q
+            n += 1
+    return short[:n], extra[:n]
+
+
+@njit(cache=True, nogil=True)
+def release_rows(
+    done: np.ndarray, si: np.ndarray, ledger: np.ndarray
+) -> np.ndarray:  # pragma: no cover
+    """Stopped requests: a draft still open ran past the output's end (the rejection
+    ledger counts it); returns their index sequences to release, in slot order."""
+    seqs = np.empty(3 * done.shape[0], dtype=np.int64)
+    n = 0
+    for i in range(done.shape[0]):
+        s = done[i]
+        sent = si[s, C_DSENT]
+        ledger[0] += min(si[s, C_DDONE], sent)
+        ledger[1] += sent
+        seqs[n] = si[s, C_SEQ]
+        n += 1
+        for col in (C_ASEQ, C_GSEQ):
+            if si[s, col] >= 0:
+                seqs[n] = si[s, col]
+                n += 1
+    return seqs[:n]
 
 
 @njit(cache=True, nogil=True)

@@ -443,6 +443,12 @@ class NgramIndex:
         self._seq_len[seq] = 0
         self._free_seqs.append(seq)
 
+    def end_seqs(self, seqs: np.ndarray) -> None:
+        """Release sequence ids, in order (as :meth:`end_seq` on each)."""
+        self._seq_last[seqs] = -1
+        self._seq_len[seqs] = 0
+        self._free_seqs.extend(seqs.tolist())
+
     def insert(self, keys: np.ndarray, seqs: np.ndarray, toks: np.ndarray) -> None:
         """Append ``toks[i]`` to sequence ``seqs[i]`` under key ``keys[i]``, in order."""
         if len(toks):

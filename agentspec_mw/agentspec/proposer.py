@@ -273,12 +273,12 @@ class AgentSpecProposer:
         if self._pend_ids:
             sl = np.array(self._pend_slot, dtype=np.int64)
             lens = np.fromiter(map(len, self._pend_ids), np.int64, len(self._pend_ids))
-            toks = np.asarray(np.concatenate(self._pend_ids), dtype=np.int32)
+            toks = np.concatenate(self._pend_ids, dtype=np.int32)
             self._pend_slot.clear()
             self._pend_ids.clear()
-            need = np.bincount(sl, weights=lens).astype(np.int64)
-            uniq = np.flatnonzero(need)
-            slots.reserve(uniq, need[uniq])
+            short, extra = K.room_needed(sl, lens, slots.si)
+            if len(short):
+                slots.reserve(short, extra)
             calib = (self._succ, self._tot, self._table, self._prior)
             strength = float(self.config.calib_prior_strength)
             for gid, sel in self._by_grammar(sl, items=True):
@@ -319,15 +319,8 @@ class AgentSpecProposer:
                 dn = np.array(done, dtype=np.int64)
                 K.insert_outputs(dn, self._out_seq, slots.si, slots.ctx, ix, K.C_ABASE)
                 K.insert_outputs(dn, self._out_gseq, slots.si, slots.ctx, ix, K.C_GBASE)
-            # a draft still open when its request stops ran past the output's end
-            sent = slots.si[done, K.C_DSENT]
-            self._ledger[0] += np.minimum(slots.si[done, K.C_DDONE], sent).sum()
-            self._ledger[1] += sent.sum()
-            for s in done:
-                self._index.end_seq(int(slots.si[s, K.C_SEQ]))
-                for col in (K.C_ASEQ, K.C_GSEQ):
-                    if slots.si[s, col] >= 0:
-                        self._index.end_seq(int(slots.si[s, col]))
+            seqs = K.release_rows(np.array(done, dtype=np.int64), slots.si, self._ledger)
+            self._index.end_seqs(seqs)
             slots.release(done)
 
     def _by_grammar(

@@ -51,7 +51,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--k", type=int, default=16)
     args = ap.parse_args()
-    for name in ("apply_extends", "gather", "local_drafts", "score", "insert_outputs"):
+    kernels = ("apply_extends", "gather", "local_drafts", "score", "insert_outputs")
+    kernels += ("scan_prompts", "keep_candidates", "room_needed", "release_rows")
+    for name in kernels:
         _timed(K, name)
     _timed(P, "allocate")
     _timed(NgramIndex, "lookup")

@@ -12,7 +12,11 @@ queues ``start``/``extend``/``stop`` calls and applies them here at the next ``p
 * :func:`gather` — each request's last :data:`MAX_N` tokens and its index keys;
 * :func:`local_drafts` — the ``local`` source (own-context match, followed or scanned);
 * :func:`score` — calibrated survivals, and each request's best source;
-* :func:`keep_candidates` — each request's picked candidate, kept for calibration.
+* :func:`keep_candidates` — each request's picked candidate, kept for calibration;
+* :func:`room_needed` — the requests whose context segments must grow for the queued
+  tokens;
+* :func:`release_rows` — stopped requests: their open drafts into the rejection ledger,
+  their index sequences to release.
 
 Columns of the int64 slot table are the ``C_*`` constants.
 """
@@ -33,11 +37,11 @@ __all__ = [
     "NB",
     "apply_extends",
     "gather",
-    "release_rows",
-    "room_needed",
     "insert_outputs",
     "keep_candidates",
     "local_drafts",
+    "release_rows",
+    "room_needed",
     "scan_prompts",
     "score",
 ]

@@ -425,7 +425,7 @@ class NgramIndex:
         return int(self.state[0])
 
     def new_seq(self) -> int:
-        """A sequence id (one per block occurrence); release it with :meth:`end_seq`."""
+        """A sequence id (one per block occurrence); release it with :meth:`end_seqs`."""
         if not self._free_seqs:
             n = len(self._seq_last)
             self._seq_last = np.concatenate([self._seq_last, np.full(n, -1, dtype=np.int64)])
@@ -437,14 +437,8 @@ class NgramIndex:
         self._seq_len[s] = 0
         return s
 
-    def end_seq(self, seq: int) -> None:
-        """Release a sequence id (its tokens stay in the index until evicted)."""
-        self._seq_last[seq] = -1
-        self._seq_len[seq] = 0
-        self._free_seqs.append(seq)
-
     def end_seqs(self, seqs: np.ndarray) -> None:
-        """Release sequence ids, in order (as :meth:`end_seq` on each)."""
+        """Release sequence ids, in order (their tokens stay in the index until evicted)."""
         self._seq_last[seqs] = -1
         self._seq_len[seqs] = 0
         self._free_seqs.extend(seqs.tolist())

@@ -68,6 +68,8 @@ def allocate(
     base_t = cost.step_time(batch_size, num_kv) + overhead_s
     marginal0 = cost.step_time(batch_size + 1, num_kv) - cost.step_time(batch_size, num_kv)
     total = int(lens.sum()) if n_req else 0
+    if total != len(survival):
+        raise ValueError("allocate: survival must hold sum(lens) entries")
     if total == 0:
         return Allocation([0] * n_req, float(batch_size), marginal0 * batch_size / base_t, 0, 0)
     cap = total if budget is None else max(0, min(total, int(budget)))
@@ -97,8 +99,6 @@ def _rank(
     """Survivals highest first (a stable order: a request's positions stay a prefix) and
     the running sums ``csum[n]`` of the first ``n``, for every ``n`` up to ``cap`` and
     while the survivals reach ``min_survival``."""
-    if lens.sum() != survival.shape[0]:
-        raise ValueError("allocate: survival must hold sum(lens) entries")
     order = np.argsort(-survival, kind="mergesort")
     n = min(cap, survival.shape[0])
     csum = np.empty(n + 1, dtype=np.float64)

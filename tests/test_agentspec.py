@@ -379,6 +379,8 @@ def test_score_picks_the_candidate_that_pays_above_the_floor() -> None:
     lens = np.array([16, 2] + [0] * (n_src - 2), dtype=np.int64)  # iso: 16, agent: 2 tokens
     prob = np.ones((n_src, k))
     ones = np.ones(n_src, dtype=np.int64)
+    zeros = np.zeros(len(table) * K.NF)
+    fine = (zeros, zeros, np.zeros(8, dtype=np.int8), 0.0)  # token classes off
     for floor, want in ((1e-12, 0), (0.8, 1)):  # sums: 5.1 vs 1.85; above 0.8: 0.85 vs 1.85
         pick, ln = np.empty(1, np.int64), np.empty(1, np.int64)
         cell = np.zeros((1, k), np.int64)
@@ -390,6 +392,7 @@ def test_score_picks_the_candidate_that_pays_above_the_floor() -> None:
             ones,
             ones,
             table,
+            fine,
             LEVELS,
             _SUPPORT_EDGES,
             _Q,
@@ -405,6 +408,60 @@ def test_score_picks_the_candidate_that_pays_above_the_floor() -> None:
         assert n_flat == ok[0] == (16 if want == 0 else 2)
         p = 0.85 if want == 0 else 0.95
         np.testing.assert_allclose(flat[:n_flat], p ** np.arange(1, n_flat + 1))
+
+
+def test_token_classes_from_bytes() -> None:
+    from agentspec_mw.agentspec.token_classes import NEWLINE, token_classes
+
+    table = [b"", b" ", b"\n", b"  \n", b",", b"\xe4", b" the", b"ing", b"\nfoo", b"42", b"):\n"]
+    want = [0, 0, NEWLINE, NEWLINE, 1, 1, 2, 3, 2 | NEWLINE, 3, 1 | NEWLINE]
+    codes = token_classes(table)
+    assert codes.tolist() == want
+    assert token_classes(table) is codes  # built once per token table
+
+
+def test_score_splits_cells_by_token_class_and_line_break() -> None:
+    """A fine cell (text class x line break crossed) with a poor record lowers only the
+    tokens that fall in it; with the strength at 0 (classes off) the cells alone count."""
+    from agentspec_mw.agentspec import kernels as K
+    from agentspec_mw.agentspec.ngram_index import LEVELS
+    from agentspec_mw.agentspec.proposer import _N_ML, _N_SUP, _Q, _SUPPORT_EDGES
+
+    n_src, k = len(SOURCES), 4
+    table = np.full(n_src * 2 * _N_ML * _N_SUP * K.N_POS * _Q, 0.9)
+    codes = np.array([3, 4], dtype=np.int8)  # token 0: a word going on; 1: a line break
+    tok = np.zeros((n_src, k), dtype=np.int32)
+    tok[0] = [0, 0, 1, 0]  # word, word, line break, word (after the break)
+    lens = np.array([4] + [0] * (n_src - 1), dtype=np.int64)
+    prob, ones = np.ones((n_src, k)), np.ones(n_src, dtype=np.int64)
+    fsucc, ftot = np.zeros(len(table) * K.NF), np.zeros(len(table) * K.NF)
+    ftot[7 :: K.NF] = 100.0  # class 3 after a line break: 0 of 100 accepted
+    low = 8 * 0.9 / 108
+    for strength, last in ((8.0, low), (0.0, 0.9)):
+        pick, ln = np.empty(1, np.int64), np.empty(1, np.int64)
+        cell = np.zeros((1, k), np.int64)
+        ok, flat = np.empty(1, np.int64), np.empty(k)
+        n_flat = K.score(
+            tok,
+            prob,
+            lens,
+            ones,
+            ones,
+            table,
+            (fsucc, ftot, codes, strength),
+            LEVELS,
+            _SUPPORT_EDGES,
+            _Q,
+            1e-12,
+            pick,
+            ln,
+            cell,
+            ok,
+            flat,
+        )
+        assert n_flat == 4
+        assert (cell[0] % K.NF).tolist() == [3, 3, 0, 7]
+        np.testing.assert_allclose(flat[:4], np.cumprod([0.9, 0.9, 0.9, last]))
 
 
 def _allocate_reference(
@@ -500,7 +557,7 @@ def _run(
         # per-token probabilities (given the earlier tokens): each draft cell's calibrated
         # acceptance, not the running product (the survival) the budget ranks by
         cells = p._slots.dcell[p._reqs[rid], : len(d)]
-        np.testing.assert_allclose(d.probs, p._table[cells], rtol=1e-9)
+        np.testing.assert_allclose(d.probs, p.acceptance(cells), rtol=1e-9)
         a = 0
         while a < len(d) and pos + a < len(out) and d.token_ids[a] == out[pos + a]:
             a += 1

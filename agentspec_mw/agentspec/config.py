@@ -51,6 +51,13 @@ class AgentSpecConfig(BaseModel):
     """Weight, in observations, of the prior in each calibration bucket."""
     calib_prior_scale: float = Field(default=0.9, gt=0, le=1)
     """Prior acceptance of a drafted token = scale × the index's count ratio."""
+    calib_token_classes: bool = True
+    """Split every calibration cell by the drafted token's text class (whitespace,
+    symbols, a word starting, a word going on; :mod:`~agentspec_mw.agentspec.token_classes`)
+    and by whether the draft already crossed a line break: a split cell's acceptance is
+    its own counts shrunk toward its cell's acceptance with weight
+    ``calib_prior_strength``, so a class seldom seen acts like the whole cell. ``False``:
+    cells only (the ablation)."""
     budget_cost_model: str = "llama8b-h100"
     """Step-time preset used when the host gives no cost model."""
     budget_floor: float = Field(default=0.75, ge=0, le=1)

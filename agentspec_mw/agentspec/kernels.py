@@ -3,7 +3,8 @@
 Per-request state lives in the rows of a few arrays (see :mod:`.slots`); the proposer
 queues ``start``/``extend``/``stop`` calls and applies them here at the next ``propose``:
 
-* :func:`apply_extends` — per accepted token: score the last candidate (calibration) and
+* :func:`apply_extends` — per accepted token: score the last candidate (calibration: its
+  fine cells and their cells, see :func:`score`) and
   count a resolved draft in the rejection ledger, attribute the token to its block,
   append it to the block occurrence's sequence in the index (and to the agent's history
   when live), follow the ``local`` match, append it to the request's context;
@@ -32,6 +33,7 @@ from agentspec_mw.agentspec.blocks import advance, current
 from agentspec_mw.agentspec.lookup import match_tail
 from agentspec_mw.agentspec.ngram_index import MAX_N, _final, _mix, _seed, insert_one, reset_seq
 from agentspec_mw.agentspec.prefetch import prefetch2
+from agentspec_mw.agentspec.token_classes import NEWLINE
 
 __all__ = [
     "NB",
@@ -55,6 +57,7 @@ C_GBASE, C_GSEQ = 17, 18  # scope-wide key base (-1: source off) and its live se
 C_QUEUED = 19  # scratch: tokens queued for the slot (room_needed)
 N_POS = 5  # draft-position buckets of the calibration table: 0, 1, 2-3, 4-7, 8+
 N_COLS = 20
+NF = 8  # fine calibration cells per cell: token class (4) x line break earlier in the draft (2)
 N_HIST = 3  # index-backed sources, in lookup-row order: iso, agent, scope
 _LOCAL_MIN_MATCH = 3
 _LOCAL_MAX_BACKOFF = 16  # steps a request skips the local scan after failing, at most
@@ -159,7 +162,7 @@ def apply_extends(
     ledger: np.ndarray,
 ) -> None:  # pragma: no cover
     """Apply queued ``extend`` calls in order (``toks[off[i]:off[i+1]]`` to ``slots[i]``)."""
-    succ, tot, table, prior = calib
+    succ, tot, table, prior, fsucc, ftot = calib
     _prefetch_inserts(slots, off, toks, si, stack, bst, ix, live)
     for i in range(slots.shape[0]):
         s = slots[i]
@@ -172,11 +175,14 @@ def apply_extends(
             sent = si[s, C_DSENT]
             miss = False
             for j in range(a, b):
-                cell = dcell[s, done]
+                fcell = dcell[s, done]
+                cell = fcell // NF
                 tot[cell] += 1.0
+                ftot[fcell] += 1.0
                 hit = dtok[s, done] == toks[j]
                 if hit:
                     succ[cell] += 1.0
+                    fsucc[fcell] += 1.0
                 table[cell] = (succ[cell] + strength * prior[cell]) / (tot[cell] + strength)
                 if not hit:
                     m = 0
@@ -442,6 +448,24 @@ def _cell(head: int, agree: int, j: int, p: float, n_q: int) -> int:  # pragma: 
     return (head + agree + pb) * n_q + min(int(p * n_q), n_q - 1)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _fine(cell: int, code: int, crossed: int) -> int:  # pragma: no cover
+    """Fine cell of a token in calibration ``cell``: its text class (``code``'s low
+    bits, :mod:`.token_classes`) and whether the draft crossed a line break before it."""
+    return cell * NF + (code & 3) + (4 if crossed else 0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _acceptance(f: int, table: np.ndarray, fine: Any) -> float:  # pragma: no cover
+    """Calibrated acceptance of fine cell ``f``: its own counts shrunk toward its cell's
+    acceptance with weight ``strength`` (``strength <= 0``: the cell's acceptance)."""
+    fsucc, ftot, _codes, strength = fine
+    c = f // NF
+    if strength <= 0.0:
+        return table[c]
+    return (fsucc[f] + strength * table[c]) / (ftot[f] + strength)
+
+
 @njit(cache=True, nogil=True)
 def score(
     tok: np.ndarray,
@@ -450,6 +474,7 @@ def score(
     match: np.ndarray,
     support: np.ndarray,
     table: np.ndarray,
+    fine: Any,
     levels: np.ndarray,
     sup_edges: np.ndarray,
     n_q: int,
@@ -465,7 +490,11 @@ def score(
     Rows are ``source * n_req + r``. A token's calibration cell is, flattened,
     ``(source, agree, match bucket, support bucket, position bucket, c/n bucket)``, where
     ``agree`` = another source drafts the same first token and the position buckets are
-    0, 1, 2-3, 4-7, 8+ (acceptance given the earlier positions were accepted).
+    0, 1, 2-3, 4-7, 8+ (acceptance given the earlier positions were accepted). Each
+    cell is split into :data:`NF` fine cells by the token's text class and whether the
+    draft crossed a line break before it; ``fine = (succ, tot, codes, strength)`` holds
+    their counts, the token codes (:func:`~agentspec_mw.agentspec.token_classes.token_classes`)
+    and the shrinkage weight (:func:`_acceptance`). Written cells are fine cells.
     The picked row maximises the expected accepted tokens among its positions whose
     survival is at least ``floor`` (the step's survival floor: what the budget can admit),
     then the sum of all its survivals; the first source wins ties. Its cells are written
@@ -473,6 +502,7 @@ def score(
     positions' survivals, request after request, fill ``out_flat`` (their count is
     returned).
     """
+    codes = fine[2]
     n_req = out_pick.shape[0]
     n_src = tok.shape[0] // n_req
     agree = levels.shape[0] * (sup_edges.shape[0] + 1) * N_POS  # row offset of agree = 1
@@ -493,8 +523,12 @@ def score(
                 head = _head(a, r, n_req, match, support, levels, sup_edges)
                 ag = _agreed(a, r, n_req, tok, lens)
                 s = 1.0
+                crossed = 0
                 for j in range(lens[row]):
-                    s *= table[_cell(head, agree if j < ag else 0, j, prob[row, j], n_q)]
+                    c = _cell(head, agree if j < ag else 0, j, prob[row, j], n_q)
+                    code = codes[tok[row, j]]
+                    s *= _acceptance(_fine(c, code, crossed), table, fine)
+                    crossed |= code & NEWLINE
                     v += s
                     if s >= floor:
                         w += s
@@ -512,10 +546,14 @@ def score(
         if m <= 0:
             continue
         s = 1.0
+        crossed = 0
         for j in range(m):
             c = _cell(best_head, agree if j < best_ag else 0, j, prob[row, j], n_q)
-            out_cell[r, j] = c
-            s *= table[c]
+            code = codes[tok[row, j]]
+            f = _fine(c, code, crossed)
+            crossed |= code & NEWLINE
+            out_cell[r, j] = f
+            s *= _acceptance(f, table, fine)
             if s >= floor and out_ok[r] == j:
                 out_ok[r] = j + 1
                 out_flat[n_flat] = s

@@ -32,10 +32,13 @@ contributes at each batch size is decided by calibration and the budget, not by 
 continuations found, ``c`` agree — which is *calibrated* online: every verified draft
 updates an acceptance table bucketed by (source, agreement between sources, match
 length, support ``n``, draft position, ``c / n``). Each bucket's prior is the paper's
-redundancy score ``g(c, n) = (c/n)·p(n)``. A position's survival probability is the product of the
-calibrated acceptances of the tokens up to it; :func:`~agentspec_mw.agentspec.budget.allocate`
-turns survivals into the step's drafts, admitting only positions whose survival is at
-least a floor that follows the rejection measured on verified drafts
+redundancy score ``g(c, n) = (c/n)·p(n)``; each bucket is split further by the drafted
+token's text class and whether the draft crossed a line break (``calib_token_classes``,
+:mod:`.token_classes`), a split bucket's acceptance shrunk toward its bucket's. A
+position's survival probability is the product of the calibrated acceptances of the
+tokens up to it; :func:`~agentspec_mw.agentspec.budget.allocate` turns survivals into the
+step's drafts, admitting only positions whose survival is at least a floor that follows
+the rejection measured on verified drafts
 (``budget_max_rejection``; :meth:`AgentSpecProposer._update_floor`).
 
 Speed: ``start``/``extend``/``stop`` only queue their arguments; the next ``propose``
@@ -62,6 +65,7 @@ from agentspec_mw.agentspec.budget import allocate
 from agentspec_mw.agentspec.config import AgentSpecConfig
 from agentspec_mw.agentspec.ngram_index import LEVELS, MAX_N, NgramIndex
 from agentspec_mw.agentspec.slots import SlotTable
+from agentspec_mw.agentspec.token_classes import token_classes
 from agentspec_mw.costmodel import StepTimeFn, get_cost_model
 from agentspec_mw.proposer import EMPTY_DRAFT, Draft, ProposerEnv, StepContext, TokenIds
 from agentspec_mw.tags import StructureTags
@@ -144,6 +148,14 @@ class AgentSpecProposer:
         self._succ = np.zeros_like(self._prior)
         self._tot = np.zeros_like(self._prior)
         self._table = self._prior.copy()
+        # each cell split by token text class x line break crossed (kernels.score)
+        self._fsucc = np.zeros(len(self._prior) * K.NF)
+        self._ftot = np.zeros(len(self._prior) * K.NF)
+        codes = token_classes(self.token_bytes)
+        if not cfg.calib_token_classes:
+            codes = np.zeros_like(codes)
+        strength = cfg.calib_prior_strength if cfg.calib_token_classes else 0.0
+        self._fine = (self._fsucc, self._ftot, codes, strength)
         self._threshold = 0.0
         self._floor = cfg.budget_floor
         # verified drafts: accepted, drafted; and the rejections the drafting steps allowed
@@ -279,7 +291,7 @@ class AgentSpecProposer:
             short, extra = K.room_needed(sl, lens, slots.si)
             if len(short):
                 slots.reserve(short, extra)
-            calib = (self._succ, self._tot, self._table, self._prior)
+            calib = (self._succ, self._tot, self._table, self._prior, self._fsucc, self._ftot)
             strength = float(self.config.calib_prior_strength)
             for gid, sel in self._by_grammar(sl, items=True):
                 if sel is None:
@@ -406,6 +418,7 @@ class AgentSpecProposer:
             match,
             support,
             self._table,
+            self._fine,
             LEVELS,
             _SUPPORT_EDGES,
             _Q,
@@ -448,13 +461,21 @@ class AgentSpecProposer:
             keep = np.arange(kk)[None, :] < counts[rows, None]
             flat_tok = tok[pick[rows]][keep].tolist()
             # Draft.probs are per-token (given the earlier tokens): each cell's acceptance
-            flat_p = self._table[sel_cell[rows][keep]].tolist()
+            flat_p = self.acceptance(sel_cell[rows][keep]).tolist()
             a = 0
             for i, b in zip(rows.tolist(), np.cumsum(counts[rows]).tolist(), strict=True):
                 drafts[i] = Draft(tuple(flat_tok[a:b]), tuple(flat_p[a:b]))
                 a = b
         self._finish_step(t0, alloc.offered, used, step)
         return drafts
+
+    def acceptance(self, cells: np.ndarray) -> np.ndarray:
+        """Calibrated acceptance of fine calibration cells (as ``kernels._acceptance``)."""
+        fsucc, ftot, _codes, strength = self._fine
+        coarse = self._table[cells // K.NF]
+        if strength <= 0.0:
+            return coarse
+        return (fsucc[cells] + strength * coarse) / (ftot[cells] + strength)
 
     def _update_floor(self) -> float:
         """The survival floor at full scale: fixed (``budget_max_rejection=None``) or

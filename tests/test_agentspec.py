@@ -363,12 +363,47 @@ def test_budget_total_within_budget_and_prefixes() -> None:
     assert all(c <= n for c, n in zip(free.counts, lens, strict=True))
 
 
+def _score_one(
+    tok: np.ndarray, lens: np.ndarray, table: np.ndarray, fine: tuple, floor: float
+) -> tuple[int, np.ndarray, int, np.ndarray]:  # type: ignore[type-arg]
+    """``kernels.score`` for one request (rows = sources), every c/n 1, match and support
+    1: returns (picked row, its cells, positions at or above the floor, their survivals)."""
+    from agentspec_mw.agentspec import kernels as K
+    from agentspec_mw.agentspec.ngram_index import LEVELS
+    from agentspec_mw.agentspec.proposer import _Q, _SUPPORT_EDGES
+
+    n_src, k = tok.shape
+    ones = np.ones(n_src, dtype=np.int64)
+    pick, ln = np.empty(1, np.int64), np.empty(1, np.int64)
+    cell = np.zeros((1, k), np.int64)
+    ok, flat = np.empty(1, np.int64), np.empty(k)
+    n_flat = K.score(
+        tok,
+        np.ones((n_src, k)),
+        lens,
+        ones,
+        ones,
+        table,
+        fine,
+        LEVELS,
+        _SUPPORT_EDGES,
+        _Q,
+        floor,
+        pick,
+        ln,
+        cell,
+        ok,
+        flat,
+    )
+    assert n_flat == ok[0]
+    return int(pick[0]), cell[0], n_flat, flat[:n_flat]
+
+
 def test_score_picks_the_candidate_that_pays_above_the_floor() -> None:
     """Of two candidates, the one with more expected accepted tokens *at or above the
     floor* is picked, not the one whose long low-survival tail sums higher."""
     from agentspec_mw.agentspec import kernels as K
-    from agentspec_mw.agentspec.ngram_index import LEVELS
-    from agentspec_mw.agentspec.proposer import _N_ML, _N_SUP, _Q, _SUPPORT_EDGES
+    from agentspec_mw.agentspec.proposer import _N_ML, _N_SUP, _Q
 
     n_src, k = len(SOURCES), 16
     table = np.zeros((n_src, 2, _N_ML, _N_SUP, K.N_POS, _Q))
@@ -377,37 +412,15 @@ def test_score_picks_the_candidate_that_pays_above_the_floor() -> None:
     tok = np.zeros((n_src, k), dtype=np.int32)
     tok[0], tok[1] = 1, 2  # they disagree from the first token
     lens = np.array([16, 2] + [0] * (n_src - 2), dtype=np.int64)  # iso: 16, agent: 2 tokens
-    prob = np.ones((n_src, k))
-    ones = np.ones(n_src, dtype=np.int64)
     zeros = np.zeros(len(table) * K.NF)
     fine = (zeros, zeros, np.zeros(8, dtype=np.int8), 0.0)  # token classes off
     for floor, want in ((1e-12, 0), (0.8, 1)):  # sums: 5.1 vs 1.85; above 0.8: 0.85 vs 1.85
-        pick, ln = np.empty(1, np.int64), np.empty(1, np.int64)
-        cell = np.zeros((1, k), np.int64)
-        ok, flat = np.empty(1, np.int64), np.empty(k)
-        n_flat = K.score(
-            tok,
-            prob,
-            lens,
-            ones,
-            ones,
-            table,
-            fine,
-            LEVELS,
-            _SUPPORT_EDGES,
-            _Q,
-            floor,
-            pick,
-            ln,
-            cell,
-            ok,
-            flat,
-        )
-        assert pick[0] == want, (floor, pick[0])
+        pick, _cells, n_flat, flat = _score_one(tok, lens, table, fine, floor)
+        assert pick == want, (floor, pick)
         # the positions the budget may admit: the picked row's prefix at or above floor
-        assert n_flat == ok[0] == (16 if want == 0 else 2)
+        assert n_flat == (16 if want == 0 else 2)
         p = 0.85 if want == 0 else 0.95
-        np.testing.assert_allclose(flat[:n_flat], p ** np.arange(1, n_flat + 1))
+        np.testing.assert_allclose(flat, p ** np.arange(1, n_flat + 1))
 
 
 def test_token_classes_from_bytes() -> None:
@@ -424,8 +437,7 @@ def test_score_splits_cells_by_token_class_and_line_break() -> None:
     """A fine cell (text class x line break crossed) with a poor record lowers only the
     tokens that fall in it; with the strength at 0 (classes off) the cells alone count."""
     from agentspec_mw.agentspec import kernels as K
-    from agentspec_mw.agentspec.ngram_index import LEVELS
-    from agentspec_mw.agentspec.proposer import _N_ML, _N_SUP, _Q, _SUPPORT_EDGES
+    from agentspec_mw.agentspec.proposer import _N_ML, _N_SUP, _Q
 
     n_src, k = len(SOURCES), 4
     table = np.full(n_src * 2 * _N_ML * _N_SUP * K.N_POS * _Q, 0.9)
@@ -433,35 +445,16 @@ def test_score_splits_cells_by_token_class_and_line_break() -> None:
     tok = np.zeros((n_src, k), dtype=np.int32)
     tok[0] = [0, 0, 1, 0]  # word, word, line break, word (after the break)
     lens = np.array([4] + [0] * (n_src - 1), dtype=np.int64)
-    prob, ones = np.ones((n_src, k)), np.ones(n_src, dtype=np.int64)
     fsucc, ftot = np.zeros(len(table) * K.NF), np.zeros(len(table) * K.NF)
     ftot[7 :: K.NF] = 100.0  # class 3 after a line break: 0 of 100 accepted
     low = 8 * 0.9 / 108
     for strength, last in ((8.0, low), (0.0, 0.9)):
-        pick, ln = np.empty(1, np.int64), np.empty(1, np.int64)
-        cell = np.zeros((1, k), np.int64)
-        ok, flat = np.empty(1, np.int64), np.empty(k)
-        n_flat = K.score(
-            tok,
-            prob,
-            lens,
-            ones,
-            ones,
-            table,
-            (fsucc, ftot, codes, strength),
-            LEVELS,
-            _SUPPORT_EDGES,
-            _Q,
-            1e-12,
-            pick,
-            ln,
-            cell,
-            ok,
-            flat,
+        _pick, cells, n_flat, flat = _score_one(
+            tok, lens, table, (fsucc, ftot, codes, strength), 1e-12
         )
         assert n_flat == 4
-        assert (cell[0] % K.NF).tolist() == [3, 3, 0, 7]
-        np.testing.assert_allclose(flat[:4], np.cumprod([0.9, 0.9, 0.9, last]))
+        assert (cells % K.NF).tolist() == [3, 3, 0, 7]
+        np.testing.assert_allclose(flat, np.cumprod([0.9, 0.9, 0.9, last]))
 
 
 def _allocate_reference(

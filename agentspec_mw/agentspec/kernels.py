@@ -33,7 +33,7 @@ from agentspec_mw.agentspec.blocks import advance, current
 from agentspec_mw.agentspec.lookup import match_tail
 from agentspec_mw.agentspec.ngram_index import MAX_N, _final, _mix, _seed, insert_one, reset_seq
 from agentspec_mw.agentspec.prefetch import prefetch2
-from agentspec_mw.agentspec.token_classes import NEWLINE
+from agentspec_mw.agentspec.token_classes import N_CLASSES, NEWLINE
 
 __all__ = [
     "NB",
@@ -57,7 +57,7 @@ C_GBASE, C_GSEQ = 17, 18  # scope-wide key base (-1: source off) and its live se
 C_QUEUED = 19  # scratch: tokens queued for the slot (room_needed)
 N_POS = 5  # draft-position buckets of the calibration table: 0, 1, 2-3, 4-7, 8+
 N_COLS = 20
-NF = 8  # fine calibration cells per cell: token class (4) x line break earlier in the draft (2)
+NF = 2 * N_CLASSES  # fine calibration cells per cell: token class x line break crossed
 N_HIST = 3  # index-backed sources, in lookup-row order: iso, agent, scope
 _LOCAL_MIN_MATCH = 3
 _LOCAL_MAX_BACKOFF = 16  # steps a request skips the local scan after failing, at most
@@ -452,7 +452,7 @@ def _cell(head: int, agree: int, j: int, p: float, n_q: int) -> int:  # pragma: 
 def _fine(cell: int, code: int, crossed: int) -> int:  # pragma: no cover
     """Fine cell of a token in calibration ``cell``: its text class (``code``'s low
     bits, :mod:`.token_classes`) and whether the draft crossed a line break before it."""
-    return cell * NF + (code & 3) + (4 if crossed else 0)
+    return cell * NF + (code & (N_CLASSES - 1)) + (N_CLASSES if crossed else 0)
 
 
 @njit(cache=True, nogil=True, inline="always")

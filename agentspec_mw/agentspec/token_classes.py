@@ -26,7 +26,7 @@ import numpy as np
 __all__ = ["NEWLINE", "N_CLASSES", "token_classes"]
 
 N_CLASSES = 4
-"""Text classes (the low two bits of a token's code)."""
+"""Text classes (the low two bits of a token's code; a power of two below :data:`NEWLINE`)."""
 NEWLINE = 4
 """Bit set in a token's code when its text contains a line break."""
 

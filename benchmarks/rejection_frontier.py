@@ -123,8 +123,13 @@ def plot(rows: dict[str, dict[str, Row]], path: Path, bar: float = 0.20) -> None
 
     workloads = list(rows["suffix"])
     targets = [t for t in rows if t != "suffix"]
-    fig, axes = plt.subplots(1, len(workloads), figsize=(4.6 * len(workloads), 4), squeeze=False)
-    for ax, w in zip(axes[0], workloads, strict=True):
+    ncols = min(3, len(workloads))
+    nrows = -(-len(workloads) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.9 * nrows), squeeze=False)
+    flat = axes.ravel()
+    for ax in flat[len(workloads) :]:
+        ax.set_visible(False)
+    for ax, w in zip(flat, workloads, strict=False):
         pts = [(rows[t][w]["rejection_rate"], rows[t][w]["speedup"], t) for t in targets]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label="AgentSpec")
         for x, y, t in pts:
@@ -135,7 +140,7 @@ def plot(rows: dict[str, dict[str, Row]], path: Path, bar: float = 0.20) -> None
         ax.set_title(w.split("_")[0])
         ax.set_xlabel("rejection rate")
         ax.set_ylabel("predicted speedup vs no speculation")
-    axes[0][0].legend(loc="lower right")
+    flat[0].legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"\nwrote {path}", file=sys.stderr)

@@ -13,9 +13,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from agentspec_mw.cli import main as agentspec_main
 from agentspec_mw.costmodel import StepTimeFn, get_cost_model
 from agentspec_mw.proposer import ProposerEnv
 from agentspec_mw.replay.run import build_calls
@@ -23,7 +25,15 @@ from agentspec_mw.replay.sim import ReplayCall
 from agentspec_mw.tokens import token_bytes_table
 from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
 
-__all__ = ["ReplaySetup", "load_workloads", "replay_parser"]
+__all__ = [
+    "ReplaySetup",
+    "load_workloads",
+    "replay_cli",
+    "replay_parser",
+    "save_figure",
+    "split_passthrough",
+    "sweep_parser",
+]
 
 
 @dataclass(frozen=True)
@@ -63,4 +73,40 @@ def replay_parser(doc: str | None, *, proposers: str) -> argparse.ArgumentParser
     ap.add_argument("--tokenizer", required=True)
     ap.add_argument("--proposers", default=proposers)
     ap.add_argument("--batch", type=int, default=256)
+    return ap
+
+
+def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(own options, options after "--")``: the latter go to every ``agentspec replay``."""
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
+def replay_cli(args: Sequence[str], json_path: Path) -> Path:
+    """Run ``agentspec replay ARGS --json json_path`` in this process and return the report
+    path; the per-run plot is dropped (the scripts draw one combined plot)."""
+    argv = ["replay", *args, "--json", str(json_path), "--plot", str(json_path.with_suffix(".png"))]
+    if agentspec_main(argv) != 0:
+        raise SystemExit(f"agentspec replay failed: {' '.join(argv)}")
+    json_path.with_suffix(".png").unlink(missing_ok=True)
+    return json_path
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Write a matplotlib figure as a PNG and say where."""
+    fig.savefig(path, dpi=110)
+    print(f"\nwrote {path}", file=sys.stderr)
+
+
+def sweep_parser(description: str, *, batch: str, out_dir: str) -> argparse.ArgumentParser:
+    """A parser for the scripts that run ``agentspec replay`` once per setting:
+    ``--traces``, ``--tokenizer``, ``--batch`` (comma list), ``--k`` and ``--out-dir``."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--traces", nargs="+", required=True)
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--batch", default=batch)
+    ap.add_argument("--k", type=int, default=16)
+    ap.add_argument("--out-dir", default=out_dir)
     return ap

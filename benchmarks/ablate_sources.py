@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from agentspec_mw.cli import main as agentspec_main
+from _replay_setup import replay_cli, save_figure, split_passthrough, sweep_parser
 
 SOURCE_SETS = (
     ("iso",),
@@ -40,33 +40,12 @@ def run(args: argparse.Namespace, extra: list[str]) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     reports = {}
     for sources in SOURCE_SETS:
-        path = out / f"sources_{'_'.join(sources)}.json"
         print(f"== sources {_name(sources)}", file=sys.stderr, flush=True)
-        argv = [
-            "replay",
-            "--traces",
-            *args.traces,
-            "--tokenizer",
-            args.tokenizer,
-            "--proposers",
-            "none,agentspec",
-            "--batch",
-            args.batch,
-            "--k",
-            str(args.k),
-            "--add-proposer-time",
-            "--set",
-            f"agentspec.sources={json.dumps(list(sources))}",
-            "--json",
-            str(path),
-            "--plot",
-            str(path.with_suffix(".png")),
-            *extra,
-        ]
-        if agentspec_main(argv) != 0:
-            raise SystemExit(f"agentspec replay failed for sources {_name(sources)}")
-        path.with_suffix(".png").unlink(missing_ok=True)  # one combined plot instead
-        reports[_name(sources)] = path
+        opts = ["--traces", *args.traces, "--tokenizer", args.tokenizer]
+        opts += ["--proposers", "none,agentspec", "--batch", args.batch, "--k", str(args.k)]
+        opts += ["--add-proposer-time", "--set", f"agentspec.sources={json.dumps(list(sources))}"]
+        path = out / f"sources_{'_'.join(sources)}.json"
+        reports[_name(sources)] = replay_cli([*opts, *extra], path)
     return reports
 
 
@@ -120,22 +99,12 @@ def plot(rows: dict[tuple[str, str, int], dict], path: Path) -> None:  # type: i
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, title="sources", loc="lower center", ncol=len(names))
     fig.tight_layout(rect=(0, 0.12, 1, 1))
-    fig.savefig(path, dpi=110)
-    print(f"\nwrote {path}", file=sys.stderr)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1 :]
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--traces", nargs="+", required=True)
-    ap.add_argument("--tokenizer", required=True)
-    ap.add_argument("--batch", default="1,256")
-    ap.add_argument("--k", type=int, default=16)
-    ap.add_argument("--out-dir", default="ablation")
+    argv, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
+    ap = sweep_parser(__doc__.splitlines()[0], batch="1,256", out_dir="ablation")
     args = ap.parse_args(argv)
     rows = table(run(args, extra))
     plot(rows, Path(args.out_dir) / "sources.png")

@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from agentspec_mw.cli import main as agentspec_main
+from _replay_setup import replay_cli, save_figure, split_passthrough, sweep_parser
 
 Row = dict  # type: ignore[type-arg]
 
@@ -46,28 +46,9 @@ def _target_args(target: str) -> list[str]:
 
 
 def _replay(args: argparse.Namespace, proposers: str, path: Path, extra: list[str]) -> Path:
-    argv = [
-        "replay",
-        "--traces",
-        *args.traces,
-        "--tokenizer",
-        args.tokenizer,
-        "--proposers",
-        proposers,
-        "--batch",
-        str(args.batch),
-        "--k",
-        str(args.k),
-        "--json",
-        str(path),
-        "--plot",
-        str(path.with_suffix(".png")),
-        *extra,
-    ]
-    if agentspec_main(argv) != 0:
-        raise SystemExit(f"agentspec replay failed: {' '.join(argv)}")
-    path.with_suffix(".png").unlink(missing_ok=True)  # one combined plot instead
-    return path
+    opts = ["--traces", *args.traces, "--tokenizer", args.tokenizer, "--proposers", proposers]
+    opts += ["--batch", str(args.batch), "--k", str(args.k)]
+    return replay_cli([*opts, *extra], path)
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> tuple[dict[str, Path], Path]:
@@ -142,23 +123,13 @@ def plot(rows: dict[str, dict[str, Row]], path: Path, bar: float = 0.20) -> None
         ax.set_ylabel("predicted speedup vs no speculation")
     flat[0].legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"\nwrote {path}", file=sys.stderr)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1 :]
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--traces", nargs="+", required=True)
-    ap.add_argument("--tokenizer", required=True)
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--k", type=int, default=16)
+    argv, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
+    ap = sweep_parser(__doc__.splitlines()[0], batch="256", out_dir="frontier")
     ap.add_argument("--targets", default="0.1,0.15,0.2,0.25,none")
-    ap.add_argument("--out-dir", default="frontier")
     args = ap.parse_args(argv)
     for t in args.targets.split(","):
         _target_args(t)  # a bad target fails before any replay

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -13,6 +14,9 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def _script(name: str) -> ModuleType:
+    """Import ``benchmarks/<name>.py`` as the scripts run: their folder on ``sys.path``."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
@@ -21,16 +25,28 @@ def _script(name: str) -> ModuleType:
     return mod
 
 
+@pytest.fixture()
+def script_argv(
+    sample_path: Path, tiny_tokenizer_dir: Path, tmp_path: Path
+) -> Callable[..., list[str]]:
+    """``make(out_dir, *opts)``: a script's options on the sample trace, the replay's own
+    (token cache, no progress bar) after ``--``."""
+
+    def make(out: Path, *opts: str) -> list[str]:
+        own = ["--traces", str(sample_path), "--tokenizer", str(tiny_tokenizer_dir)]
+        own += ["--out-dir", str(out), *opts]
+        return [*own, "--", "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+
+    return make
+
+
 @pytest.mark.peers
 def test_rejection_frontier_end_to_end(
-    sample_path: Path, tiny_tokenizer_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    script_argv: Callable[..., list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    frontier = _script("rejection_frontier")
     out = tmp_path / "frontier"
-    argv = ["--traces", str(sample_path), "--tokenizer", str(tiny_tokenizer_dir)]
-    argv += ["--batch", "4", "--k", "4", "--targets", "0.15,none", "--out-dir", str(out)]
-    argv += ["--", "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
-    assert frontier.main(argv) == 0
+    opts = ("--batch", "4", "--k", "4", "--targets", "0.15,none")
+    assert _script("rejection_frontier").main(script_argv(out, *opts)) == 0
     printed = capsys.readouterr().out
     for w in ("sample_tool_agent", "sample_react"):
         assert f"#### {w}" in printed
@@ -53,3 +69,19 @@ def test_rejection_frontier_rejects_a_bad_target_before_replaying(tmp_path: Path
     with pytest.raises(SystemExit, match="'1.5' is not in"):
         frontier.main(argv)
     assert not (tmp_path / "f").exists()
+
+
+@pytest.mark.peers
+def test_ablate_sources_end_to_end(
+    script_argv: Callable[..., list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ablate = _script("ablate_sources")
+    out = tmp_path / "ablation"
+    assert ablate.main(script_argv(out, "--batch", "1,4", "--k", "4")) == 0
+    printed = capsys.readouterr().out
+    assert "#### Batch 1:" in printed and "#### Batch 4:" in printed
+    header = [ln for ln in printed.splitlines() if ln.startswith("| workload |")][0]
+    assert header.count("|") == len(ablate.SOURCE_SETS) + 2
+    assert (out / "sources.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(list(out.glob("sources_*.json"))) == len(ablate.SOURCE_SETS)
+    assert not list(out.glob("sources_*.png"))  # one combined plot only

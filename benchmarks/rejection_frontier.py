@@ -39,7 +39,10 @@ def _target_args(target: str) -> list[str]:
             "--set",
             "agentspec.budget_floor=0",
         ]
-    value = float(target)
+    try:
+        value = float(target)
+    except ValueError:
+        value = -1.0
     if not 0.0 < value < 1.0:
         raise SystemExit(f"rejection target {target!r} is not in (0, 1) or 'none'")
     return ["--set", f"agentspec.budget_max_rejection={value}"]
@@ -131,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = sweep_parser(__doc__.splitlines()[0], batch="256", out_dir="frontier")
     ap.add_argument("--targets", default="0.1,0.15,0.2,0.25,none")
     args = ap.parse_args(argv)
+    if not args.batch.isdigit():
+        raise SystemExit(f"--batch takes one batch size here, not {args.batch!r}")
     for t in args.targets.split(","):
         _target_args(t)  # a bad target fails before any replay
     reports, suffix = run(args, extra)

@@ -62,12 +62,16 @@ def test_rejection_frontier_end_to_end(
     ]
 
 
-def test_rejection_frontier_rejects_a_bad_target_before_replaying(tmp_path: Path) -> None:
+def test_rejection_frontier_rejects_bad_options_before_replaying(tmp_path: Path) -> None:
     frontier = _script("rejection_frontier")
     argv = ["--traces", "x", "--tokenizer", "t", "--targets", "0.15,1.5"]
     argv += ["--out-dir", str(tmp_path / "f")]
     with pytest.raises(SystemExit, match="'1.5' is not in"):
         frontier.main(argv)
+    with pytest.raises(SystemExit, match="'high' is not in"):
+        frontier.main([*argv[:-3], "high", *argv[-2:]])
+    with pytest.raises(SystemExit, match="one batch size"):
+        frontier.main([*argv, "--batch", "1,256"])
     assert not (tmp_path / "f").exists()
 
 

@@ -1,4 +1,6 @@
-"""Set-up shared by the benchmark scripts: tokenized traces, replay calls, proposer env.
+"""Set-up shared by the benchmark scripts: tokenized traces, replay calls, proposer env;
+and for the scripts that sweep a setting (one ``agentspec replay`` per value): the replay
+run, the ``--`` split of pass-through options, their parser and figure writing.
 
 The scripts run as ``python benchmarks/<script>.py``, so this folder is on ``sys.path``
 and they import this module by its bare name. It puts this checkout's root first on

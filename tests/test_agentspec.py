@@ -21,7 +21,7 @@ from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex, _lookup_par, _
 from agentspec_mw.agentspec.parallel import SERIAL, THREADED, ModeChooser
 from agentspec_mw.agentspec.proposer import SOURCES
 from agentspec_mw.agentspec.slots import SlotTable
-from agentspec_mw.costmodel import PRESETS
+from agentspec_mw.costmodel import PRESETS, StepTimeFn
 from agentspec_mw.proposer import ProposerEnv, StepContext
 from agentspec_mw.tags import StructureTags
 from agentspec_mw.tokens import token_bytes_table
@@ -458,11 +458,16 @@ def test_score_splits_cells_by_token_class_and_line_break() -> None:
 
 
 def _allocate_reference(
-    surv: np.ndarray, lens: np.ndarray, b: int, kv: float, budget: int | None, floor: float
+    surv: np.ndarray,
+    lens: np.ndarray,
+    b: int,
+    kv: float,
+    budget: int | None,
+    floor: float,
+    cost: StepTimeFn,
 ) -> tuple[list[int], int]:
     """The allocation spelled out in numpy: the n highest survivals (stable order) for
     the n that maximises E(n) / T(n), within the budget and the floor."""
-    cost = COST
     order = np.argsort(-surv, kind="stable")
     s_sorted = surv[order]
     cap = len(surv) if budget is None else min(len(surv), budget)
@@ -474,7 +479,23 @@ def _allocate_reference(
     return np.bincount(owner[order[:best]], minlength=len(lens)).tolist(), cap
 
 
-def test_budget_matches_the_reference_on_random_steps() -> None:
+class _ScalarCost:
+    """A cost model with only ``step_time`` (the protocol's minimum): a convex curve."""
+
+    def step_time(self, num_batched: float, num_kv: float) -> float:
+        return 6e-3 + 1e-8 * num_kv + 2e-5 * num_batched + 4e-8 * num_batched**2
+
+    def marginal_token_cost(self, num_batched: float, num_kv: float) -> float:
+        return self.step_time(num_batched + 1, num_kv) - self.step_time(num_batched, num_kv)
+
+
+@pytest.mark.parametrize(
+    "cost",
+    [COST, PRESETS["llama8b-h100-roofline"], _ScalarCost()],
+    ids=["linear", "roofline", "step_time-only"],
+)
+def test_budget_matches_the_reference_on_random_steps(cost: StepTimeFn) -> None:
+    # the linear preset is evaluated inside the kernel, the others from step times
     rng = np.random.default_rng(7)
     for trial in range(200):
         n_req = int(rng.integers(1, 40))
@@ -492,12 +513,12 @@ def test_budget_matches_the_reference_on_random_steps() -> None:
             lens,
             batch_size=b,
             num_kv=kv,
-            cost=COST,
+            cost=cost,
             budget=budget,
             overhead_s=1e-3,
             min_survival=floor,
         )
-        want, cap = _allocate_reference(surv, lens, b, kv, budget, floor)
+        want, cap = _allocate_reference(surv, lens, b, kv, budget, floor, cost)
         if lens.sum():
             assert a.counts == want and a.offered == cap, trial
         else:

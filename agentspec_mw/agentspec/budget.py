@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from agentspec_mw.costmodel import StepTimeFn
+from agentspec_mw.costmodel import StepTimeFn, StepTimeModel
 
-__all__ = ["Allocation", "allocate"]
+__all__ = ["Allocation", "allocate", "allocate_counts"]
 
 
 class Allocation:
@@ -64,32 +64,105 @@ def allocate(
         overhead_s: per-step time not in the model (e.g. the proposer's own time).
         min_survival: never admit a position below this survival.
     """
-    n_req = len(lens)
-    base_t = cost.step_time(batch_size, num_kv) + overhead_s
-    marginal0 = cost.step_time(batch_size + 1, num_kv) - cost.step_time(batch_size, num_kv)
-    total = int(lens.sum()) if n_req else 0
-    if total != len(survival):
-        raise ValueError("allocate: survival must hold sum(lens) entries")
-    if total == 0:
-        return Allocation([0] * n_req, float(batch_size), marginal0 * batch_size / base_t, 0, 0)
-    cap = total if budget is None else max(0, min(total, int(budget)))
+    counts, expected, goodput, offered, used = allocate_counts(
+        survival,
+        lens,
+        batch_size=batch_size,
+        num_kv=num_kv,
+        cost=cost,
+        budget=budget,
+        overhead_s=overhead_s,
+        min_survival=min_survival,
+    )
+    n_now = batch_size + used
+    marginal = cost.step_time(n_now + 1, num_kv) - cost.step_time(n_now, num_kv)
+    return Allocation(counts.tolist(), expected, marginal * goodput, offered, used)
+
+
+def allocate_counts(
+    survival: np.ndarray,
+    lens: np.ndarray,
+    *,
+    batch_size: int,
+    num_kv: float,
+    cost: StepTimeFn,
+    budget: int | None = None,
+    overhead_s: float = 0.0,
+    min_survival: float = 0.0,
+) -> tuple[np.ndarray, float, float, int, int]:
+    """:func:`allocate` for the proposer's hot path: ``(counts, expected, goodput,
+    offered, used)`` with ``counts`` an int64 array (no list is built) and ``goodput``
+    the admitted set's ``E/T`` (the threshold is left to :func:`allocate`)."""
     survival = np.ascontiguousarray(survival, dtype=np.float64)
     lens = np.ascontiguousarray(lens, dtype=np.int64)
-    order, csum = _rank(survival, lens, float(min_survival), cap)
-    nb = np.arange(len(csum)) + batch_size
-    vec = getattr(cost, "step_time_array", None)
-    if vec is not None:
-        times = np.asarray(vec(nb, num_kv), dtype=np.float64)
+    cap = len(survival) if budget is None else max(0, min(len(survival), int(budget)))
+    if isinstance(cost, StepTimeModel) and cost.form == "linear":
+        # the kernel evaluates the linear model itself (as StepTimeModel.step_time_array)
+        coef = np.array([cost.c_fix, cost.c_tok, cost.c_kv, cost.c_oh], dtype=np.float64)
+        times = _NO_TIMES
     else:
-        times = np.fromiter((cost.step_time(int(x), num_kv) for x in nb), np.float64, len(nb))
-    exp = batch_size + csum
-    goodput = exp / (times + overhead_s)
-    best = int(np.argmax(goodput))  # first maximum: ties prefer fewer drafted tokens
-    counts = _counts(order, best, lens).tolist() if best else [0] * n_req
-    n_now = batch_size + best
-    marginal = cost.step_time(n_now + 1, num_kv) - cost.step_time(n_now, num_kv)
-    offered = len(csum) - 1  # positions that could be admitted (budget, floor)
-    return Allocation(counts, float(exp[best]), marginal * float(goodput[best]), offered, best)
+        coef = _NO_TIMES
+        nb = np.arange(batch_size, batch_size + cap + 1)
+        vec = getattr(cost, "step_time_array", None)
+        if vec is not None:
+            times = np.asarray(vec(nb, num_kv), dtype=np.float64)
+        else:
+            times = np.fromiter((cost.step_time(int(x), num_kv) for x in nb), np.float64, len(nb))
+    counts, best, goodput, offered = _solve(
+        survival,
+        lens,
+        float(min_survival),
+        cap,
+        batch_size,
+        float(num_kv),
+        overhead_s,
+        coef,
+        times,
+    )
+    if offered < 0:
+        raise ValueError("allocate: survival must hold sum(lens) entries")
+    return counts, batch_size + goodput[1], goodput[0], offered, best
+
+
+_NO_TIMES = np.empty(0, dtype=np.float64)
+
+
+@njit(cache=True, nogil=True)
+def _solve(
+    survival: np.ndarray,
+    lens: np.ndarray,
+    min_survival: float,
+    cap: int,
+    batch: int,
+    num_kv: float,
+    overhead: float,
+    coef: np.ndarray,
+    times: np.ndarray,
+) -> tuple[np.ndarray, int, tuple[float, float], int]:  # pragma: no cover
+    """The allocation in one call: rank the survivals (:func:`_rank`), find ``n*`` and
+    its goodput (:func:`_choose`), and count each request's admitted positions.
+
+    The step times are ``times[n]`` for ``n`` drafted tokens, or, for the linear model,
+    computed here from ``coef = (c_fix, c_tok, c_kv, c_oh)`` in the same order of
+    operations as ``StepTimeModel.step_time_array``. Returns ``(counts, n*, (goodput,
+    csum[n*]), offered)``; ``offered = -1`` when ``lens`` does not sum to the survivals.
+    """
+    total = 0
+    for i in range(lens.shape[0]):
+        total += lens[i]
+    if total != survival.shape[0]:
+        return np.zeros(lens.shape[0], dtype=np.int64), 0, (0.0, 0.0), -1
+    order, csum = _rank(survival, lens, min_survival, cap)
+    m = csum.shape[0]
+    nbt = np.empty(m, dtype=np.float64)
+    if coef.shape[0] == 4:
+        for n in range(m):
+            nbt[n] = coef[0] + coef[1] * float(batch + n) + coef[2] * num_kv + coef[3]
+    else:
+        for n in range(m):
+            nbt[n] = times[n]
+    counts, best, goodput = _choose(order, csum, nbt, lens, float(batch), overhead)
+    return counts, best, (goodput, csum[best]), m - 1
 
 
 @njit(cache=True, nogil=True)
@@ -111,15 +184,33 @@ def _rank(
 
 
 @njit(cache=True, nogil=True)
-def _counts(order: np.ndarray, best: int, lens: np.ndarray) -> np.ndarray:  # pragma: no cover
-    """Positions each request has among the first ``best`` of ``order``."""
+def _choose(
+    order: np.ndarray,
+    csum: np.ndarray,
+    times: np.ndarray,
+    lens: np.ndarray,
+    batch: float,
+    overhead: float,
+) -> tuple[np.ndarray, int, float]:  # pragma: no cover
+    """``n* = argmax_n (batch + csum[n]) / (times[n] + overhead)`` (the first maximum:
+    ties prefer fewer drafted tokens), its goodput, and the positions each request has
+    among the first ``n*`` of ``order``."""
+    best = 0
+    best_g = -1.0
+    for n in range(csum.shape[0]):
+        g = (batch + csum[n]) / (times[n] + overhead)
+        if g > best_g:
+            best_g = g
+            best = n
+    counts = np.zeros(lens.shape[0], dtype=np.int64)
+    if best == 0:
+        return counts, 0, best_g
     owner = np.empty(order.shape[0], dtype=np.int64)
     p = 0
     for i in range(lens.shape[0]):
         for _ in range(lens[i]):
             owner[p] = i
             p += 1
-    counts = np.zeros(lens.shape[0], dtype=np.int64)
     for i in range(best):
         counts[owner[order[i]]] += 1
-    return counts
+    return counts, best, best_g

@@ -14,6 +14,7 @@ queues ``start``/``extend``/``stop`` calls and applies them here at the next ``p
 * :func:`local_drafts` — the ``local`` source (own-context match, followed or scanned);
 * :func:`score` — calibrated survivals, and each request's best source;
 * :func:`keep_candidates` — each request's picked candidate, kept for calibration;
+* :func:`emit_drafts` — the drafted tokens of the step and their acceptances;
 * :func:`room_needed` — the requests whose context segments must grow for the queued
   tokens;
 * :func:`release_rows` — stopped requests: their open drafts into the rejection ledger,
@@ -38,6 +39,7 @@ from agentspec_mw.agentspec.token_classes import N_CLASSES, NEWLINE
 __all__ = [
     "NB",
     "apply_extends",
+    "emit_drafts",
     "gather",
     "insert_outputs",
     "keep_candidates",
@@ -246,11 +248,16 @@ def apply_extends(
 @njit(cache=True, nogil=True)
 def room_needed(
     slots: np.ndarray, lens: np.ndarray, si: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
     """The slots whose context segments cannot take their queued tokens (``lens[i]`` for
-    ``slots[i]``; a slot may appear more than once), with the tokens each must add."""
+    ``slots[i]``; a slot may appear more than once), with the tokens each must add; and
+    the offsets of the queued calls' tokens (``off[i]:off[i+1]``, for
+    :func:`apply_extends`)."""
+    off = np.empty(slots.shape[0] + 1, dtype=np.int64)
+    off[0] = 0
     for i in range(slots.shape[0]):
         si[slots[i], C_QUEUED] += lens[i]
+        off[i + 1] = off[i] + lens[i]
     short = np.empty(slots.shape[0], dtype=np.int64)
     extra = np.empty(slots.shape[0], dtype=np.int64)
     n = 0
@@ -264,7 +271,7 @@ def room_needed(
             short[n] = s
             extra[n] = q
             n += 1
-    return short[:n], extra[:n]
+    return short[:n], extra[:n], off
 
 
 @njit(cache=True, nogil=True)
@@ -341,10 +348,15 @@ def local_drafts(
     si: np.ndarray,
     ctx: np.ndarray,
     out_tok: np.ndarray,
+    out_prob: np.ndarray,
     out_len: np.ndarray,
     out_ml: np.ndarray,
+    out_support: np.ndarray,
 ) -> None:  # pragma: no cover
-    """The ``local`` candidate per request: follow the last match, or scan (with back-off)."""
+    """The ``local`` candidate per request: follow the last match, or scan (with back-off).
+
+    A local token's count ratio is 1 (``out_prob``) and its support 1: one occurrence.
+    """
     for r in range(slots.shape[0]):
         s = slots[r]
         c0 = si[s, C_CSTART]
@@ -352,6 +364,7 @@ def local_drafts(
         lp = si[s, C_LPTR]
         out_len[r] = 0
         out_ml[r] = 0
+        out_support[r] = 1
         if 0 <= lp < n:
             pos = lp
         elif si[s, C_LSKIP] > 0:
@@ -369,6 +382,7 @@ def local_drafts(
         m = min(k, n - pos)
         for j in range(m):
             out_tok[r, j] = ctx[c0 + pos + j]
+            out_prob[r, j] = 1.0
         out_len[r] = m
         out_ml[r] = si[s, C_LML]
 
@@ -559,3 +573,46 @@ def score(
                 out_flat[n_flat] = s
                 n_flat += 1
     return n_flat
+
+
+@njit(cache=True, nogil=True)
+def emit_drafts(
+    slots: np.ndarray,
+    counts: np.ndarray,
+    pick: np.ndarray,
+    cells: np.ndarray,
+    tok: np.ndarray,
+    si: np.ndarray,
+    table: np.ndarray,
+    fine: Any,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """The step's drafts: request ``r`` drafts the first ``counts[r]`` tokens of its
+    picked row (``C_DSENT`` records the count for the rejection ledger). Returns the
+    drafting requests, where each one's tokens end in the flat arrays, and the flat
+    tokens and their calibrated acceptances (:func:`_acceptance` of their cells)."""
+    n_rows = 0
+    total = 0
+    for r in range(counts.shape[0]):
+        if counts[r] > 0:
+            n_rows += 1
+            total += counts[r]
+    rows = np.empty(n_rows, dtype=np.int64)
+    ends = np.empty(n_rows, dtype=np.int64)
+    flat_tok = np.empty(total, dtype=np.int64)
+    flat_p = np.empty(total, dtype=np.float64)
+    q = 0
+    t = 0
+    for r in range(counts.shape[0]):
+        c = counts[r]
+        if c <= 0:
+            continue
+        si[slots[r], C_DSENT] = c
+        row = pick[r]
+        for j in range(c):
+            flat_tok[t] = tok[row, j]
+            flat_p[t] = _acceptance(cells[r, j], table, fine)
+            t += 1
+        rows[q] = r
+        ends[q] = t
+        q += 1
+    return rows, ends, flat_tok, flat_p

@@ -405,6 +405,7 @@ class NgramIndex:
         self._seq_len = np.zeros(64, dtype=np.int64)
         self._free_seqs: list[int] = list(range(63, -1, -1))
         self.lookup_modes = ModeChooser()  # serial or threaded lookups, by measured speed
+        self._ks = np.zeros(0, dtype=np.int64)  # per-row k of lookups (all equal), reused
 
     @property
     def arrays(self) -> tuple[np.ndarray, ...]:
@@ -478,8 +479,12 @@ class NgramIndex:
                 np.zeros(n, dtype=np.int64),
                 np.zeros(n, dtype=np.int64),
             )
-        args = (keys, ctx, ctx_len, np.full(n, k, dtype=np.int64), self.arrays, float(min_prob))
-        threads = min(get_num_threads(), n // _ROWS_PER_THREAD)
+        ks = self._ks
+        if len(ks) < n or (n and ks[0] != k):
+            ks = self._ks = np.full(max(n, 2 * len(ks)), k, dtype=np.int64)
+        args = (keys, ctx, ctx_len, ks[:n], self.arrays, float(min_prob))
+        rows_per = n // _ROWS_PER_THREAD
+        threads = min(get_num_threads(), rows_per) if rows_per >= 2 else 1
         if threads < 2:
             _lookup_rows(0, n, *args, *out)
             return out

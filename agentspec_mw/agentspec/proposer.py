@@ -61,7 +61,7 @@ import numpy as np
 
 from agentspec_mw.agentspec import kernels as K
 from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec, current
-from agentspec_mw.agentspec.budget import allocate
+from agentspec_mw.agentspec.budget import allocate_counts
 from agentspec_mw.agentspec.config import AgentSpecConfig
 from agentspec_mw.agentspec.ngram_index import LEVELS, MAX_N, NgramIndex
 from agentspec_mw.agentspec.slots import SlotTable
@@ -156,25 +156,79 @@ class AgentSpecProposer:
             codes = np.zeros_like(codes)
         strength = cfg.calib_prior_strength if cfg.calib_token_classes else 0.0
         self._fine = (self._fsucc, self._ftot, codes, strength)
-        self._threshold = 0.0
         self._floor = cfg.budget_floor
         # verified drafts: accepted, drafted; and the rejections the drafting steps allowed
         self._ledger = np.zeros(3, dtype=np.float64)
         self._overhead_s = 0.0
         self.stats: dict[str, int] = {"steps": 0, "offered": 0, "drafted": 0}
-        self._work: dict[str, np.ndarray] = {}  # per-step arrays, reused (see _buf)
+        self._ws: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}  # see _workspace
+        self._ws_cap = 0
+        self._calib = (self._succ, self._tot, self._table, self._prior, self._fsucc, self._ftot)
+        self._off_sources = [
+            h for h, name in enumerate(SOURCES[: K.N_HIST]) if name not in cfg.sources
+        ]
         self.candidates: dict[str, np.ndarray] | None = None
         """Set to ``{}`` to have each ``propose`` leave its candidates here (diagnostics,
         ``benchmarks/candidate_gap.py``): ``tok``/``lens`` per source row
         (``source * n_req + i``, sources in :data:`SOURCES` order) and ``pick`` (the row
         chosen for each request), before the budget cuts them."""
 
-    def _buf(self, name: str, n: int, dtype: type[np.generic]) -> np.ndarray:
-        """A work array of ``n`` entries, reused across steps (contents left over)."""
-        a = self._work.get(name)
-        if a is None or len(a) < n:
-            a = self._work[name] = np.zeros(max(n, 2 * len(a) if a is not None else n), dtype)
-        return a[:n]
+    def _workspace(self, n_req: int, kk: int) -> tuple[np.ndarray, ...]:
+        """The per-step arrays of a ``propose`` for ``n_req`` requests and candidates of
+        ``kk`` tokens: leading rows of buffers reused across steps (contents left over),
+        the views kept per ``(n_req, kk)`` so a step builds none."""
+        ws = self._ws.get((n_req, kk))
+        if ws is not None:
+            return ws
+        base = self._ws.get((-1, kk))
+        if base is None or n_req > self._ws_cap or len(self._ws) > 1024:
+            cap = max(n_req, 2 * self._ws_cap, 64)
+            nh, nr = K.N_HIST * cap, (K.N_HIST + 1) * cap
+            base = (
+                np.zeros((nh, MAX_N), np.int32),  # ctx
+                np.zeros(nh, np.int64),  # ctx_len
+                np.zeros(nh, np.int64),  # keys
+                np.zeros((nr, kk), np.int32),  # tok
+                np.zeros((nr, kk), np.float64),  # prob
+                np.zeros(nr, np.int64),  # lens
+                np.zeros(nr, np.int64),  # match
+                np.zeros(nr, np.int64),  # support
+                np.zeros(cap, np.int64),  # pick
+                np.zeros(cap, np.int64),  # sel_len
+                np.zeros((cap, kk), np.int64),  # sel_cell
+                np.zeros(cap, np.int64),  # n_ok
+                np.zeros(cap * kk, np.float64),  # flat
+            )
+            self._ws = {(-1, kk): base}
+            self._ws_cap = cap
+        nh = K.N_HIST * n_req
+        nr = nh + n_req
+        ctx, ctx_len, keys, tok, prob, lens, match, support = (
+            base[0][:nh],
+            base[1][:nh],
+            base[2][:nh],
+            base[3][:nr],
+            base[4][:nr],
+            base[5][:nr],
+            base[6][:nr],
+            base[7][:nr],
+        )
+        ws = (
+            ctx,
+            ctx_len,
+            keys,
+            tok,
+            prob,
+            lens,
+            match,
+            support,
+            *(a[:n_req] for a in base[8:12]),  # pick, sel_len, sel_cell, n_ok
+            base[12][: n_req * kk],  # flat
+            *(a[:nh] for a in (tok, prob, lens, match, support)),  # index rows
+            *(a[nh:] for a in (tok, prob, lens, match, support)),  # local rows
+        )
+        self._ws[(n_req, kk)] = ws
+        return ws
 
     # -- identity and keys ---------------------------------------------------------------
     def _grammar_id(self, tags: StructureTags | None) -> int:
@@ -286,29 +340,25 @@ class AgentSpecProposer:
             sl = np.array(self._pend_slot, dtype=np.int64)
             lens = np.fromiter(map(len, self._pend_ids), np.int64, len(self._pend_ids))
             toks = np.concatenate(self._pend_ids, dtype=np.int32)
-            self._pend_slot.clear()
-            self._pend_ids.clear()
-            short, extra = K.room_needed(sl, lens, slots.si)
+            self._pend_slot = []
+            self._pend_ids = []
+            short, extra, off = K.room_needed(sl, lens, slots.si)
             if len(short):
                 slots.reserve(short, extra)
-            calib = (self._succ, self._tot, self._table, self._prior, self._fsucc, self._ftot)
             strength = float(self.config.calib_prior_strength)
             for gid, sel in self._by_grammar(sl, items=True):
                 if sel is None:
-                    s_sel, t_sel = sl, toks
-                    off = np.zeros(len(lens) + 1, dtype=np.int64)
-                    np.cumsum(lens, out=off[1:])
+                    s_sel, o_sel, t_sel = sl, off, toks
                 else:
                     l_sel = lens[sel]
                     s_sel = sl[sel]
-                    ends = np.cumsum(lens)[sel]
                     t_sel = np.concatenate(
-                        [toks[e - n : e] for e, n in zip(ends, l_sel, strict=True)]
+                        [toks[e - n : e] for e, n in zip(off[1:][sel], l_sel, strict=True)]
                     )
-                    off = np.concatenate(([0], np.cumsum(l_sel)))
+                    o_sel = np.concatenate(([0], np.cumsum(l_sel)))
                 K.apply_extends(
                     s_sel,
-                    off,
+                    o_sel,
                     t_sel,
                     slots.si,
                     slots.stack,
@@ -319,7 +369,7 @@ class AgentSpecProposer:
                     slots.ctx,
                     self._grammars[gid].arrays,
                     ix,
-                    calib,
+                    self._calib,
                     strength,
                     self.config.index_agent_live,
                     self._ledger,
@@ -365,52 +415,32 @@ class AgentSpecProposer:
         self._flush()
         if self.candidates is not None:
             self.candidates.clear()
-        cfg = self.config
         n_req = len(req_ids)
-        drafts: list[Draft] = [EMPTY_DRAFT] * n_req
         if n_req == 0 or k <= 0:
-            return drafts
+            return [EMPTY_DRAFT] * n_req
+        cfg = self.config
         scale = min(1.0, math.log2(max(step.batch_size, 1)) / math.log2(cfg.budget_floor_batch))
-        theta = self._update_floor()
-        floor = theta * scale
-        reqs = self._reqs
-        sl = np.fromiter(map(reqs.__getitem__, req_ids), np.int64, n_req)
+        floor = self._update_floor() * scale
+        sl = np.fromiter(map(self._reqs.__getitem__, req_ids), np.int64, n_req)
         slots = self._slots
-        nh = K.N_HIST * n_req  # index rows: iso, agent, scope (n_req each); then local
-        nr = nh + n_req
         kk = max(k, 1)
-        buf = self._buf
-        ctx = buf("ctx", nh * MAX_N, np.int32).reshape(nh, MAX_N)
-        ctx_len = buf("ctx_len", nh, np.int64)
-        keys = buf("keys", nh, np.int64)
+        # index rows: iso, agent, scope (n_req each); then local. Rows are written by the
+        # lookup (index rows) and local_drafts (local rows).
+        (ctx, ctx_len, keys, tok, prob, lens, match, support, pick, sel_len, sel_cell, n_ok,
+         flat, *hist_loc) = self._workspace(n_req, kk)  # fmt: skip
+        hist, loc = tuple(hist_loc[:5]), hist_loc[5:]
         K.gather(sl, slots.si, slots.stack, slots.bst, slots.ctx, ctx, ctx_len, keys)
-        # rows are written by the lookup (index rows) and local_drafts (local rows); only
-        # what neither writes is set here: a local token's c/n is 1, its support 1
-        tok = buf("tok", nr * kk, np.int32).reshape(nr, kk)
-        prob = buf("prob", nr * kk, np.float64).reshape(nr, kk)
-        prob[nh:] = 1.0
-        lens = buf("lens", nr, np.int64)
-        lens[nh:] = 0
-        match = buf("match", nr, np.int64)
-        support = buf("support", nr, np.int64)
-        support[nh:] = 1
-        hist = (tok[:nh], prob[:nh], lens[:nh], match[:nh], support[:nh])
-        srcs = cfg.sources
-        for h, name in enumerate(SOURCES[: K.N_HIST]):
-            if name not in srcs:
-                keys[h * n_req : (h + 1) * n_req] = -1  # a negative key skips the row
-        self._index.lookup(keys, ctx, ctx_len, k, _MIN_PROB, hist)
-        if "local" in srcs:
-            K.local_drafts(sl, k, slots.si, slots.ctx, tok[nh:], lens[nh:], match[nh:])
-        if not lens.any():
-            self._finish_step(t0, 0, 0, step)
-            return drafts
-        pick = buf("pick", n_req, np.int64)
-        sel_len = buf("sel_len", n_req, np.int64)
-        sel_cell = buf("sel_cell", n_req * kk, np.int64).reshape(n_req, kk)
+        for h in self._off_sources:
+            keys[h * n_req : (h + 1) * n_req] = -1  # a negative key skips the row
+        self._index.lookup(keys, ctx, ctx_len, k, _MIN_PROB, hist)  # type: ignore[arg-type]
+        if "local" in cfg.sources:
+            K.local_drafts(sl, k, slots.si, slots.ctx, *loc)
+        else:
+            loc[2][:] = 0
+        if not np.count_nonzero(lens):
+            self._finish_step(t0, 0, 0)
+            return [EMPTY_DRAFT] * n_req
         # positions under the floor can never be admitted: the sort sees only the others
-        n_ok = buf("n_ok", n_req, np.int64)
-        flat = buf("flat", n_req * kk, np.float64)
         n_flat = K.score(
             tok,
             prob,
@@ -434,7 +464,7 @@ class AgentSpecProposer:
         budget = None
         if step.max_num_batched_tokens is not None:
             budget = max(0, step.max_num_batched_tokens - step.batch_size)
-        alloc = allocate(
+        counts, _exp, _goodput, offered, used = allocate_counts(
             flat[:n_flat],
             n_ok,
             batch_size=step.batch_size,
@@ -444,33 +474,33 @@ class AgentSpecProposer:
             overhead_s=self._overhead_s,
             min_survival=floor,
         )
-        self._threshold = alloc.threshold
         # every request with a candidate keeps it for calibration, drafted or not
         slots.widen_drafts(kk)
         K.keep_candidates(sl, pick, sel_len, sel_cell, tok, slots.si, slots.dtok, slots.dcell)
-        counts = np.asarray(alloc.counts, dtype=np.int64)
-        used = int(counts.sum())
+        drafts: list[Draft] = [EMPTY_DRAFT] * n_req
         if used:
-            rows = np.flatnonzero(counts)
-            slots.si[sl[rows], K.C_DSENT] = counts[rows]
             if cfg.budget_max_rejection is not None:
                 # a step under budget_floor_batch may reject more (its floor is lower)
                 t = cfg.budget_max_rejection
                 self._ledger[2] += used * (min(1.0, t / scale) if scale > 0 else 1.0)
-            # only the drafted tokens leave numpy (converting whole rows costs more)
-            keep = np.arange(kk)[None, :] < counts[rows, None]
-            flat_tok = tok[pick[rows]][keep].tolist()
-            # Draft.probs are per-token (given the earlier tokens): each cell's acceptance
-            flat_p = self.acceptance(sel_cell[rows][keep]).tolist()
+            rows, ends, flat_tok, flat_p = K.emit_drafts(
+                sl, counts, pick, sel_cell, tok, slots.si, self._table, self._fine
+            )
+            # Draft.probs are per-token (given the earlier tokens): each cell's acceptance;
+            # slices of one tuple are tuples (no per-draft conversion)
+            all_tok = tuple(flat_tok.tolist())
+            all_p = tuple(flat_p.tolist())
             a = 0
-            for i, b in zip(rows.tolist(), np.cumsum(counts[rows]).tolist(), strict=True):
-                drafts[i] = Draft(tuple(flat_tok[a:b]), tuple(flat_p[a:b]))
+            for i, b in zip(rows.tolist(), ends.tolist(), strict=True):
+                drafts[i] = Draft(all_tok[a:b], all_p[a:b])
                 a = b
-        self._finish_step(t0, alloc.offered, used, step)
+        self._finish_step(t0, offered, used)
         return drafts
 
     def acceptance(self, cells: np.ndarray) -> np.ndarray:
-        """Calibrated acceptance of fine calibration cells (as ``kernels._acceptance``)."""
+        """Calibrated acceptance of fine calibration cells, in numpy (the drafts' probs
+        come from ``kernels._acceptance``, the same formula; this is the readable form the
+        tests check them against)."""
         fsucc, ftot, _codes, strength = self._fine
         coarse = self._table[cells // K.NF]
         if strength <= 0.0:
@@ -484,19 +514,15 @@ class AgentSpecProposer:
         target = cfg.budget_max_rejection
         if target is None:
             return cfg.budget_floor
-        acc, dr, allowed = self._ledger
-        if dr >= _LEDGER_WINDOW:
+        if self._ledger[1] >= _LEDGER_WINDOW:
+            acc, dr, allowed = self._ledger.tolist()
             # token-weighted: a window that ran long moves the floor in proportion
             err = ((dr - acc) - allowed) / _LEDGER_WINDOW
             self._floor = min(_FLOOR_MAX, max(_FLOOR_MIN, self._floor + _FLOOR_GAIN * err))
             self._ledger[:] = 0.0
         return self._floor
 
-    def _finish_step(self, t0: float, offered: int, used: int, step: StepContext) -> None:
-        if not offered:
-            t = self.cost.step_time(step.batch_size, step.num_kv_tokens)
-            marginal = self.cost.step_time(step.batch_size + 1, step.num_kv_tokens) - t
-            self._threshold = marginal * step.batch_size / t if t > 0 else 0.0
+    def _finish_step(self, t0: float, offered: int, used: int) -> None:
         dt = time.perf_counter() - t0
         self._overhead_s = 0.9 * self._overhead_s + 0.1 * dt
         self.stats["steps"] += 1

@@ -27,10 +27,17 @@ from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.sim import replay_workload
 
 TOTALS: collections.defaultdict[str, float] = collections.defaultdict(float)
+ORIGINALS: list[tuple[Any, dict[str, Any]]] = []
+"""``(owner, {name: original})`` of every function the timers replaced."""
 
 
 def _timed(owner: Any, name: str) -> None:
     fn: Callable[..., Any] = getattr(owner, name)
+    saved = next((d for o, d in ORIGINALS if o is owner), None)
+    if saved is None:
+        saved = {}
+        ORIGINALS.append((owner, saved))
+    saved.setdefault(name, fn)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
@@ -52,10 +59,10 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=16)
     args = ap.parse_args()
     kernels = ("apply_extends", "gather", "local_drafts", "score", "insert_outputs")
-    kernels += ("scan_prompts", "keep_candidates", "room_needed", "release_rows")
+    kernels += ("scan_prompts", "keep_candidates", "room_needed", "release_rows", "emit_drafts")
     for name in kernels:
         _timed(K, name)
-    _timed(P, "allocate")
+    _timed(P, "allocate_counts")
     _timed(NgramIndex, "lookup")
     for name in ("propose", "_flush", "extend", "start", "stop"):
         _timed(P.AgentSpecProposer, name)

@@ -364,10 +364,16 @@ def test_budget_total_within_budget_and_prefixes() -> None:
 
 
 def _score_one(
-    tok: np.ndarray, lens: np.ndarray, table: np.ndarray, fine: tuple, floor: float
-) -> tuple[int, np.ndarray, int, np.ndarray]:  # type: ignore[type-arg]
+    tok: np.ndarray,
+    lens: np.ndarray,
+    table: np.ndarray,
+    fine: tuple,  # type: ignore[type-arg]
+    floor: float,
+    rec: int = 0,
+) -> tuple[int, np.ndarray, int, np.ndarray]:
     """``kernels.score`` for one request (rows = sources), every c/n 1, match and support
-    1: returns (picked row, its cells, positions at or above the floor, their survivals)."""
+    1 with record bucket ``rec``: returns (picked row, its cells, positions at or above the
+    floor, their survivals)."""
     from agentspec_mw.agentspec import kernels as K
     from agentspec_mw.agentspec.ngram_index import LEVELS
     from agentspec_mw.agentspec.proposer import _Q, _SUPPORT_EDGES
@@ -383,6 +389,7 @@ def _score_one(
         lens,
         ones,
         ones,
+        np.full(1, rec, np.int64),
         table,
         fine,
         LEVELS,
@@ -455,6 +462,57 @@ def test_score_splits_cells_by_token_class_and_line_break() -> None:
         assert n_flat == 4
         assert (cells % K.NF).tolist() == [3, 3, 0, 7]
         np.testing.assert_allclose(flat, np.cumprod([0.9, 0.9, 0.9, last]))
+
+
+def test_score_splits_cells_by_the_request_record() -> None:
+    """The request's record bucket (its streak of right candidate tokens) selects a
+    further split of each fine cell: a poor record in one bucket lowers only requests in
+    that bucket."""
+    from agentspec_mw.agentspec import kernels as K
+    from agentspec_mw.agentspec.proposer import _N_ML, _N_SUP, _Q
+
+    n_src, k = len(SOURCES), 2
+    table = np.full(n_src * 2 * _N_ML * _N_SUP * K.N_POS * _Q, 0.9)
+    codes = np.zeros(1, dtype=np.int8)
+    tok = np.zeros((n_src, k), dtype=np.int32)
+    lens = np.array([2] + [0] * (n_src - 1), dtype=np.int64)
+    fsucc, ftot = np.zeros(len(table) * K.NF), np.zeros(len(table) * K.NF)
+    fresh = 2 * K.N_CLASSES  # fine-cell offset of record bucket 1 (class 0, no line break)
+    ftot[fresh :: K.NF] = 100.0  # record bucket 1: 0 of 100 accepted
+    low = 8 * 0.9 / 108
+    for rec, p in ((0, 0.9), (1, low), (K.N_REC - 1, 0.9)):
+        _pick, cells, n_flat, flat = _score_one(
+            tok, lens, table, (fsucc, ftot, codes, 8.0), 1e-12, rec=rec
+        )
+        assert ((cells % K.NF) // (2 * K.N_CLASSES)).tolist() == [rec, rec]
+        np.testing.assert_allclose(flat, np.cumprod([p, p]))
+
+
+def test_request_record_counts_right_candidate_tokens_in_a_row(tb) -> None:  # type: ignore[no-untyped-def]
+    """``C_STREAK`` grows by each verified candidate token that was right and restarts
+    at a wrong one."""
+    from agentspec_mw.agentspec import kernels as K
+
+    copy = list(range(100, 140))
+    out = copy + copy + list(range(200, 210))  # a copy drafted right through, then new text
+    p = _prop(tb)
+    p.start("r", [1, 2, 3], None)
+    p.extend("r", out[:1])
+    pos, seen = 1, []
+    while pos < len(out):
+        d = p.propose(["r"], 8, StepContext(batch_size=1, num_kv_tokens=3 + pos))[0]
+        a = 0
+        while a < len(d) and pos + a < len(out) and d.token_ids[a] == out[pos + a]:
+            a += 1
+        adv = min(a + 1, len(out) - pos)
+        p.extend("r", out[pos : pos + adv])
+        pos += adv
+        p._flush()
+        seen.append((pos, int(p._slots.si[p._reqs["r"], K.C_STREAK])))
+    in_copy = [st for q, st in seen if q <= 80]
+    after = [st for q, st in seen if q > 81]
+    assert max(in_copy) >= 16  # the second copy: its candidates right token after token
+    assert after and after[0] == 0  # the copy's candidate was wrong where the new text began
 
 
 def _allocate_reference(

@@ -89,3 +89,28 @@ def test_ablate_sources_end_to_end(
     assert (out / "sources.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(list(out.glob("sources_*.json"))) == len(ablate.SOURCE_SETS)
     assert not list(out.glob("sources_*.png"))  # one combined plot only
+
+
+def test_proposer_profile_end_to_end(
+    sample_path: Path,
+    tiny_tokenizer_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # the script wraps the proposer's kernels by name: a renamed kernel must fail here
+    monkeypatch.setenv("AGENTSPEC_CACHE", str(tmp_path / "cache"))
+    argv = ["proposer_profile.py", "--trace", str(sample_path), "--batch", "4"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--tokenizer", str(tiny_tokenizer_dir)])
+    mod = _script("proposer_profile")
+    try:
+        mod.main()
+    finally:
+        # the script patched the proposer modules' functions in place: put them back
+        for owner, saved in mod.ORIGINALS:
+            for name, fn in saved.items():
+                setattr(owner, name, fn)
+    printed = capsys.readouterr().out
+    assert "engine steps; mean proposer time" in printed
+    timed = {ln.split()[0] for ln in printed.splitlines()[1:] if ln.strip()}
+    assert {"propose", "_flush", "apply_extends", "lookup", "allocate_counts"} <= timed

@@ -58,6 +58,12 @@ class AgentSpecConfig(BaseModel):
     its own counts shrunk toward its cell's acceptance with weight
     ``calib_prior_strength``, so a class seldom seen acts like the whole cell. ``False``:
     cells only (the ablation)."""
+    calib_request_record: bool = True
+    """Split every fine cell further by the request's record: how many verified
+    candidate tokens in a row its candidates got right (0, 1–3, 4–15, 16+; drafted or
+    not, so only what the verifier has already seen), shrunk toward the cell like the
+    token classes. Takes effect with ``calib_token_classes`` (whose shrinkage it uses).
+    ``False``: one record bucket (the ablation)."""
     budget_cost_model: str = "llama8b-h100"
     """Step-time preset used when the host gives no cost model."""
     budget_floor: float = Field(default=0.75, ge=0, le=1)

@@ -57,9 +57,12 @@ C_SEQBLK, C_DLEN, C_DDONE, C_LPTR, C_LML, C_LSKIP, C_LBACK, C_ASEQ = 8, 9, 10, 1
 C_DSENT = 16  # tokens drafted at the last step (counted in the rejection ledger)
 C_GBASE, C_GSEQ = 17, 18  # scope-wide key base (-1: source off) and its live sequence
 C_QUEUED = 19  # scratch: tokens queued for the slot (room_needed)
+C_STREAK = 20  # verified candidate tokens in a row that were right (the request's record)
 N_POS = 5  # draft-position buckets of the calibration table: 0, 1, 2-3, 4-7, 8+
-N_COLS = 20
-NF = 2 * N_CLASSES  # fine calibration cells per cell: token class x line break crossed
+N_COLS = 21
+REC_EDGES = (1, 4, 16)  # record buckets by streak: 0, 1-3, 4-15, 16+
+N_REC = len(REC_EDGES) + 1
+NF = 2 * N_CLASSES * N_REC  # fine cells per cell: token class x line break x record
 N_HIST = 3  # index-backed sources, in lookup-row order: iso, agent, scope
 _LOCAL_MIN_MATCH = 3
 _LOCAL_MAX_BACKOFF = 16  # steps a request skips the local scan after failing, at most
@@ -185,6 +188,9 @@ def apply_extends(
                 if hit:
                     succ[cell] += 1.0
                     fsucc[fcell] += 1.0
+                    si[s, C_STREAK] += 1
+                else:
+                    si[s, C_STREAK] = 0
                 table[cell] = (succ[cell] + strength * prior[cell]) / (tot[cell] + strength)
                 if not hit:
                     m = 0
@@ -323,12 +329,19 @@ def gather(
     out_ctx: np.ndarray,
     out_len: np.ndarray,
     out_keys: np.ndarray,
+    out_rec: np.ndarray,
 ) -> None:  # pragma: no cover
     """Tails of the context (``out_ctx[r, :out_len[r]]``) and keys, for the ``3n`` lookup
-    rows: iso (``r``), then agent (``n + r``) and scope (``2n + r``), the same tail."""
+    rows: iso (``r``), then agent (``n + r``) and scope (``2n + r``), the same tail; and
+    each request's record bucket (``out_rec[r]``, its streak by :data:`REC_EDGES`)."""
     n = slots.shape[0]
     for r in range(n):
         s = slots[r]
+        st = si[s, C_STREAK]
+        b = 0
+        while b < len(REC_EDGES) and st >= REC_EDGES[b]:
+            b += 1
+        out_rec[r] = b
         c0 = si[s, C_CSTART]
         ln = si[s, C_CLEN]
         t = min(ln, MAX_N)
@@ -463,10 +476,12 @@ def _cell(head: int, agree: int, j: int, p: float, n_q: int) -> int:  # pragma: 
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _fine(cell: int, code: int, crossed: int) -> int:  # pragma: no cover
+def _fine(cell: int, code: int, crossed: int, rec: int) -> int:  # pragma: no cover
     """Fine cell of a token in calibration ``cell``: its text class (``code``'s low
-    bits, :mod:`.token_classes`) and whether the draft crossed a line break before it."""
-    return cell * NF + (code & (N_CLASSES - 1)) + (N_CLASSES if crossed else 0)
+    bits, :mod:`.token_classes`), whether the draft crossed a line break before it, and
+    the request's record bucket ``rec``."""
+    base = cell * NF + 2 * N_CLASSES * rec
+    return base + (code & (N_CLASSES - 1)) + (N_CLASSES if crossed else 0)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -487,6 +502,7 @@ def score(
     lens: np.ndarray,
     match: np.ndarray,
     support: np.ndarray,
+    rec: np.ndarray,
     table: np.ndarray,
     fine: Any,
     levels: np.ndarray,
@@ -541,7 +557,7 @@ def score(
                 for j in range(lens[row]):
                     c = _cell(head, agree if j < ag else 0, j, prob[row, j], n_q)
                     code = codes[tok[row, j]]
-                    s *= _acceptance(_fine(c, code, crossed), table, fine)
+                    s *= _acceptance(_fine(c, code, crossed, rec[r]), table, fine)
                     crossed |= code & NEWLINE
                     v += s
                     if s >= floor:
@@ -564,7 +580,7 @@ def score(
         for j in range(m):
             c = _cell(best_head, agree if j < best_ag else 0, j, prob[row, j], n_q)
             code = codes[tok[row, j]]
-            f = _fine(c, code, crossed)
+            f = _fine(c, code, crossed, rec[r])
             crossed |= code & NEWLINE
             out_cell[r, j] = f
             s *= _acceptance(f, table, fine)

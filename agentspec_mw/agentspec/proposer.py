@@ -198,6 +198,7 @@ class AgentSpecProposer:
                 np.zeros((cap, kk), np.int64),  # sel_cell
                 np.zeros(cap, np.int64),  # n_ok
                 np.zeros(cap * kk, np.float64),  # flat
+                np.zeros(cap, np.int64),  # rec
             )
             self._ws = {(-1, kk): base}
             self._ws_cap = cap
@@ -224,6 +225,7 @@ class AgentSpecProposer:
             support,
             *(a[:n_req] for a in base[8:12]),  # pick, sel_len, sel_cell, n_ok
             base[12][: n_req * kk],  # flat
+            base[13][:n_req],  # rec
             *(a[:nh] for a in (tok, prob, lens, match, support)),  # index rows
             *(a[nh:] for a in (tok, prob, lens, match, support)),  # local rows
         )
@@ -427,9 +429,11 @@ class AgentSpecProposer:
         # index rows: iso, agent, scope (n_req each); then local. Rows are written by the
         # lookup (index rows) and local_drafts (local rows).
         (ctx, ctx_len, keys, tok, prob, lens, match, support, pick, sel_len, sel_cell, n_ok,
-         flat, *hist_loc) = self._workspace(n_req, kk)  # fmt: skip
+         flat, rec, *hist_loc) = self._workspace(n_req, kk)  # fmt: skip
         hist, loc = tuple(hist_loc[:5]), hist_loc[5:]
-        K.gather(sl, slots.si, slots.stack, slots.bst, slots.ctx, ctx, ctx_len, keys)
+        K.gather(sl, slots.si, slots.stack, slots.bst, slots.ctx, ctx, ctx_len, keys, rec)
+        if not cfg.calib_request_record:
+            rec[:] = 0
         for h in self._off_sources:
             keys[h * n_req : (h + 1) * n_req] = -1  # a negative key skips the row
         self._index.lookup(keys, ctx, ctx_len, k, _MIN_PROB, hist)  # type: ignore[arg-type]
@@ -447,6 +451,7 @@ class AgentSpecProposer:
             lens,
             match,
             support,
+            rec,
             self._table,
             self._fine,
             LEVELS,

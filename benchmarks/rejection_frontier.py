@@ -2,7 +2,8 @@
 
 AgentSpec's budget holds busy steps' drafts to a rejection target
 (``budget_max_rejection``, moved by the rejection ledger). This script replays the traces
-once per target (``none`` = no target and no floor: the cost model alone decides), plus
+once per target (``none`` = no target and no floor: the cost model alone decides; every
+run without ``budget_rejection_cap``, so the target alone is measured), plus
 once with SuffixDecoding, and prints per workload the rejection rate, tokens per step and
 predicted speedup of each, with AgentSpec / SuffixDecoding; it draws speedup against
 rejection (``frontier.png``: one panel per workload, SuffixDecoding as a star, the
@@ -38,6 +39,8 @@ def _target_args(target: str) -> list[str]:
             "agentspec.budget_max_rejection=null",
             "--set",
             "agentspec.budget_floor=0",
+            "--set",
+            "agentspec.budget_rejection_cap=null",
         ]
     try:
         value = float(target)
@@ -45,7 +48,12 @@ def _target_args(target: str) -> list[str]:
         value = -1.0
     if not 0.0 < value < 1.0:
         raise SystemExit(f"rejection target {target!r} is not in (0, 1) or 'none'")
-    return ["--set", f"agentspec.budget_max_rejection={value}"]
+    return [
+        "--set",
+        f"agentspec.budget_max_rejection={value}",
+        "--set",
+        "agentspec.budget_rejection_cap=null",
+    ]
 
 
 def _replay(args: argparse.Namespace, proposers: str, path: Path, extra: list[str]) -> Path:

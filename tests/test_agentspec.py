@@ -880,7 +880,7 @@ def test_agentspec_rejection_ledger_counts_verified_drafts(tiny_tokenizer, tb) -
 def test_agentspec_floor_follows_measured_rejection(tb) -> None:  # type: ignore[no-untyped-def]
     from agentspec_mw.agentspec import proposer as P
 
-    p = _prop(tb, budget_floor=0.75, budget_max_rejection=0.2)
+    p = _prop(tb, budget_floor=0.75, budget_max_rejection=0.2, budget_rejection_cap=0.25)
     # ledger: accepted, drafted, rejections allowed (0.2 per token drafted at full scale)
     p._ledger[:] = (100.0, 200.0, 40.0)  # under a window: no move
     assert p._update_floor() == 0.75
@@ -901,3 +901,50 @@ def test_agentspec_floor_follows_measured_rejection(tb) -> None:  # type: ignore
     assert fixed._update_floor() == 0.6
     with pytest.raises(ValueError):
         _prop(tb, budget_max_rejection=1.5)
+
+
+def test_agentspec_rejection_cap_holds_a_busy_engines_drain(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+    """After a busy step, small steps lose their lower floor while the running rejection
+    is over ``budget_rejection_cap``; an engine that was never busy keeps it."""
+    from agentspec_mw.agentspec import proposer as P
+
+    p = _prop(tb, budget_rejection_cap=0.2)
+    assert not p._over_cap()  # nothing verified yet
+    p._ledger[:] = (128.0, 256.0, 51.2)
+    p._update_floor()  # each window joins the running counts
+    assert tuple(p._total) == (128.0, 256.0)
+    assert not p._over_cap()  # 50 % rejected, but the engine was never busy
+    p._busy_step = p.stats["steps"]
+    assert p._over_cap()
+    p._total[:] = (230.0, 256.0)  # 10 % rejected: under the cap
+    assert not p._over_cap()
+    p._total[:] = (128.0, 256.0)
+    p.stats["steps"] += P._CAP_MEMORY_STEPS + 1  # busy too long ago
+    assert not p._over_cap()
+    assert not _prop(tb, budget_rejection_cap=None)._over_cap()
+    with pytest.raises(ValueError, match="under budget_max_rejection"):
+        _prop(tb, budget_rejection_cap=0.1, budget_max_rejection=0.15)
+
+    # drafting: two earlier requests disagree on how the line goes on, so the third's
+    # candidate is a coin flip (survival ~0.4): a small step drafts it, unless capped
+    tags = StructureTags(agent_id="a", query_id="q")
+    head = _ids(tiny_tokenizer, "total = price * quantity +")
+    tails = [_ids(tiny_tokenizer, " shipping_cost\n"), _ids(tiny_tokenizer, " tax_amount\n")]
+
+    def drafted(capped: bool, batch: int) -> int:
+        q = _prop(tb, budget_rejection_cap=0.2)
+        for i, tail in enumerate(tails):
+            q.start(f"r{i}", [1, 2], tags)
+            q.extend(f"r{i}", head + tail)
+            q.stop(f"r{i}")
+        q.start("x", [1, 2], tags)
+        q.extend("x", head)
+        if capped:
+            q._busy_step = 0
+            q._total[:] = (0.0, 1024.0)
+        d = q.propose(["x"], 8, StepContext(batch_size=batch, num_kv_tokens=64))[0]
+        return len(d)
+
+    assert drafted(False, 2) > 0
+    assert drafted(True, 2) == 0  # the full floor: a coin flip is not drafted
+    assert drafted(True, 64) == drafted(False, 64)  # busy steps: the cap changes nothing

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentspec_mw.agentspec.blocks import DEFAULT_BLOCKS
 
@@ -81,6 +81,15 @@ class AgentSpecConfig(BaseModel):
     (rejected − allowed) / 256 after every 256 verified drafted tokens, within
     [0.2, 0.95], so each deployment's drafts use the rejection it allows — no more.
     ``None``: ``θ`` stays ``budget_floor``."""
+    budget_rejection_cap: float | None = Field(default=0.19, gt=0, lt=1)
+    """Rejection rate all drafts together stay under once the engine has been busy
+    (``budget_floor_batch`` requests or more within the last 16,384 steps): while the
+    running rejection of the verified drafts (every step; half-life 2^20 drafted tokens)
+    is over it, small steps lose their lower floor (the full ``θ`` applies at every batch
+    size) and are allowed only ``budget_max_rejection``. So the drain of a busy engine —
+    the last few long requests, drafting at a floor near 0 — cannot take the whole
+    stream's rejection over the cap. An engine that was never busy keeps the lower floor
+    (a rejected token costs it almost nothing). ``None``: no cap."""
     budget_floor_batch: int = Field(default=32, ge=2)
     """Batch size from which the full floor ``θ`` applies (the brief: past ~32
     concurrent requests the state of the art is slower than no speculation)."""
@@ -111,3 +120,13 @@ class AgentSpecConfig(BaseModel):
             if not name or not start or not end:
                 raise ValueError(f"blocks entry {(name, start, end)!r} has an empty field")
         return v
+
+    @model_validator(mode="after")
+    def _check_cap(self) -> AgentSpecConfig:
+        cap, target = self.budget_rejection_cap, self.budget_max_rejection
+        if cap is not None and target is not None and cap < target:
+            raise ValueError(
+                f"budget_rejection_cap={cap} is under budget_max_rejection={target}: "
+                "busy steps would aim at more rejection than the whole stream may have"
+            )
+        return self

@@ -39,7 +39,11 @@ position's survival probability is the product of the calibrated acceptances of 
 tokens up to it; :func:`~agentspec_mw.agentspec.budget.allocate` turns survivals into the
 step's drafts, admitting only positions whose survival is at least a floor that follows
 the rejection measured on verified drafts
-(``budget_max_rejection``; :meth:`AgentSpecProposer._update_floor`).
+(``budget_max_rejection``; :meth:`AgentSpecProposer._update_floor`). Small steps get a
+lower floor (drafting is nearly free there) unless the engine was busy lately and the
+drafts' running rejection is over ``budget_rejection_cap``
+(:meth:`AgentSpecProposer._over_cap`): so a busy engine's drain cannot spend more
+rejection than the cap.
 
 Speed: ``start``/``extend``/``stop`` only queue their arguments; the next ``propose``
 applies them for the whole batch in a few numba kernels (:mod:`.kernels`) over per-request
@@ -84,6 +88,8 @@ _N_SUP = len(_SUPPORT_EDGES) + 1
 _LEDGER_WINDOW = 256  # verified drafted tokens per floor update
 _FLOOR_GAIN = 0.2  # floor change per unit of rejection error, per window
 _FLOOR_MIN, _FLOOR_MAX = 0.2, 0.95  # bounds of the moving floor
+_CAP_HALF_LIFE = float(1 << 20)  # verified drafted tokens: half-life of the running rejection
+_CAP_MEMORY_STEPS = 1 << 14  # steps after the last busy one during which the cap applies
 _MIN_PROB = 0.05  # the index stops a draft at a token fewer than 5% of candidates agree on
 
 
@@ -159,6 +165,9 @@ class AgentSpecProposer:
         self._floor = cfg.budget_floor
         # verified drafts: accepted, drafted; and the rejections the drafting steps allowed
         self._ledger = np.zeros(3, dtype=np.float64)
+        # the running (decayed) accepted and drafted counts behind budget_rejection_cap
+        self._total = np.zeros(2, dtype=np.float64)
+        self._busy_step = -(1 << 62)  # last step with budget_floor_batch requests or more
         self._overhead_s = 0.0
         self.stats: dict[str, int] = {"steps": 0, "offered": 0, "drafted": 0}
         self._ws: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}  # see _workspace
@@ -421,8 +430,13 @@ class AgentSpecProposer:
         if n_req == 0 or k <= 0:
             return [EMPTY_DRAFT] * n_req
         cfg = self.config
+        theta = self._update_floor()
+        if step.batch_size >= cfg.budget_floor_batch:
+            self._busy_step = self.stats["steps"]
         scale = min(1.0, math.log2(max(step.batch_size, 1)) / math.log2(cfg.budget_floor_batch))
-        floor = self._update_floor() * scale
+        if scale < 1.0 and self._over_cap():
+            scale = 1.0  # a busy engine's drain: no more rejection than the cap
+        floor = theta * scale
         sl = np.fromiter(map(self._reqs.__getitem__, req_ids), np.int64, n_req)
         slots = self._slots
         kk = max(k, 1)
@@ -514,18 +528,33 @@ class AgentSpecProposer:
 
     def _update_floor(self) -> float:
         """The survival floor at full scale: fixed (``budget_max_rejection=None``) or
-        moved by the rejection the verified drafts had, once a window of them is in."""
+        moved by the rejection the verified drafts had, once a window of them is in.
+        Each window also joins the running counts :meth:`_over_cap` reads."""
         cfg = self.config
         target = cfg.budget_max_rejection
-        if target is None:
-            return cfg.budget_floor
         if self._ledger[1] >= _LEDGER_WINDOW:
             acc, dr, allowed = self._ledger.tolist()
-            # token-weighted: a window that ran long moves the floor in proportion
-            err = ((dr - acc) - allowed) / _LEDGER_WINDOW
-            self._floor = min(_FLOOR_MAX, max(_FLOOR_MIN, self._floor + _FLOOR_GAIN * err))
+            self._total *= 0.5 ** (dr / _CAP_HALF_LIFE)
+            self._total += (acc, dr)
+            if target is not None:
+                # token-weighted: a window that ran long moves the floor in proportion
+                err = ((dr - acc) - allowed) / _LEDGER_WINDOW
+                self._floor = min(_FLOOR_MAX, max(_FLOOR_MIN, self._floor + _FLOOR_GAIN * err))
             self._ledger[:] = 0.0
-        return self._floor
+        return cfg.budget_floor if target is None else self._floor
+
+    def _over_cap(self) -> bool:
+        """Whether small steps lose their lower floor: the engine had
+        ``budget_floor_batch`` requests or more within the last ``_CAP_MEMORY_STEPS``
+        steps, and the running rejection of the verified drafts (all steps; half-life
+        ``_CAP_HALF_LIFE`` drafted tokens) is over ``budget_rejection_cap``. An engine
+        that serves few requests all along keeps the lower floor (a rejected token costs
+        it almost nothing)."""
+        cap = self.config.budget_rejection_cap
+        if cap is None or self.stats["steps"] - self._busy_step > _CAP_MEMORY_STEPS:
+            return False
+        acc, dr = self._total.tolist()
+        return dr >= _LEDGER_WINDOW and dr - acc > cap * dr
 
     def _finish_step(self, t0: float, offered: int, used: int) -> None:
         dt = time.perf_counter() - t0

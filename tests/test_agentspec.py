@@ -918,6 +918,11 @@ def test_agentspec_rejection_cap_holds_a_busy_engines_drain(tiny_tokenizer, tb) 
     assert p._over_cap()
     p._total[:] = (230.0, 256.0)  # 10 % rejected: under the cap
     assert not p._over_cap()
+    p._total[:] = (0.0, 128.0)  # under a window verified: the drafts' predictions count
+    p._predicted[:] = (90.0, 100.0)
+    assert not p._over_cap()
+    p._predicted[:] = (50.0, 100.0)
+    assert p._over_cap()
     p._total[:] = (128.0, 256.0)
     p.stats["steps"] += P._CAP_MEMORY_STEPS + 1  # busy too long ago
     assert not p._over_cap()

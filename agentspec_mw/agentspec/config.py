@@ -84,9 +84,10 @@ class AgentSpecConfig(BaseModel):
     budget_rejection_cap: float | None = Field(default=0.19, gt=0, lt=1)
     """Rejection rate all drafts together stay under once the engine has been busy
     (``budget_floor_batch`` requests or more within the last 16,384 steps): while the
-    running rejection of the verified drafts (every step; half-life 2^20 drafted tokens)
-    is over it, small steps lose their lower floor (the full ``θ`` applies at every batch
-    size) and are allowed only ``budget_max_rejection``. So the drain of a busy engine —
+    running rejection of the verified drafts (every step; half-life 2^20 drafted tokens;
+    before 256 are verified, the rejection the drafts' survivals predicted) is over it,
+    small steps lose their lower floor (the full ``θ`` applies at every batch size) and
+    are allowed only ``budget_max_rejection``. So the drain of a busy engine —
     the last few long requests, drafting at a floor near 0 — cannot take the whole
     stream's rejection over the cap. An engine that was never busy keeps the lower floor
     (a rejected token costs it almost nothing). ``None``: no cap."""

@@ -167,6 +167,8 @@ class AgentSpecProposer:
         self._ledger = np.zeros(3, dtype=np.float64)
         # the running (decayed) accepted and drafted counts behind budget_rejection_cap
         self._total = np.zeros(2, dtype=np.float64)
+        # and what the drafts' own survivals predicted (read before a window is verified)
+        self._predicted = np.zeros(2, dtype=np.float64)
         self._busy_step = -(1 << 62)  # last step with budget_floor_batch requests or more
         self._overhead_s = 0.0
         self.stats: dict[str, int] = {"steps": 0, "offered": 0, "drafted": 0}
@@ -483,7 +485,7 @@ class AgentSpecProposer:
         budget = None
         if step.max_num_batched_tokens is not None:
             budget = max(0, step.max_num_batched_tokens - step.batch_size)
-        counts, _exp, _goodput, offered, used = allocate_counts(
+        counts, expected, _goodput, offered, used = allocate_counts(
             flat[:n_flat],
             n_ok,
             batch_size=step.batch_size,
@@ -498,6 +500,8 @@ class AgentSpecProposer:
         K.keep_candidates(sl, pick, sel_len, sel_cell, tok, slots.si, slots.dtok, slots.dcell)
         drafts: list[Draft] = [EMPTY_DRAFT] * n_req
         if used:
+            self._predicted *= 0.5 ** (used / _CAP_HALF_LIFE)
+            self._predicted += (expected - step.batch_size, used)
             if cfg.budget_max_rejection is not None:
                 # a step under budget_floor_batch may reject more (its floor is lower)
                 t = cfg.budget_max_rejection
@@ -547,14 +551,17 @@ class AgentSpecProposer:
         """Whether small steps lose their lower floor: the engine had
         ``budget_floor_batch`` requests or more within the last ``_CAP_MEMORY_STEPS``
         steps, and the running rejection of the verified drafts (all steps; half-life
-        ``_CAP_HALF_LIFE`` drafted tokens) is over ``budget_rejection_cap``. An engine
+        ``_CAP_HALF_LIFE`` drafted tokens) is over ``budget_rejection_cap`` — until a
+        window of drafts is verified, the rejection their survivals predicted. An engine
         that serves few requests all along keeps the lower floor (a rejected token costs
         it almost nothing)."""
         cap = self.config.budget_rejection_cap
         if cap is None or self.stats["steps"] - self._busy_step > _CAP_MEMORY_STEPS:
             return False
         acc, dr = self._total.tolist()
-        return dr >= _LEDGER_WINDOW and dr - acc > cap * dr
+        if dr < _LEDGER_WINDOW:  # too few verified yet: what the drafts predicted
+            acc, dr = self._predicted.tolist()
+        return dr > 0 and dr - acc > cap * dr
 
     def _finish_step(self, t0: float, offered: int, used: int) -> None:
         dt = time.perf_counter() - t0

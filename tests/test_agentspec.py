@@ -923,6 +923,10 @@ def test_agentspec_rejection_cap_holds_a_busy_engines_drain(tiny_tokenizer, tb) 
     assert not p._over_cap()
     p._predicted[:] = (50.0, 100.0)
     assert p._over_cap()
+    p._predicted[:] = (90.0, 100.0)
+    p._ledger[:2] = (50.0, 200.0)  # the window being filled counts too: 50 of 328 verified accepted
+    assert p._over_cap()
+    p._ledger[:] = 0.0
     p._total[:] = (128.0, 256.0)
     p.stats["steps"] += P._CAP_MEMORY_STEPS + 1  # busy too long ago
     assert not p._over_cap()

@@ -558,7 +558,9 @@ class AgentSpecProposer:
         cap = self.config.budget_rejection_cap
         if cap is None or self.stats["steps"] - self._busy_step > _CAP_MEMORY_STEPS:
             return False
-        acc, dr = self._total.tolist()
+        # the folded windows and the window being filled (verified, not yet folded)
+        acc = float(self._total[0] + self._ledger[0])
+        dr = float(self._total[1] + self._ledger[1])
         if dr < _LEDGER_WINDOW:  # too few verified yet: what the drafts predicted
             acc, dr = self._predicted.tolist()
         return dr > 0 and dr - acc > cap * dr

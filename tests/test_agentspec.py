@@ -935,7 +935,8 @@ def test_agentspec_rejection_cap_holds_a_busy_engines_drain(tiny_tokenizer, tb) 
         _prop(tb, budget_rejection_cap=0.1, budget_max_rejection=0.15)
 
     # drafting: two earlier requests disagree on how the line goes on, so the third's
-    # candidate is a coin flip (survival ~0.4): a small step drafts it, unless capped
+    # candidate is unlikely (survival ~0.2): a small step (floor 0.15) drafts it, unless
+    # capped (floor 0.75)
     tags = StructureTags(agent_id="a", query_id="q")
     head = _ids(tiny_tokenizer, "total = price * quantity +")
     tails = [_ids(tiny_tokenizer, " shipping_cost\n"), _ids(tiny_tokenizer, " tax_amount\n")]
@@ -955,5 +956,5 @@ def test_agentspec_rejection_cap_holds_a_busy_engines_drain(tiny_tokenizer, tb) 
         return len(d)
 
     assert drafted(False, 2) > 0
-    assert drafted(True, 2) == 0  # the full floor: a coin flip is not drafted
+    assert drafted(True, 2) == 0  # the full floor: an unlikely candidate is not drafted
     assert drafted(True, 64) == drafted(False, 64)  # busy steps: the cap changes nothing

@@ -93,6 +93,13 @@ _CAP_MEMORY_STEPS = 1 << 14  # steps after the last busy one during which the ca
 _MIN_PROB = 0.05  # the index stops a draft at a token fewer than 5% of candidates agree on
 
 
+def _decay_add(counts: np.ndarray, accepted: float, drafted: float) -> None:
+    """Fold ``(accepted, drafted)`` into running counts that halve every
+    ``_CAP_HALF_LIFE`` drafted tokens (the rejection cap's readings)."""
+    counts *= 0.5 ** (drafted / _CAP_HALF_LIFE)
+    counts += (accepted, drafted)
+
+
 def redundancy_score(c: int, n: int, g_min: float) -> float:
     """The paper's ``g(c, n) = (c/n)·p(n)`` with ``p(n) = g_min + (1-g_min)(1-e^(1-n))``.
 
@@ -500,8 +507,7 @@ class AgentSpecProposer:
         K.keep_candidates(sl, pick, sel_len, sel_cell, tok, slots.si, slots.dtok, slots.dcell)
         drafts: list[Draft] = [EMPTY_DRAFT] * n_req
         if used:
-            self._predicted *= 0.5 ** (used / _CAP_HALF_LIFE)
-            self._predicted += (expected - step.batch_size, used)
+            _decay_add(self._predicted, expected - step.batch_size, used)
             if cfg.budget_max_rejection is not None:
                 # a step under budget_floor_batch may reject more (its floor is lower)
                 t = cfg.budget_max_rejection
@@ -538,8 +544,7 @@ class AgentSpecProposer:
         target = cfg.budget_max_rejection
         if self._ledger[1] >= _LEDGER_WINDOW:
             acc, dr, allowed = self._ledger.tolist()
-            self._total *= 0.5 ** (dr / _CAP_HALF_LIFE)
-            self._total += (acc, dr)
+            _decay_add(self._total, acc, dr)
             if target is not None:
                 # token-weighted: a window that ran long moves the floor in proportion
                 err = ((dr - acc) - allowed) / _LEDGER_WINDOW

@@ -75,6 +75,7 @@ def _add_replay(sub: Any) -> None:
     p.add_argument("--set", action="append", default=[], metavar="PROPOSER.OPTION=VALUE")
     p.add_argument("--max-calls", type=int, default=None, help="first N calls per workload")
     p.add_argument("--max-calls-per-run", type=int, default=None, help="first N calls per run")
+    p.add_argument("--max-runs", type=int, default=None, help="first N runs per workload")
     p.add_argument("--skip-malformed", action="store_true", help="count and skip bad records")
     p.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
     p.add_argument("--plot", default=None, help="PNG path (default: next to --json, or replay.png)")
@@ -111,6 +112,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         proposer_options=_parse_set(args.set),
         max_calls=args.max_calls,
         max_calls_per_run=args.max_calls_per_run,
+        max_runs=args.max_runs,
         skip_malformed=args.skip_malformed,
     )
     for name in config.proposers:  # fail before any slow work
@@ -133,7 +135,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     for p, s in stats.items():
         if s.skipped:
             print(f"warning: {p}: skipped {s.skipped} malformed records", file=sys.stderr)
-    workloads = build_calls(traces, config.tags, config.max_calls, config.max_calls_per_run)
+    workloads = build_calls(
+        traces, config.tags, config.max_calls, config.max_calls_per_run, config.max_runs
+    )
     env = ProposerEnv(
         token_bytes=token_bytes_table(tokenizer),
         cost_model=get_cost_model(config.cost_model),

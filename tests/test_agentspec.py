@@ -958,3 +958,55 @@ def test_agentspec_rejection_cap_holds_a_busy_engines_drain(tiny_tokenizer, tb) 
     assert drafted(False, 2) > 0
     assert drafted(True, 2) == 0  # the full floor: an unlikely candidate is not drafted
     assert drafted(True, 64) == drafted(False, 64)  # busy steps: the cap changes nothing
+
+
+def test_agentspec_busy_batch_arms_the_cap(tb) -> None:  # type: ignore[no-untyped-def]
+    """The engine counts as busy for the cap from ``budget_cap_batch`` requests in a step
+    (default: ``budget_floor_batch``); a real step marks it."""
+    from agentspec_mw.agentspec.config import AgentSpecConfig
+    from agentspec_mw.agentspec.proposer import _busy_batch
+
+    assert _busy_batch(AgentSpecConfig()) == 32
+    assert _busy_batch(AgentSpecConfig(budget_floor_batch=64)) == 64
+    assert _busy_batch(AgentSpecConfig(budget_cap_batch=16)) == 16
+    with pytest.raises(ValueError):
+        AgentSpecConfig(budget_cap_batch=1)
+
+    p = _prop(tb, budget_cap_batch=16)
+    p.start("r", [1, 2, 3])
+    p.extend("r", [4])
+    p._total[:] = (0.0, 1024.0)  # everything rejected so far
+    p.propose(["r"], 4, StepContext(batch_size=15))
+    assert not p._over_cap()  # 15 requests: not busy
+    p.propose(["r"], 4, StepContext(batch_size=16))
+    assert p._over_cap()
+
+
+def test_agentspec_kernels_are_loaded_at_construction(tb) -> None:  # type: ignore[no-untyped-def]
+    """Constructing a proposer loads every numba kernel a step runs (the warm-up), so the
+    engine's first decoding step does not pay numba's compilation or cache load — and
+    the warm-up leaves no trace in the new proposer."""
+    from numba.core.registry import CPUDispatcher
+
+    from agentspec_mw.agentspec import kernels, ngram_index
+    from agentspec_mw.agentspec import proposer as P
+
+    p = _prop(tb)
+    assert P._warm
+    step_kernels = [
+        kernels.scan_prompts,
+        kernels.apply_extends,
+        kernels.release_rows,
+        kernels.gather,
+        kernels.local_drafts,
+        kernels.keep_candidates,
+        kernels.score,
+        kernels.emit_drafts,
+        kernels.insert_outputs,
+        ngram_index._lookup_rows,
+    ]
+    for f in step_kernels:
+        assert isinstance(f, CPUDispatcher)
+        assert f.signatures, f"{f.__name__} was not loaded by the warm-up"
+    assert p.stats == {"steps": 0, "offered": 0, "drafted": 0}
+    assert p._index.written == 0 and not p._keys

@@ -283,6 +283,12 @@ def test_build_calls_subsets(sample_calls, tiny_tokenizer, tmp_path) -> None:  #
     one = build_calls([tr], max_calls_per_run=1)
     assert len(one["sample_tool_agent"]) == 3 and len(one["sample_react"]) == 2
     assert len(build_calls([tr], max_calls=2)["sample_tool_agent"]) == 2
+    whole = build_calls([tr])
+    first = build_calls([tr], max_runs=1)
+    for wl, calls in first.items():  # the first run of each workload, all its calls
+        run = whole[wl][0].run_id
+        assert [c.req_id for c in calls] == [c.req_id for c in whole[wl] if c.run_id == run]
+    assert len({c.run_id for c in whole["sample_tool_agent"]}) > 1  # so the cut is real
     tagged = build_calls([tr])["sample_tool_agent"][0].tags
     assert tagged is not None and tagged.agent_id == "travel_agent" and tagged.segment is None
     assert build_calls([tr], tags="none")["sample_react"][0].tags is None

@@ -83,7 +83,7 @@ class AgentSpecConfig(BaseModel):
     ``None``: ``θ`` stays ``budget_floor``."""
     budget_rejection_cap: float | None = Field(default=0.19, gt=0, lt=1)
     """Rejection rate all drafts together stay under once the engine has been busy
-    (``budget_floor_batch`` requests or more within the last 16,384 steps): while the
+    (``budget_cap_batch`` requests or more in a step within the last 16,384 steps): while the
     running rejection of the verified drafts (every step; half-life 2^20 drafted tokens;
     before 256 are verified, the rejection the drafts' survivals predicted) is over it,
     small steps lose their lower floor (the full ``θ`` applies at every batch size) and
@@ -91,6 +91,11 @@ class AgentSpecConfig(BaseModel):
     the last few long requests, drafting at a floor near 0 — cannot take the whole
     stream's rejection over the cap. An engine that was never busy keeps the lower floor
     (a rejected token costs it almost nothing). ``None``: no cap."""
+    budget_cap_batch: int | None = Field(default=None, ge=2)
+    """Requests in one step from which the engine counts as busy for
+    ``budget_rejection_cap`` (``None``: ``budget_floor_batch``). 16 also holds the
+    rejection of batch jobs of 16–31 agent runs under the cap, their drain included, but
+    makes them 4–26 % slower in the replay (docs/results.md, "Traces with few runs")."""
     budget_floor_batch: int = Field(default=32, ge=2)
     """Batch size from which the full floor ``θ`` applies (the brief: past ~32
     concurrent requests the state of the art is slower than no speculation)."""

@@ -93,6 +93,44 @@ _CAP_MEMORY_STEPS = 1 << 14  # steps after the last busy one during which the ca
 _MIN_PROB = 0.05  # the index stops a draft at a token fewer than 5% of candidates agree on
 
 
+def _busy_batch(cfg: AgentSpecConfig) -> int:
+    """Requests in one step from which the engine counts as busy for the rejection cap:
+    ``budget_cap_batch``, or ``budget_floor_batch`` if that is not set."""
+    return cfg.budget_cap_batch if cfg.budget_cap_batch is not None else cfg.budget_floor_batch
+
+
+_warm = False
+
+
+def _warm_kernels() -> None:
+    """Load (or compile) the numba kernels once per process, at construction: tiny
+    private proposers draft for and verify a batch of requests (48: enough index rows for
+    the threaded lookup) and stop them, live and not (``index_agent_live``). Otherwise
+    the engine's first decoding steps pay it (~0.3 s with a warm numba cache here, much
+    more on a cold one) — a hitch on the first requests, and in the replay a cost charged
+    to the first workload's step times."""
+    global _warm
+    if _warm:
+        return
+    _warm = True
+    env = ProposerEnv(token_bytes=[bytes([i]) for i in range(256)], max_k=4)
+    text = b"Thought: look up the flight.\nAction: search[flight 42]\n" * 4
+    prompt = np.frombuffer(text, dtype=np.uint8).astype(np.int64)
+    for live, n in ((True, 48), (False, 1)):
+        p = AgentSpecProposer(env, index_max_tokens=1024, index_agent_live=live)
+        rids = [f"warm{i}" for i in range(n)]
+        for rid in rids:
+            p.start(rid, prompt[:-20])
+            p.extend(rid, prompt[-20:-19])
+        step = StepContext(batch_size=n, num_kv_tokens=n * len(prompt))
+        for _ in range(3):
+            for rid, d in zip(rids, p.propose(rids, 4, step), strict=True):
+                p.extend(rid, list(d.token_ids[:1]) or [int(prompt[-1])])
+        for rid in rids:
+            p.stop(rid)
+        p.propose([], 4, step)  # applies the stops
+
+
 def _decay_add(counts: np.ndarray, accepted: float, drafted: float) -> None:
     """Fold ``(accepted, drafted)`` into running counts that halve every
     ``_CAP_HALF_LIFE`` drafted tokens (the rejection cap's readings)."""
@@ -176,7 +214,8 @@ class AgentSpecProposer:
         self._total = np.zeros(2, dtype=np.float64)
         # and what the drafts' own survivals predicted (read before a window is verified)
         self._predicted = np.zeros(2, dtype=np.float64)
-        self._busy_step = -(1 << 62)  # last step with budget_floor_batch requests or more
+        self._busy_batch = _busy_batch(cfg)
+        self._busy_step = -(1 << 62)  # last step with _busy_batch requests or more
         self._overhead_s = 0.0
         self.stats: dict[str, int] = {"steps": 0, "offered": 0, "drafted": 0}
         self._ws: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}  # see _workspace
@@ -190,6 +229,7 @@ class AgentSpecProposer:
         ``benchmarks/candidate_gap.py``): ``tok``/``lens`` per source row
         (``source * n_req + i``, sources in :data:`SOURCES` order) and ``pick`` (the row
         chosen for each request), before the budget cuts them."""
+        _warm_kernels()
 
     def _workspace(self, n_req: int, kk: int) -> tuple[np.ndarray, ...]:
         """The per-step arrays of a ``propose`` for ``n_req`` requests and candidates of
@@ -440,7 +480,7 @@ class AgentSpecProposer:
             return [EMPTY_DRAFT] * n_req
         cfg = self.config
         theta = self._update_floor()
-        if step.batch_size >= cfg.budget_floor_batch:
+        if step.batch_size >= self._busy_batch:
             self._busy_step = self.stats["steps"]
         scale = min(1.0, math.log2(max(step.batch_size, 1)) / math.log2(cfg.budget_floor_batch))
         if scale < 1.0 and self._over_cap():
@@ -554,7 +594,7 @@ class AgentSpecProposer:
 
     def _over_cap(self) -> bool:
         """Whether small steps lose their lower floor: the engine had
-        ``budget_floor_batch`` requests or more within the last ``_CAP_MEMORY_STEPS``
+        :func:`_busy_batch` requests or more in one step within the last ``_CAP_MEMORY_STEPS``
         steps, and the running rejection of the verified drafts (all steps; half-life
         ``_CAP_HALF_LIFE`` drafted tokens) is over ``budget_rejection_cap`` — until a
         window of drafts is verified, the rejection their survivals predicted. An engine

@@ -51,6 +51,9 @@ class ReplayConfig(BaseModel):
     """Keep only the first N calls of each workload (quick runs)."""
     max_calls_per_run: int | None = Field(default=None, ge=1)
     """Keep only the first N calls of each run (a subset that keeps every run)."""
+    max_runs: int | None = Field(default=None, ge=1)
+    """Keep only the first N runs of each workload, whole (a trace with fewer runs than
+    the batch size: never that many calls in flight)."""
     skip_malformed: bool = False
     """Count and skip malformed records instead of failing."""
 
@@ -112,15 +115,25 @@ def build_calls(
     tags: str = "trace",
     max_calls: int | None = None,
     max_calls_per_run: int | None = None,
+    max_runs: int | None = None,
 ) -> dict[str, list[ReplayCall]]:
-    """Group the calls of tokenized traces by workload, in file order."""
+    """Group the calls of tokenized traces by workload, in file order; ``max_calls``,
+    ``max_calls_per_run`` and ``max_runs`` (the first runs of each workload to appear)
+    keep a subset."""
     by_wl: dict[str, list[ReplayCall]] = {}
     per_run: dict[str, int] = {}
+    runs_of: dict[str, set[str]] = {}
     for t_idx, tr in enumerate(traces):
         for i, meta in enumerate(tr.calls):
             lst = by_wl.setdefault(meta.workload, [])
             if max_calls is not None and len(lst) >= max_calls:
                 continue
+            if max_runs is not None:
+                runs = runs_of.setdefault(meta.workload, set())
+                if meta.run_id not in runs:
+                    if len(runs) >= max_runs:
+                        continue
+                    runs.add(meta.run_id)
             if max_calls_per_run is not None:
                 seen = per_run.get(meta.run_id, 0)
                 if seen >= max_calls_per_run:

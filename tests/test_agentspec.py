@@ -1010,3 +1010,32 @@ def test_agentspec_kernels_are_loaded_at_construction(tb) -> None:  # type: igno
         assert f.signatures, f"{f.__name__} was not loaded by the warm-up"
     assert p.stats == {"steps": 0, "offered": 0, "drafted": 0}
     assert p._index.written == 0 and not p._keys
+
+
+def test_agentspec_floor_power_lowers_a_quiet_engines_small_steps(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+    """Until the engine has been busy, a small step's floor scale is raised to
+    ``budget_floor_power``: an unlikely candidate (survival ~0.2) is drafted at batch 4
+    (floor 0.75 × 0.4³ = 0.05) where the linear scale (0.75 × 0.4 = 0.3) cuts it; once the
+    engine was busy, small steps are back on the linear scale; busy steps never change."""
+    tags = StructureTags(agent_id="a", query_id="q")
+    head = _ids(tiny_tokenizer, "total = price * quantity +")
+    tails = [_ids(tiny_tokenizer, " shipping_cost\n"), _ids(tiny_tokenizer, " tax_amount\n")]
+
+    def drafted(power: float, busy: bool, batch: int) -> int:
+        q = _prop(tb, budget_floor_power=power)
+        for i, tail in enumerate(tails):
+            q.start(f"r{i}", [1, 2], tags)
+            q.extend(f"r{i}", head + tail)
+            q.stop(f"r{i}")
+        q.start("x", [1, 2], tags)
+        q.extend("x", head)
+        if busy:
+            q._busy_step = 0  # busy lately, but the running rejection is under the cap
+        return len(q.propose(["x"], 8, StepContext(batch_size=batch, num_kv_tokens=64))[0])
+
+    assert drafted(3.0, False, 4) > 0
+    assert drafted(1.0, False, 4) == 0
+    assert drafted(3.0, True, 4) == 0
+    assert drafted(3.0, False, 64) == drafted(1.0, False, 64)
+    with pytest.raises(ValueError):
+        _prop(tb, budget_floor_power=0.5)

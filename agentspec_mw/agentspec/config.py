@@ -91,6 +91,14 @@ class AgentSpecConfig(BaseModel):
     the last few long requests, drafting at a floor near 0 — cannot take the whole
     stream's rejection over the cap. An engine that was never busy keeps the lower floor
     (a rejected token costs it almost nothing). ``None``: no cap."""
+    budget_floor_power: float = Field(default=3.0, ge=1.0)
+    """While the engine has not been busy (no step with ``budget_cap_batch`` requests
+    within the last 16,384 steps), a step under ``budget_floor_batch`` uses the floor's
+    scale to this power: ``θ × (log2(b) / log2(budget_floor_batch)) ** power`` (0.22 ×
+    ``θ`` at b = 8 instead of 0.6 ×), and is allowed ``budget_max_rejection`` over that
+    scale. An engine serving a few requests all along drafts closer to what the cost
+    model says pays (a rejected token costs it almost nothing); a busy engine's small
+    steps — its drain — keep the linear scale. 1: the linear scale always."""
     budget_cap_batch: int | None = Field(default=None, ge=2)
     """Requests in one step from which the engine counts as busy for
     ``budget_rejection_cap`` (``None``: ``budget_floor_batch``). 16 also holds the

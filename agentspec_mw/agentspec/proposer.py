@@ -40,7 +40,8 @@ tokens up to it; :func:`~agentspec_mw.agentspec.budget.allocate` turns survivals
 step's drafts, admitting only positions whose survival is at least a floor that follows
 the rejection measured on verified drafts
 (``budget_max_rejection``; :meth:`AgentSpecProposer._update_floor`). Small steps get a
-lower floor (drafting is nearly free there) unless the engine was busy lately and the
+lower floor (drafting is nearly free there) — lower still while the engine has not been
+busy lately (``budget_floor_power``) — unless the engine was busy lately and the
 drafts' running rejection is over ``budget_rejection_cap``
 (:meth:`AgentSpecProposer._over_cap`): so a busy engine's drain cannot spend more
 rejection than the cap.
@@ -483,6 +484,8 @@ class AgentSpecProposer:
         if step.batch_size >= self._busy_batch:
             self._busy_step = self.stats["steps"]
         scale = min(1.0, math.log2(max(step.batch_size, 1)) / math.log2(cfg.budget_floor_batch))
+        if self.stats["steps"] - self._busy_step > _CAP_MEMORY_STEPS:
+            scale **= cfg.budget_floor_power  # never busy (lately): a gentler floor
         if scale < 1.0 and self._over_cap():
             scale = 1.0  # a busy engine's drain: no more rejection than the cap
         floor = theta * scale

@@ -903,6 +903,21 @@ def test_agentspec_floor_follows_measured_rejection(tb) -> None:  # type: ignore
         _prop(tb, budget_max_rejection=1.5)
 
 
+def _unlikely_candidate(tiny_tokenizer, tb, **opts) -> AgentSpecProposer:  # type: ignore[no-untyped-def]
+    """A proposer whose request ``x`` has one unlikely candidate (survival ~0.2): two
+    earlier requests of its agent disagree on how the line goes on."""
+    tags = StructureTags(agent_id="a", query_id="q")
+    head = _ids(tiny_tokenizer, "total = price * quantity +")
+    q = _prop(tb, **opts)
+    for i, tail in enumerate([" shipping_cost\n", " tax_amount\n"]):
+        q.start(f"r{i}", [1, 2], tags)
+        q.extend(f"r{i}", head + _ids(tiny_tokenizer, tail))
+        q.stop(f"r{i}")
+    q.start("x", [1, 2], tags)
+    q.extend("x", head)
+    return q
+
+
 def test_agentspec_rejection_cap_holds_a_busy_engines_drain(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
     """After a busy step, small steps lose their lower floor while the running rejection
     is over ``budget_rejection_cap``; an engine that was never busy keeps it."""
@@ -937,18 +952,8 @@ def test_agentspec_rejection_cap_holds_a_busy_engines_drain(tiny_tokenizer, tb) 
     # drafting: two earlier requests disagree on how the line goes on, so the third's
     # candidate is unlikely (survival ~0.2): a small step (floor 0.15) drafts it, unless
     # capped (floor 0.75)
-    tags = StructureTags(agent_id="a", query_id="q")
-    head = _ids(tiny_tokenizer, "total = price * quantity +")
-    tails = [_ids(tiny_tokenizer, " shipping_cost\n"), _ids(tiny_tokenizer, " tax_amount\n")]
-
     def drafted(capped: bool, batch: int) -> int:
-        q = _prop(tb, budget_rejection_cap=0.2)
-        for i, tail in enumerate(tails):
-            q.start(f"r{i}", [1, 2], tags)
-            q.extend(f"r{i}", head + tail)
-            q.stop(f"r{i}")
-        q.start("x", [1, 2], tags)
-        q.extend("x", head)
+        q = _unlikely_candidate(tiny_tokenizer, tb, budget_rejection_cap=0.2)
         if capped:
             q._busy_step = 0
             q._total[:] = (0.0, 1024.0)
@@ -1017,18 +1022,9 @@ def test_agentspec_floor_power_lowers_a_quiet_engines_small_steps(tiny_tokenizer
     ``budget_floor_power``: an unlikely candidate (survival ~0.2) is drafted at batch 4
     (floor 0.75 × 0.4³ = 0.05) where the linear scale (0.75 × 0.4 = 0.3) cuts it; once the
     engine was busy, small steps are back on the linear scale; busy steps never change."""
-    tags = StructureTags(agent_id="a", query_id="q")
-    head = _ids(tiny_tokenizer, "total = price * quantity +")
-    tails = [_ids(tiny_tokenizer, " shipping_cost\n"), _ids(tiny_tokenizer, " tax_amount\n")]
 
     def drafted(power: float, busy: bool, batch: int) -> int:
-        q = _prop(tb, budget_floor_power=power)
-        for i, tail in enumerate(tails):
-            q.start(f"r{i}", [1, 2], tags)
-            q.extend(f"r{i}", head + tail)
-            q.stop(f"r{i}")
-        q.start("x", [1, 2], tags)
-        q.extend("x", head)
+        q = _unlikely_candidate(tiny_tokenizer, tb, budget_floor_power=power)
         if busy:
             q._busy_step = 0  # busy lately, but the running rejection is under the cap
         return len(q.propose(["x"], 8, StepContext(batch_size=batch, num_kv_tokens=64))[0])

@@ -69,7 +69,8 @@ class AgentSpecConfig(BaseModel):
     budget_floor: float = Field(default=0.75, ge=0, le=1)
     """Survival floor ``θ`` at large batch, where the floor starts (and stays, with
     ``budget_max_rejection=None``): a position is admitted only if its survival is at
-    least ``θ × min(1, log2(b) / log2(budget_floor_batch))``. At ``b = 1`` the floor is 0
+    least ``θ × min(1, log2(b) / log2(budget_floor_batch))`` (that scale to the power
+    ``budget_floor_power`` while the engine has not been busy). At ``b = 1`` the floor is 0
     and the cost model alone decides (a slot is nearly free); from ``budget_floor_batch``
     on, every admitted position must be likely (the cost model's linear fit under-charges
     what a rejected token costs a busy engine: KV writes, the rejection sampler, scheduler
@@ -77,7 +78,8 @@ class AgentSpecConfig(BaseModel):
     budget_max_rejection: float | None = Field(default=0.15, gt=0, lt=1)
     """Rejection rate the drafts of busy steps (``b ≥ budget_floor_batch``) aim at; a
     smaller step may reject ``1 / min(1, log2(b) / log2(budget_floor_batch))`` times as
-    much (its floor is scaled down by that factor). ``θ`` moves by ``0.2 ×``
+    much (its floor is scaled down by that factor; by its power ``budget_floor_power``
+    while the engine has not been busy). ``θ`` moves by ``0.2 ×``
     (rejected − allowed) / 256 after every 256 verified drafted tokens, within
     [0.2, 0.95], so each deployment's drafts use the rejection it allows — no more.
     ``None``: ``θ`` stays ``budget_floor``."""

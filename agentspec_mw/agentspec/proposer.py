@@ -107,9 +107,9 @@ def _warm_kernels() -> None:
     """Load (or compile) the numba kernels once per process, at construction: tiny
     private proposers draft for and verify a batch of requests (48: enough index rows for
     the threaded lookup) and stop them, live and not (``index_agent_live``). Otherwise
-    the engine's first decoding steps pay it (~0.3 s with a warm numba cache here, much
-    more on a cold one) — a hitch on the first requests, and in the replay a cost charged
-    to the first workload's step times."""
+    the engine's first decoding steps pay it (~0.3 s with a warm numba cache here, and
+    the compilation itself on a cold one) — a hitch on the first requests, and in the
+    replay a cost charged to the first workload's step times."""
     global _warm
     if _warm:
         return
@@ -484,8 +484,8 @@ class AgentSpecProposer:
         if step.batch_size >= self._busy_batch:
             self._busy_step = self.stats["steps"]
         scale = min(1.0, math.log2(max(step.batch_size, 1)) / math.log2(cfg.budget_floor_batch))
-        if self.stats["steps"] - self._busy_step > _CAP_MEMORY_STEPS:
-            scale **= cfg.budget_floor_power  # never busy (lately): a gentler floor
+        if not self._busy_lately():
+            scale **= cfg.budget_floor_power  # a gentler floor
         if scale < 1.0 and self._over_cap():
             scale = 1.0  # a busy engine's drain: no more rejection than the cap
         floor = theta * scale
@@ -595,6 +595,11 @@ class AgentSpecProposer:
             self._ledger[:] = 0.0
         return cfg.budget_floor if target is None else self._floor
 
+    def _busy_lately(self) -> bool:
+        """Whether a step had :func:`_busy_batch` requests or more within the last
+        ``_CAP_MEMORY_STEPS`` steps (the cap applies; small steps keep the linear scale)."""
+        return self.stats["steps"] - self._busy_step <= _CAP_MEMORY_STEPS
+
     def _over_cap(self) -> bool:
         """Whether small steps lose their lower floor: the engine had
         :func:`_busy_batch` requests or more in one step within the last ``_CAP_MEMORY_STEPS``
@@ -604,7 +609,7 @@ class AgentSpecProposer:
         that serves few requests all along keeps the lower floor (a rejected token costs
         it almost nothing)."""
         cap = self.config.budget_rejection_cap
-        if cap is None or self.stats["steps"] - self._busy_step > _CAP_MEMORY_STEPS:
+        if cap is None or not self._busy_lately():
             return False
         # the folded windows and the window being filled (verified, not yet folded)
         acc = float(self._total[0] + self._ledger[0])

@@ -16,7 +16,9 @@ Sources and limits:
   c_tok N_batched)``: batched tokens are free until the step becomes compute-bound (the
   ridge, ``c_fix / c_tok`` ≈ 280 tokens at zero context).
 
-The model is pluggable: anything with ``step_time(num_batched, num_kv) -> seconds`` works.
+The model is pluggable: anything with ``step_time(num_batched, num_kv) -> seconds`` works;
+:class:`agentspec_mw.costfit.MeasuredStepTime` (``cost_model="measured"`` in the vLLM
+adapter) fits a linear model to the engine's own measured steps.
 """
 
 from __future__ import annotations
@@ -65,6 +67,13 @@ class StepTimeModel(BaseModel):
     def marginal_token_cost(self, num_batched: float, num_kv: float) -> float:
         """Seconds one more batched token adds to a step of this shape."""
         return self.step_time(num_batched + 1, num_kv) - self.step_time(num_batched, num_kv)
+
+    def linear_coefficients(self) -> np.ndarray | None:
+        """``(c_fix, c_tok, c_kv, c_oh)`` for the linear form (budgets evaluate it in a
+        kernel); ``None`` for the roofline form."""
+        if self.form != "linear":
+            return None
+        return np.array([self.c_fix, self.c_tok, self.c_kv, self.c_oh], dtype=np.float64)
 
     def ridge_tokens(self) -> float:
         """Batched tokens at which a step turns compute-bound (``c_fix / c_tok``): the

@@ -21,6 +21,7 @@ from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex, _lookup_par, _
 from agentspec_mw.agentspec.parallel import SERIAL, THREADED, ModeChooser
 from agentspec_mw.agentspec.proposer import SOURCES
 from agentspec_mw.agentspec.slots import SlotTable
+from agentspec_mw.costfit import MeasuredStepTime
 from agentspec_mw.costmodel import PRESETS, StepTimeFn
 from agentspec_mw.proposer import ProposerEnv, StepContext
 from agentspec_mw.tags import StructureTags
@@ -547,13 +548,22 @@ class _ScalarCost:
         return self.step_time(num_batched + 1, num_kv) - self.step_time(num_batched, num_kv)
 
 
+def _measured_cost() -> MeasuredStepTime:
+    """A step-time fit to a CPU-like engine (30 ms per step, 3 ms per token)."""
+    fit = MeasuredStepTime()
+    for i in range(64):
+        fit.observe(1 + i % 24, 1000 + 50 * i, 0.030 + 0.003 * (1 + i % 24) + 1e-7 * i)
+    return fit
+
+
 @pytest.mark.parametrize(
     "cost",
-    [COST, PRESETS["llama8b-h100-roofline"], _ScalarCost()],
-    ids=["linear", "roofline", "step_time-only"],
+    [COST, PRESETS["llama8b-h100-roofline"], _ScalarCost(), _measured_cost()],
+    ids=["linear", "roofline", "step_time-only", "measured"],
 )
 def test_budget_matches_the_reference_on_random_steps(cost: StepTimeFn) -> None:
-    # the linear preset is evaluated inside the kernel, the others from step times
+    # linear models (the preset, the measured fit) are evaluated inside the kernel, the
+    # others from step times
     rng = np.random.default_rng(7)
     for trial in range(200):
         n_req = int(rng.integers(1, 40))

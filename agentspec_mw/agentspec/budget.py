@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from agentspec_mw.costmodel import StepTimeFn, StepTimeModel
+from agentspec_mw.costmodel import StepTimeFn
 
 __all__ = ["Allocation", "allocate", "allocate_counts"]
 
@@ -96,9 +96,10 @@ def allocate_counts(
     survival = np.ascontiguousarray(survival, dtype=np.float64)
     lens = np.ascontiguousarray(lens, dtype=np.int64)
     cap = len(survival) if budget is None else max(0, min(len(survival), int(budget)))
-    if isinstance(cost, StepTimeModel) and cost.form == "linear":
+    linear = getattr(cost, "linear_coefficients", None)
+    coef = linear() if linear is not None else None
+    if coef is not None:
         # the kernel evaluates the linear model itself (as StepTimeModel.step_time_array)
-        coef = np.array([cost.c_fix, cost.c_tok, cost.c_kv, cost.c_oh], dtype=np.float64)
         times = _NO_TIMES
     else:
         coef = _NO_TIMES

@@ -27,8 +27,9 @@ def test_additional_config_wins_over_environment() -> None:
 
 
 def test_bad_config_is_reported() -> None:
-    with pytest.raises(ValueError, match="cost_model='x'"):
+    with pytest.raises(ValueError, match="cost_model='x' is neither 'measured' nor a preset"):
         DrafterConfig(cost_model="x")
+    assert DrafterConfig(cost_model="measured").cost_model == "measured"
     with pytest.raises(ValueError, match="AGENTSPEC_PROPOSER_OPTIONS"):
         DrafterConfig.from_sources({}, {"AGENTSPEC_PROPOSER_OPTIONS": "{"})
     with pytest.raises(ValueError, match="must be a dict"):

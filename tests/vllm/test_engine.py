@@ -27,7 +27,8 @@ def _agentspec_available() -> bool:
 def agentspec_llm() -> Iterator[Any]:
     if not _agentspec_available():
         pytest.skip("the agentspec proposer (agentspec_mw.agentspec) is not in this checkout")
-    yield from _build("agentspec")
+    # the measured step-time model (the langgraph engine tests cover the default preset)
+    yield from _build("agentspec", cost_model="measured")
 
 
 def test_agentspec_is_lossless_on_mixed_agent_prompts(
@@ -46,6 +47,10 @@ def test_agentspec_is_lossless_on_mixed_agent_prompts(
     assert (
         after.total_accepted - first.total_accepted > first.total_accepted - before.total_accepted
     )
+    # The budget's step-time model was fitted to this engine's own steps.
+    fit = after.step_model
+    assert fit["steps"] >= 16 and fit["fixed"] > 0.0
+    assert 0.0 <= fit["token"] < fit["fixed"] and fit["kv_token"] >= 0.0
 
 
 def test_probe_is_lossless_and_drafts_are_verified(

@@ -7,6 +7,7 @@ import logging
 import numpy as np
 import pytest
 
+from agentspec_mw.costfit import MeasuredStepTime
 from agentspec_mw.tags import MAX_WIRE_CHARS, StructureTags, tags_to_wire
 from agentspec_mw_vllm.context import BatchContext
 from agentspec_mw_vllm.metrics import DrafterMetrics
@@ -50,12 +51,18 @@ class Batch:
             out.append(list(new))
         return out
 
-    def ctx(self, spec: dict[str, list[int]] | None = None, max_len: int = 64) -> BatchContext:
+    def ctx(
+        self,
+        spec: dict[str, list[int]] | None = None,
+        max_len: int = 64,
+        scheduled: dict[str, int] | None = None,
+    ) -> BatchContext:
         return BatchContext(
             req_ids=list(self.ids),
             num_prompt_tokens=list(self.prompt_len),
             extra_args=list(self.extra),
             scheduled_spec_decode_tokens=spec or {},
+            num_scheduled_tokens=scheduled or {},
             max_num_batched_tokens=512,
             max_model_len=max_len,
         )
@@ -206,3 +213,65 @@ def test_agent_labels_are_bounded() -> None:
     labels = {metrics.agent_label(f"agent{i}") for i in range(200)}
     assert "other" in labels and len(labels) == 65
     assert metrics.agent_label(None) == "untagged"
+
+
+class RecordingTimer(MeasuredStepTime):
+    """A real step-time fit that also keeps what it was told (or raises, if asked)."""
+
+    def __init__(self, explode: bool = False) -> None:
+        super().__init__()
+        self.calls: list[tuple[float, float, float]] = []
+        self.explode = explode
+
+    def observe(self, num_batched: float, num_kv: float, seconds: float) -> bool:
+        if self.explode:
+            raise ArithmeticError("boom-timer")
+        self.calls.append((num_batched, num_kv, seconds))
+        return super().observe(num_batched, num_kv, seconds)
+
+
+def _clock(times: list[float]):  # type: ignore[no-untyped-def]
+    ticks = iter(times)
+    return lambda: next(ticks)
+
+
+def test_engine_steps_are_timed_between_draft_calls() -> None:
+    metrics = DrafterMetrics(prometheus=False)
+    timer = RecordingTimer()
+    # each draft call reads the clock at its start and at its end
+    clock = _clock([10.0, 10.001, 10.051, 10.052, 10.200, 10.201, 20.0, 20.001])
+    session = DraftSession(
+        ProbeProposer(draft_len=2), k=4, metrics=metrics, step_timer=timer, clock=clock
+    )
+    batch = Batch()
+    batch.add("a", [1, 2, 3])
+    batch.add("b", [4, 5])
+    step(session, batch, {"a": [6], "b": [7]}, scheduled={"a": 3, "b": 2})
+    assert timer.calls == []  # nothing before the first call to time against
+    step(session, batch, {"a": [6, 6], "b": [7]}, scheduled={"a": 3, "b": 3})
+    # 6 tokens scheduled, 6 + 4 resident, 50 ms from the end of the last call
+    assert timer.calls == [(6, 10, pytest.approx(0.050))]
+    assert metrics.snapshot().step_model["steps"] == 1.0
+    batch.add("c", [8])
+    step(session, batch, {"a": [6], "b": [7], "c": [9]}, scheduled={"a": 3, "b": 3, "c": 1})
+    assert timer.calls[-1] == (7, 14, pytest.approx(0.148))
+    # a batch with no request of the last call: the engine may have idled, not timed
+    batch.remove("a")
+    batch.remove("b")
+    batch.remove("c")
+    batch.add("d", [1, 2])
+    step(session, batch, {"d": [3]}, scheduled={"d": 2})
+    assert len(timer.calls) == 2
+
+
+def test_a_throwing_step_timer_costs_nothing_but_its_fit() -> None:
+    metrics = DrafterMetrics(prometheus=False)
+    session = DraftSession(
+        ProbeProposer(draft_len=2), k=4, metrics=metrics, step_timer=RecordingTimer(explode=True)
+    )
+    batch = Batch()
+    batch.add("a", [1, 2, 3])
+    step(session, batch, {"a": [6]}, scheduled={"a": 3})
+    out = step(session, batch, {"a": [6]}, scheduled={"a": 1})
+    assert [len(d) for d in out] == [2]
+    assert metrics.snapshot().faults == {"step_timer:ArithmeticError": 1}

@@ -11,7 +11,8 @@ it as ``AgentSpecDrafter(vllm_config)`` in the engine-core process; which propos
 drives comes from :class:`~agentspec_mw_vllm.config.DrafterConfig` (``additional_config``
 or ``AGENTSPEC_*`` environment variables). The proposer gets a
 :class:`~agentspec_mw.proposer.ProposerEnv` built once: the model tokenizer's token-id →
-bytes table, the configured cost-model preset and ``max_k = k``.
+bytes table, the step-time model (a fixed preset, or with ``cost_model="measured"`` a fit
+to the engine's own timed steps) and ``max_k = k``.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from typing import Any
 
 import numpy as np
 
+from agentspec_mw.costfit import MeasuredStepTime
 from agentspec_mw.costmodel import get_cost_model
 from agentspec_mw.proposer import Proposer, ProposerEnv
 from agentspec_mw.registry import make_proposer
 from agentspec_mw.tokens import token_bytes_table
-from agentspec_mw_vllm.config import DrafterConfig
+from agentspec_mw_vllm.config import MEASURED, DrafterConfig
 from agentspec_mw_vllm.context import BatchContext
 from agentspec_mw_vllm.plugin import ensure_installed
 from agentspec_mw_vllm.session import DraftSession
@@ -61,16 +63,25 @@ class AgentSpecDrafter:
         self.config = DrafterConfig.from_sources(
             getattr(vllm_config, "additional_config", None) or {}
         )
+        self.step_timer: MeasuredStepTime | None = None
+        if self.config.cost_model == MEASURED:
+            self.step_timer = MeasuredStepTime()
+            cost_model: object = self.step_timer
+        else:
+            cost_model = get_cost_model(self.config.cost_model)
         if proposer is None:
             env = ProposerEnv(
                 token_bytes=_token_bytes(vllm_config.model_config),
-                cost_model=get_cost_model(self.config.cost_model),
+                cost_model=cost_model,
                 max_k=self.k,
             )
             proposer = make_proposer(self.config.proposer, env, **self.config.options)
         self.proposer = proposer
         self.session = DraftSession(
-            proposer, self.k, max_model_len=int(vllm_config.model_config.max_model_len)
+            proposer,
+            self.k,
+            max_model_len=int(vllm_config.model_config.max_model_len),
+            step_timer=self.step_timer,
         )
         self._batch: BatchContext | None = None
         logger.info(

@@ -24,7 +24,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=8, help="draft tokens per request per step")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--proposer-options", default="{}", help="JSON object of proposer options")
-    p.add_argument("--cost-model", default=None, help="cost-model preset for the budget")
+    p.add_argument(
+        "--cost-model",
+        default=None,
+        help='cost-model preset for the budget, or "measured" (fitted to the engine\'s steps)',
+    )
     p.add_argument("--dry-run", action="store_true", help="print the server command and exit")
     p.add_argument(
         "vllm_args", nargs=argparse.REMAINDER, help="after --: more vLLM api_server arguments"

@@ -22,10 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from agentspec_mw.costmodel import PRESETS
 from agentspec_mw.registry import resolve_proposer_class
 
-__all__ = ["ADDITIONAL_CONFIG_KEY", "DrafterConfig"]
+__all__ = ["ADDITIONAL_CONFIG_KEY", "MEASURED", "DrafterConfig"]
 
 #: The key of our section in vLLM's ``additional_config``.
 ADDITIONAL_CONFIG_KEY = "agentspec"
+#: The ``cost_model`` value that fits the engine's own step times.
+MEASURED = "measured"
 
 
 class DrafterConfig(BaseModel):
@@ -38,13 +40,19 @@ class DrafterConfig(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     """Keyword options for the proposer's constructor."""
     cost_model: str = "llama8b-h100"
-    """The :mod:`agentspec_mw.costmodel` preset handed to the proposer for its budget."""
+    """The step-time model handed to the proposer for its budget: a
+    :mod:`agentspec_mw.costmodel` preset name (fixed), or ``"measured"`` (a linear model
+    fitted to this engine's own timed steps, starting from ``llama8b-h100``'s relative
+    costs; :class:`agentspec_mw.costfit.MeasuredStepTime`)."""
 
     @field_validator("cost_model")
     @classmethod
     def _known_cost_model(cls, v: str) -> str:
-        if v not in PRESETS:
-            raise ValueError(f"cost_model={v!r} is not a preset; choose one of {sorted(PRESETS)}")
+        if v != MEASURED and v not in PRESETS:
+            raise ValueError(
+                f"cost_model={v!r} is neither {MEASURED!r} nor a preset; choose one of "
+                f"{[MEASURED, *sorted(PRESETS)]}"
+            )
         return v
 
     def check_proposer(self) -> None:

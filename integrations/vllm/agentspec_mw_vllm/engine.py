@@ -179,7 +179,8 @@ def build_llm(
         max_model_len: context limit; keep it >= prompt + max_tokens + k.
         seed: the engine seed.
         proposer_options: keyword options for our proposer (adapter methods only).
-        cost_model: a :mod:`agentspec_mw.costmodel` preset for the proposer's budget.
+        cost_model: a :mod:`agentspec_mw.costmodel` preset for the proposer's budget, or
+            ``"measured"`` (fitted to this engine's timed steps).
         **llm_kwargs: passed to ``vllm.LLM`` (they override the defaults here).
     """
     apply_env_defaults(in_process=True)

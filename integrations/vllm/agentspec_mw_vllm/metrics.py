@@ -20,7 +20,10 @@ Prometheus names (labels in braces):
 * ``agentspec_proposer_faults_total{kind}`` — proposer exceptions (``kind`` = verb and
   exception type); that step got no drafts;
 * ``agentspec_proposer_seconds`` — a histogram of the adapter's time per draft call;
-* ``agentspec_draft_steps_total`` — draft calls.
+* ``agentspec_draft_steps_total`` — draft calls;
+* ``agentspec_step_model_seconds{term}`` — with ``cost_model="measured"``, the engine's
+  fitted step time: ``term="fixed"`` (seconds per step), ``"token"`` (per batched token),
+  ``"kv_token"`` (per resident KV-cache token).
 
 ``agent`` is the tag's ``agent_id`` (``untagged`` without tags); at most
 :data:`MAX_AGENT_LABELS` distinct agents get their own label, later ones count as
@@ -54,6 +57,9 @@ class MetricsSnapshot(BaseModel):
     faults: dict[str, int]
     draft_steps: int
     proposer_seconds: float
+    step_model: dict[str, float] = {}
+    """The fitted step time (``fixed``, ``token``, ``kv_token`` in seconds; ``steps``
+    timed) when the adapter measures it, else empty."""
 
     @property
     def total_drafted(self) -> int:
@@ -71,7 +77,7 @@ class _Prom:
 
     def __init__(self) -> None:
         from prometheus_client import Counter as PCounter
-        from prometheus_client import Histogram
+        from prometheus_client import Gauge, Histogram
 
         self.drafted = PCounter(
             "agentspec_drafted_tokens", "Draft tokens verified", ["agent", "block"]
@@ -89,6 +95,12 @@ class _Prom:
             "agentspec_proposer_seconds", "Adapter time per draft call", buckets=_BUCKETS
         )
         self.steps = PCounter("agentspec_draft_steps", "Draft calls")
+        self.step_model = Gauge(
+            "agentspec_step_model_seconds",
+            "Fitted engine step time per term",
+            ["term"],
+            multiprocess_mode="livemostrecent",
+        )
 
 
 _prom: _Prom | None = None
@@ -126,6 +138,7 @@ class DrafterMetrics:
             self._steps = 0
             self._seconds = 0.0
             self._agents: set[str] = set()
+            self._step_model: dict[str, float] = {}
 
     def agent_label(self, agent: str | None) -> str:
         """The label an agent id is counted under (bounded cardinality)."""
@@ -164,6 +177,20 @@ class DrafterMetrics:
             self._prom.steps.inc()
             self._prom.seconds.observe(seconds)
 
+    def record_step_model(self, fixed: float, token: float, kv_token: float, steps: int) -> None:
+        """Publish the engine's fitted step time (seconds per step / token / KV token)."""
+        with self._lock:
+            self._step_model = {
+                "fixed": fixed,
+                "token": token,
+                "kv_token": kv_token,
+                "steps": float(steps),
+            }
+        if self._prom is not None:
+            self._prom.step_model.labels("fixed").set(fixed)
+            self._prom.step_model.labels("token").set(token)
+            self._prom.step_model.labels("kv_token").set(kv_token)
+
     def record_tag_rejection(self, reason: str) -> None:
         """Count a request that runs tag-free because its tags were rejected."""
         with self._lock:
@@ -190,6 +217,7 @@ class DrafterMetrics:
                 faults=dict(self._faults),
                 draft_steps=self._steps,
                 proposer_seconds=self._seconds,
+                step_model=dict(self._step_model),
             )
 
 

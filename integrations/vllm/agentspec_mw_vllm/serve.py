@@ -57,7 +57,8 @@ class ServeConfig(BaseModel):
     proposer_options: dict[str, Any] = Field(default_factory=dict)
     """Keyword options for our proposer."""
     cost_model: str | None = None
-    """A cost-model preset for the proposer's budget (default: DrafterConfig's)."""
+    """A cost-model preset for the proposer's budget, or ``"measured"`` (default:
+    DrafterConfig's)."""
     extra_args: list[str] = Field(default_factory=list)
     """More ``api_server`` arguments, passed through verbatim."""
 

@@ -12,6 +12,14 @@
 * ``propose`` gets the rows that want drafts, and every row is cut to
   ``min(k, max_model_len - num_tokens - 1)`` tokens (more than ``k`` crashes vLLM).
 
+Step timing: given a ``step_timer`` (the adapter's
+:class:`~agentspec_mw.costfit.MeasuredStepTime` when ``cost_model="measured"``), the
+session times the engine between two draft calls — from the end of one to the start of
+the next, which is one engine step without the proposer's own time — and reports it with
+the step's scheduled tokens (``BatchContext.num_scheduled_tokens``, prefill included) and
+resident KV tokens. A gap after which no request of the previous call is still in the
+batch is not reported: the engine may have been idle in it.
+
 Error policy: wire tags that fail to decode make that request tag-free (a warning and
 ``tag_rejections``); a proposer exception is caught, logged once per kind (verb and
 exception type), counted in ``faults``, and costs only drafts: a failing ``propose`` gives
@@ -29,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from agentspec_mw.costfit import MeasuredStepTime
 from agentspec_mw.errors import TagError
 from agentspec_mw.proposer import Proposer, StepContext
 from agentspec_mw.tags import StructureTags, tags_from_wire
@@ -87,6 +96,8 @@ class DraftSession:
         *,
         max_model_len: int | None = None,
         metrics: DrafterMetrics | None = None,
+        step_timer: MeasuredStepTime | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if k < 1:
             raise ValueError(f"k={k} must be >= 1")
@@ -97,6 +108,10 @@ class DraftSession:
         self._reqs: dict[str, _Request] = {}
         self._logged: set[str] = set()
         self._step = 0
+        self.step_timer = step_timer
+        self._clock = clock
+        self._last_end: float | None = None
+        self._last_ids: frozenset[str] = frozenset()
         block_of = getattr(proposer, "block_of", None)
         self._block_of: Callable[[str], str | None] | None = (
             block_of if callable(block_of) else None
@@ -168,8 +183,10 @@ class DraftSession:
         token_ids_cpu: np.ndarray,
     ) -> list[list[int]]:
         """One vLLM draft call: returns one draft (at most ``k`` ids) per row."""
-        t0 = time.perf_counter()
+        t0 = self._clock()
         n = len(sampled_token_ids)
+        if self.step_timer is not None and ctx is not None:
+            self._time_step(ctx, n, num_tokens_no_spec, t0)
         out: list[list[int]] = [[] for _ in range(n)]
         offered = 0
         try:
@@ -236,8 +253,31 @@ class DraftSession:
         except Exception as exc:
             self._fault("adapter", exc)
             out = [[] for _ in range(n)]
-        self.metrics.record_step(offered, sum(map(len, out)), time.perf_counter() - t0)
+        self._last_end = self._clock()
+        self.metrics.record_step(offered, sum(map(len, out)), self._last_end - t0)
         return out
+
+    def _time_step(
+        self, ctx: BatchContext, n: int, num_tokens_no_spec: np.ndarray, t0: float
+    ) -> None:
+        """Report the engine step that ran since the last draft call (see module doc)."""
+        assert self.step_timer is not None
+        try:
+            ids = frozenset(ctx.req_ids[:n])
+            if self._last_end is not None and not ids.isdisjoint(self._last_ids):
+                used = self.step_timer.observe(
+                    sum(ctx.num_scheduled_tokens.values()),
+                    int(np.sum(num_tokens_no_spec[:n], dtype=np.int64)),
+                    t0 - self._last_end,
+                )
+                if used:
+                    c = self.step_timer.linear_coefficients()
+                    self.metrics.record_step_model(
+                        float(c[0]), float(c[1]), float(c[2]), self.step_timer.observed
+                    )
+            self._last_ids = ids
+        except Exception as exc:
+            self._fault("step_timer", exc)
 
     def _propose(
         self,

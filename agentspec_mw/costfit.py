@@ -1,0 +1,178 @@
+"""A step-time model fitted online to the engine's own measured steps (``cost_model="measured"``).
+
+The presets of :mod:`agentspec_mw.costmodel` describe one model on one GPU. Anywhere else
+— another model, another GPU, or the CPU engine this project's demo runs on, where one
+more verified token costs a large share of a step rather than 0.3 % of it — a preset
+makes the budget draft for an engine that is not there. :class:`MeasuredStepTime` is a
+linear model ``T = c_fix + c_tok * N_batched + c_kv * N_kv`` whose coefficients are the
+weighted least-squares fit of the steps the host times (:meth:`MeasuredStepTime.observe`;
+the vLLM adapter times the interval between two draft calls, see
+:class:`agentspec_mw_vllm.session.DraftSession`):
+
+* **prior** — the fit is a ridge regression toward a preset (default ``llama8b-h100``)
+  *scaled to this engine's speed* (by the ratio of the measured times to the preset's
+  times for the same steps): each slope is pulled toward the scaled preset's with the
+  weight of ``prior_steps`` steps of the data's own spread in that feature (plus a tenth
+  of its mean, so a feature that never varies keeps the preset's relative cost). Before
+  ``min_steps`` steps are observed the model *is* the scaled preset. A preset describes
+  another engine's absolute times, so it only says how the costs compare;
+* **forgetting** — observations decay with a half-life of ``half_life_steps`` steps, so the
+  fit follows an engine whose speed changes (another process on the host, a new model);
+* **sign** — coefficients are never negative: a slope the data make negative is fixed at 0
+  and the rest refitted;
+* **outliers** — a step measured over ``outlier_ratio`` × the fit's prediction (before
+  ``min_steps`` steps: × the median of the steps measured so far) is not used: a pause
+  the step-time model does not describe (garbage collection, an idle engine).
+
+It implements :class:`~agentspec_mw.costmodel.StepTimeFn` plus ``linear_coefficients``,
+which the AgentSpec budget reads each step (so it always uses the current fit).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+
+from agentspec_mw.costmodel import PRESETS, StepTimeModel
+
+__all__ = ["MeasuredStepTime"]
+
+
+class MeasuredStepTime:
+    """A linear step-time model fitted online to measured steps (see the module doc).
+
+    Thread-safe: the host may observe from the engine's thread while another reads.
+    """
+
+    name = "measured"
+
+    def __init__(
+        self,
+        prior: StepTimeModel | None = None,
+        *,
+        prior_steps: float = 4.0,
+        half_life_steps: float = 4096.0,
+        refit_every: int = 8,
+        min_steps: int = 16,
+        outlier_ratio: float = 4.0,
+    ) -> None:
+        if prior_steps < 0 or half_life_steps <= 0 or refit_every < 1 or outlier_ratio <= 1:
+            raise ValueError(
+                "MeasuredStepTime needs prior_steps >= 0, half_life_steps > 0, "
+                "refit_every >= 1 and outlier_ratio > 1"
+            )
+        prior = prior if prior is not None else PRESETS["llama8b-h100"]
+        if prior.form != "linear":
+            prior = prior.model_copy(update={"form": "linear"})
+        self.prior = prior
+        self.prior_steps = float(prior_steps)
+        self.refit_every = int(refit_every)
+        self.min_steps = int(min_steps)
+        self.outlier_ratio = float(outlier_ratio)
+        self._decay = 2.0 ** (-1.0 / half_life_steps)
+        self._p = np.array([prior.c_fix + prior.c_oh, prior.c_tok, prior.c_kv])
+        # decayed sums: weight, x (1, N, kv), x x^T, x y, and the prior's time of each step
+        self._xx = np.zeros((3, 3))
+        self._xy = np.zeros(3)
+        self._prior_y = 0.0
+        self._early: list[float] = []
+        self._lock = threading.Lock()
+        self._since_fit = 0
+        self.observed = 0
+        """Steps used in the fit so far."""
+        self.skipped = 0
+        """Steps not used (outliers, non-positive times)."""
+        self._coef = self._p.copy()
+
+    def observe(self, num_batched: float, num_kv: float, seconds: float) -> bool:
+        """Add one measured step; returns whether it was used."""
+        if not (seconds > 0.0 and math.isfinite(seconds)) or num_batched < 0 or num_kv < 0:
+            self.skipped += 1
+            return False
+        with self._lock:
+            if self.observed >= self.min_steps:
+                typical = self._predict(num_batched, num_kv)
+            else:  # the preset's times mean little yet: compare with the steps seen so far
+                self._early.append(seconds)
+                typical = float(np.median(self._early)) if len(self._early) >= 4 else math.inf
+            if seconds > self.outlier_ratio * typical:
+                self.skipped += 1
+                return False
+            x = np.array([1.0, float(num_batched), float(num_kv)])
+            self._xx *= self._decay
+            self._xy *= self._decay
+            self._prior_y *= self._decay
+            self._xx += np.outer(x, x)
+            self._xy += x * seconds
+            self._prior_y += float(self._p @ x)
+            self.observed += 1
+            self._since_fit += 1
+            if self._since_fit >= self.refit_every or self.observed <= self.min_steps:
+                self._coef = self._solve()
+                self._since_fit = 0
+        return True
+
+    def _solve(self) -> np.ndarray:
+        """``(c_fix, c_tok, c_kv)``: the scaled preset before ``min_steps`` steps, then the
+        non-negative ridge fit described in the module docstring."""
+        weight = self._xx[0, 0]
+        scaled = self._p * (self._xy[0] / self._prior_y) if self._prior_y > 0 else self._p
+        if self.observed < self.min_steps:
+            return scaled
+        mean = self._xx[0] / weight
+        spread = np.diag(self._xx) / weight - mean**2 + (0.1 * mean) ** 2
+        ridge = self.prior_steps * np.maximum(spread, 1e-30)
+        ridge[0] = 0.0  # the intercept is the data's
+        a = self._xx + np.diag(ridge)
+        b = self._xy + ridge * scaled
+        free = [0, 1, 2]
+        coef = np.zeros(3)
+        while free:
+            sub = np.linalg.lstsq(a[np.ix_(free, free)], b[free], rcond=None)[0]
+            negative = [j for j, c in zip(free, sub, strict=True) if c < 0.0]
+            if not negative:
+                coef[free] = sub
+                break
+            free.remove(negative[0])
+        return coef
+
+    def _predict(self, num_batched: float, num_kv: float) -> float:
+        c = self._coef
+        return float(c[0] + c[1] * num_batched + c[2] * num_kv)
+
+    def linear_coefficients(self) -> np.ndarray:
+        """The current fit as ``(c_fix, c_tok, c_kv, c_oh)`` (``c_oh`` is folded into
+        ``c_fix``, so it is 0) — the order :class:`StepTimeModel` uses."""
+        c = self._coef
+        return np.array([c[0], c[1], c[2], 0.0])
+
+    def step_time(self, num_batched: float, num_kv: float) -> float:
+        """Seconds one step of this shape takes, by the current fit."""
+        return self._predict(num_batched, num_kv)
+
+    def step_time_array(self, num_batched: np.ndarray, num_kv: float) -> np.ndarray:
+        """Vectorised :meth:`step_time` over an array of batched-token counts."""
+        c = self._coef
+        return c[0] + c[1] * np.asarray(num_batched, dtype=np.float64) + c[2] * num_kv
+
+    def marginal_token_cost(self, num_batched: float, num_kv: float) -> float:
+        """Seconds one more batched token adds to a step (the fitted ``c_tok``)."""
+        return float(self._coef[1])
+
+    @property
+    def model(self) -> StepTimeModel:
+        """The current fit as a frozen :class:`StepTimeModel` (for reports and logs)."""
+        c = self._coef
+        return StepTimeModel(
+            name="measured", c_fix=float(c[0]), c_tok=float(c[1]), c_kv=float(c[2]), c_oh=0.0
+        )
+
+    def describe(self) -> str:
+        """One line: the fit in milliseconds and how many steps it rests on."""
+        c = self._coef
+        return (
+            f"measured step time {c[0] * 1e3:.2f} ms + {c[1] * 1e3:.3f} ms/token "
+            f"+ {c[2] * 1e9:.1f} ns/KV token ({self.observed} steps, {self.skipped} skipped)"
+        )

@@ -1,0 +1,113 @@
+"""The step-time model fitted online to measured steps (``cost_model="measured"``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agentspec_mw.agentspec.budget import allocate
+from agentspec_mw.costfit import MeasuredStepTime
+from agentspec_mw.costmodel import PRESETS
+
+#: A CPU-like engine: 30 ms per step, 3.2 ms per batched token, 200 ns per KV token.
+TRUE = (0.030, 0.0032, 2e-7)
+
+
+def _engine_steps(rng: np.random.Generator, n: int) -> list[tuple[int, int, float]]:
+    steps = []
+    for _ in range(n):
+        batch = int(rng.integers(1, 17))
+        tokens = batch * (1 + int(rng.integers(0, 6)))
+        kv = batch * int(rng.integers(50, 600))
+        seconds = (TRUE[0] + TRUE[1] * tokens + TRUE[2] * kv) * rng.lognormal(0.0, 0.1)
+        steps.append((tokens, kv, seconds))
+    return steps
+
+
+def test_the_fit_recovers_the_engine_and_skips_pauses() -> None:
+    rng = np.random.default_rng(0)
+    fit = MeasuredStepTime()
+    for i, (tokens, kv, seconds) in enumerate(_engine_steps(rng, 400)):
+        # a pause every 50 steps (one of them among the first steps): 20x the step
+        assert fit.observe(tokens, kv, seconds * 20 if i % 50 == 7 else seconds) == (
+            i % 50 != 7 or i < 4
+        )
+    c_fix, c_tok, c_kv, c_oh = fit.linear_coefficients()
+    assert c_fix == pytest.approx(TRUE[0], rel=0.1)
+    assert c_tok == pytest.approx(TRUE[1], rel=0.05)
+    assert c_oh == 0.0 and c_kv >= 0.0
+    # what the budget needs: step times across the shapes it compares
+    for tokens, kv in [(4, 2000), (32, 4000), (96, 8000)]:
+        truth = TRUE[0] + TRUE[1] * tokens + TRUE[2] * kv
+        assert fit.step_time(tokens, kv) == pytest.approx(truth, rel=0.05)
+    assert fit.observed + fit.skipped == 400 and fit.skipped == 8
+    assert "ms/token" in fit.describe() and fit.model.c_tok == c_tok
+
+
+def test_before_enough_steps_the_model_is_the_preset_at_this_engines_speed() -> None:
+    prior = PRESETS["llama8b-h100"]
+    fit = MeasuredStepTime(prior)
+    assert fit.step_time(8, 1000) == pytest.approx(prior.step_time(8, 1000))
+    for _ in range(5):  # every step 10x the preset's
+        fit.observe(8, 1000, 10 * prior.step_time(8, 1000))
+    assert fit.step_time(8, 1000) == pytest.approx(10 * prior.step_time(8, 1000))
+    assert fit.marginal_token_cost(8, 1000) == pytest.approx(10 * prior.c_tok)
+
+
+def test_a_shape_that_never_varies_keeps_the_presets_relative_costs() -> None:
+    prior = PRESETS["llama8b-h100"]
+    fit = MeasuredStepTime(prior)
+    for _ in range(200):
+        fit.observe(2, 1000, 0.050)
+    assert fit.step_time(2, 1000) == pytest.approx(0.050, rel=1e-3)
+    c_fix, c_tok, _, _ = fit.linear_coefficients()
+    ratio = prior.c_tok / (prior.c_fix + prior.c_oh)
+    assert c_tok / c_fix == pytest.approx(ratio, rel=0.2)
+
+
+def test_coefficients_are_never_negative() -> None:
+    fit = MeasuredStepTime()
+    rng = np.random.default_rng(1)
+    for _ in range(100):  # more tokens, *faster* steps: a negative slope in the data
+        tokens = int(rng.integers(1, 64))
+        fit.observe(tokens, 500, 0.040 - 0.0002 * tokens)
+    coef = fit.linear_coefficients()
+    assert (coef >= 0.0).all() and coef[1] == 0.0
+    assert fit.step_time(1, 500) == pytest.approx(0.034, rel=0.2)
+
+
+def test_the_fit_follows_an_engine_that_changes_speed() -> None:
+    fit = MeasuredStepTime(half_life_steps=64)
+    rng = np.random.default_rng(2)
+    for tokens, kv, seconds in _engine_steps(rng, 300):
+        fit.observe(tokens, kv, seconds)
+    for tokens, kv, seconds in _engine_steps(rng, 600):  # the host got 2x slower, gradually
+        fit.observe(tokens, kv, 2 * seconds)
+    assert fit.step_time(32, 4000) == pytest.approx(
+        2 * (TRUE[0] + TRUE[1] * 32 + TRUE[2] * 4000), rel=0.1
+    )
+
+
+def test_bad_times_are_skipped_and_bad_settings_rejected() -> None:
+    fit = MeasuredStepTime()
+    assert not fit.observe(4, 100, 0.0)
+    assert not fit.observe(4, 100, float("nan"))
+    assert not fit.observe(-1, 100, 0.01)
+    assert fit.skipped == 3 and fit.observed == 0
+    for bad in ({"half_life_steps": 0}, {"refit_every": 0}, {"outlier_ratio": 1.0}):
+        with pytest.raises(ValueError, match="MeasuredStepTime needs"):
+            MeasuredStepTime(**bad)  # type: ignore[arg-type]
+
+
+def test_an_expensive_token_makes_the_budget_draft_less() -> None:
+    surv = np.array([0.95, 0.8, 0.1, 0.05, 0.9, 0.7, 0.1, 0.05])
+    lens = np.array([4, 4])
+    preset = allocate(surv, lens, batch_size=2, num_kv=2000, cost=PRESETS["llama8b-h100"])
+    fit = MeasuredStepTime()
+    for tokens, kv, seconds in _engine_steps(np.random.default_rng(3), 200):
+        fit.observe(tokens, kv, seconds)
+    measured = allocate(surv, lens, batch_size=2, num_kv=2000, cost=fit)
+    # on the preset's GPU a verified token costs 0.3 % of a step: draft everything; here
+    # one costs ~10 %, and the 5-10 %-likely positions no longer pay for their slot
+    assert preset.counts == [4, 4]
+    assert measured.counts == [2, 2]

@@ -114,3 +114,41 @@ def test_proposer_profile_end_to_end(
     assert "engine steps; mean proposer time" in printed
     timed = {ln.split()[0] for ln in printed.splitlines()[1:] if ln.strip()}
     assert {"propose", "_flush", "apply_extends", "lookup", "allocate_counts"} <= timed
+
+
+def test_cost_model_ab_pairs_each_repeat_with_its_own_baseline(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The script's arithmetic and verdict on scripted runs (the real engine runs take
+    minutes; ``docs/results.md`` §6 has a real run)."""
+    from agentspec_mw_langgraph.demo import AgentCounts, DemoRun
+
+    mod = _script("cost_model_ab")
+    walls = iter([20.0, 10.0, 16.0, 8.0, 40.0, 20.0, 32.0, 16.0])  # repeat 2: a 2x slower VM
+    seen: list[tuple[str, str | None, dict[str, object]]] = []
+
+    def fake_run(label: str, spec: str | None, **kw: object) -> DemoRun:
+        seen.append((label, spec, {k: v for k, v in kw.items() if k == "cost_model"}))
+        counts = AgentCounts(requests=1, output_tokens=100, drafted=10, accepted=5)
+        return DemoRun(label, next(walls), 1.0, counts, {"w": counts}, [{"answer": "x"}])
+
+    monkeypatch.setattr(mod, "run_engine", fake_run)
+    assert mod.main(["--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "agentspec/llama8b-h100   speedup  1.25x (runs 1.25, 1.25)" in out
+    assert "agentspec/measured       speedup  2.50x (runs 2.50, 2.50)" in out
+    assert "outputs identical across all runs: yes" in out
+    assert seen[2] == ("agentspec/llama8b-h100", "agentspec", {"cost_model": "llama8b-h100"})
+    assert seen[3] == ("agentspec/measured", "agentspec", {"cost_model": "measured"})
+    assert seen[0][2] == {} and seen[1][2] == {}  # vLLM's own methods get no cost model
+    # a run whose outputs differ fails the script
+    walls = iter([20.0, 10.0, 16.0, 8.0])
+
+    def diverging(label: str, spec: str | None, **kw: object) -> DemoRun:
+        run = fake_run(label, spec, **kw)
+        run.outputs = [{"answer": "y"}] if label == "agentspec/measured" else run.outputs
+        return run
+
+    monkeypatch.setattr(mod, "run_engine", diverging)
+    assert mod.main(["--repeats", "1"]) == 1
+    assert "outputs identical across all runs: NO" in capsys.readouterr().out

@@ -93,6 +93,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         ReplayConfig,
         ReplayReport,
         build_calls,
+        fewer_in_flight,
         load_summary,
         run_replay,
     )
@@ -145,6 +146,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     )
     rows = run_replay(config, workloads, env, progress=progress)
     print(format_table(rows))
+    for line in fewer_in_flight(rows):
+        print(line)
     report = ReplayReport(config=config, results=rows, load=load_summary(stats))
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)

@@ -228,10 +228,18 @@ def test_cli_end_to_end(
         "propose_us_p50",
         "propose_us_p99",
         "speedup",
+        "max_in_flight",
     }
     assert all(keys == set(r) for r in report["results"])
     rows = {(r["proposer"], r["workload"], r["batch"]): r for r in report["results"]}
     assert rows[("none", "ALL", 1)]["mat"] == 1.0 and rows[("none", "ALL", 4)]["speedup"] == 1.0
+    # the sample's workloads have 2 and 3 runs: "batch 4" never has 4 calls in flight
+    assert rows[("suffix", "sample_react", 1)]["max_in_flight"] == 1
+    assert rows[("suffix", "sample_react", 4)]["max_in_flight"] == 2
+    assert rows[("suffix", "sample_tool_agent", 4)]["max_in_flight"] == 3
+    assert rows[("suffix", "ALL", 4)]["max_in_flight"] == 3
+    assert "note: sample_react: at batch 4 at most 2 calls were in flight" in printed
+    assert "note: sample_tool_agent: at batch 4 at most 3 calls were in flight" in printed
     assert rows[("suffix", "ALL", 1)]["mat"] > 1.0
     png = out.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

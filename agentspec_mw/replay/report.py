@@ -14,6 +14,7 @@ _COLS = [
     ("proposer", "{}"),
     ("workload", "{}"),
     ("batch", "{}"),
+    ("max_in_flight", "{}"),
     ("k", "{}"),
     ("calls", "{}"),
     ("output_tokens", "{}"),

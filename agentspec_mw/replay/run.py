@@ -19,7 +19,14 @@ from agentspec_mw.tags import StructureTags
 from agentspec_mw.traces.loader import LoadStats
 from agentspec_mw.traces.tokenized import TokenizedTrace
 
-__all__ = ["ReplayConfig", "ReplayReport", "ResultRow", "build_calls", "run_replay"]
+__all__ = [
+    "ReplayConfig",
+    "ReplayReport",
+    "ResultRow",
+    "build_calls",
+    "fewer_in_flight",
+    "run_replay",
+]
 
 ALL = "ALL"
 
@@ -88,6 +95,9 @@ class ResultRow(BaseModel):
     propose_us_p50: float
     propose_us_p99: float
     speedup: float
+    max_in_flight: int = 0
+    """Most calls in flight in one engine step: below ``batch`` when the workload has
+    fewer runs than that (its "batch" row is then a replay at this smaller batch)."""
 
 
 class ReplayReport(BaseModel):
@@ -169,6 +179,7 @@ def _row(
         propose_us_p50=round(float(np.percentile(us, 50)), 3),
         propose_us_p99=round(float(np.percentile(us, 99)), 3),
         speedup=round(base / r.sim_time_s, 6) if r.sim_time_s > 0 else math.nan,
+        max_in_flight=max(r.step_batch, default=0),
     )
 
 
@@ -184,7 +195,22 @@ def _merge(runs: Sequence[WorkloadRun]) -> WorkloadRun:
         out.sim_time_s += r.sim_time_s
         out.proposer_time_s += r.proposer_time_s
         out.propose_us.extend(r.propose_us)
+        out.step_batch.append(max(r.step_batch, default=0))  # the ALL row: the largest
     return out
+
+
+def fewer_in_flight(rows: Sequence[ResultRow]) -> list[str]:
+    """One line per workload whose largest batch never had that many calls in flight."""
+    top: dict[str, ResultRow] = {}
+    for r in rows:
+        if r.workload != ALL and (r.workload not in top or r.batch > top[r.workload].batch):
+            top[r.workload] = r
+    return [
+        f"note: {w}: at batch {r.batch} at most {r.max_in_flight} calls were in flight "
+        "(the workload has fewer runs): that row is a replay at the smaller batch"
+        for w, r in top.items()
+        if 0 < r.max_in_flight < r.batch
+    ]
 
 
 def run_replay(

@@ -73,7 +73,8 @@ class MeasuredStepTime:
         self.outlier_ratio = float(outlier_ratio)
         self._decay = 2.0 ** (-1.0 / half_life_steps)
         self._p = np.array([prior.c_fix + prior.c_oh, prior.c_tok, prior.c_kv])
-        # decayed sums: weight, x (1, N, kv), x x^T, x y, and the prior's time of each step
+        # decayed sums over the steps, x = (1, N, kv): x x^T (its first row holds the weight
+        # and the sums of x), x y, and the preset's time for the same steps
         self._xx = np.zeros((3, 3))
         self._xy = np.zeros(3)
         self._prior_y = 0.0
@@ -88,10 +89,10 @@ class MeasuredStepTime:
 
     def observe(self, num_batched: float, num_kv: float, seconds: float) -> bool:
         """Add one measured step; returns whether it was used."""
-        if not (seconds > 0.0 and math.isfinite(seconds)) or num_batched < 0 or num_kv < 0:
-            self.skipped += 1
-            return False
         with self._lock:
+            if not (seconds > 0.0 and math.isfinite(seconds)) or num_batched < 0 or num_kv < 0:
+                self.skipped += 1
+                return False
             if self.observed >= self.min_steps:
                 typical = self._predict(num_batched, num_kv)
             else:  # the preset's times mean little yet: compare with the steps seen so far

@@ -195,7 +195,7 @@ def _merge(runs: Sequence[WorkloadRun]) -> WorkloadRun:
         out.sim_time_s += r.sim_time_s
         out.proposer_time_s += r.proposer_time_s
         out.propose_us.extend(r.propose_us)
-        out.step_batch.append(max(r.step_batch, default=0))  # the ALL row: the largest
+        out.step_batch.extend(r.step_batch)
     return out
 
 

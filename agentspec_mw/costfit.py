@@ -85,7 +85,7 @@ class MeasuredStepTime:
         """Steps used in the fit so far."""
         self.skipped = 0
         """Steps not used (outliers, non-positive times)."""
-        self._coef = self._p.copy()
+        self._model = self._as_model(self._p)
 
     def observe(self, num_batched: float, num_kv: float, seconds: float) -> bool:
         """Add one measured step; returns whether it was used."""
@@ -94,7 +94,7 @@ class MeasuredStepTime:
                 self.skipped += 1
                 return False
             if self.observed >= self.min_steps:
-                typical = self._predict(num_batched, num_kv)
+                typical = self._model.step_time(num_batched, num_kv)
             else:  # the preset's times mean little yet: compare with the steps seen so far
                 self._early.append(seconds)
                 typical = float(np.median(self._early)) if len(self._early) >= 4 else math.inf
@@ -111,7 +111,7 @@ class MeasuredStepTime:
             self.observed += 1
             self._since_fit += 1
             if self._since_fit >= self.refit_every or self.observed <= self.min_steps:
-                self._coef = self._solve()
+                self._model = self._as_model(self._solve())
                 self._since_fit = 0
         return True
 
@@ -139,41 +139,45 @@ class MeasuredStepTime:
             free.remove(negative[0])
         return coef
 
-    def _predict(self, num_batched: float, num_kv: float) -> float:
-        c = self._coef
-        return float(c[0] + c[1] * num_batched + c[2] * num_kv)
-
-    def linear_coefficients(self) -> np.ndarray:
-        """The current fit as ``(c_fix, c_tok, c_kv, c_oh)`` (``c_oh`` is folded into
-        ``c_fix``, so it is 0) — the order :class:`StepTimeModel` uses."""
-        c = self._coef
-        return np.array([c[0], c[1], c[2], 0.0])
-
-    def step_time(self, num_batched: float, num_kv: float) -> float:
-        """Seconds one step of this shape takes, by the current fit."""
-        return self._predict(num_batched, num_kv)
-
-    def step_time_array(self, num_batched: np.ndarray, num_kv: float) -> np.ndarray:
-        """Vectorised :meth:`step_time` over an array of batched-token counts."""
-        c = self._coef
-        return c[0] + c[1] * np.asarray(num_batched, dtype=np.float64) + c[2] * num_kv
-
-    def marginal_token_cost(self, num_batched: float, num_kv: float) -> float:
-        """Seconds one more batched token adds to a step (the fitted ``c_tok``)."""
-        return float(self._coef[1])
+    @staticmethod
+    def _as_model(coef: np.ndarray) -> StepTimeModel:
+        """``(c_fix, c_tok, c_kv)`` as a linear :class:`StepTimeModel` (``c_oh`` folded
+        into ``c_fix``), which evaluates it."""
+        return StepTimeModel(
+            name="measured",
+            c_fix=float(coef[0]),
+            c_tok=float(coef[1]),
+            c_kv=float(coef[2]),
+            c_oh=0.0,
+        )
 
     @property
     def model(self) -> StepTimeModel:
-        """The current fit as a frozen :class:`StepTimeModel` (for reports and logs)."""
-        c = self._coef
-        return StepTimeModel(
-            name="measured", c_fix=float(c[0]), c_tok=float(c[1]), c_kv=float(c[2]), c_oh=0.0
-        )
+        """The current fit as a frozen :class:`StepTimeModel` (replaced at each refit)."""
+        return self._model
+
+    def linear_coefficients(self) -> np.ndarray:
+        """The current fit as ``(c_fix, c_tok, c_kv, c_oh)`` with ``c_oh = 0``."""
+        coef = self._model.linear_coefficients()
+        assert coef is not None  # the fit is linear
+        return coef
+
+    def step_time(self, num_batched: float, num_kv: float) -> float:
+        """Seconds one step of this shape takes, by the current fit."""
+        return self._model.step_time(num_batched, num_kv)
+
+    def step_time_array(self, num_batched: np.ndarray, num_kv: float) -> np.ndarray:
+        """Vectorised :meth:`step_time` over an array of batched-token counts."""
+        return self._model.step_time_array(num_batched, num_kv)
+
+    def marginal_token_cost(self, num_batched: float, num_kv: float) -> float:
+        """Seconds one more batched token adds to a step (the fitted ``c_tok``)."""
+        return self._model.marginal_token_cost(num_batched, num_kv)
 
     def describe(self) -> str:
         """One line: the fit in milliseconds and how many steps it rests on."""
-        c = self._coef
+        m = self._model
         return (
-            f"measured step time {c[0] * 1e3:.2f} ms + {c[1] * 1e3:.3f} ms/token "
-            f"+ {c[2] * 1e9:.1f} ns/KV token ({self.observed} steps, {self.skipped} skipped)"
+            f"measured step time {m.c_fix * 1e3:.2f} ms + {m.c_tok * 1e3:.3f} ms/token "
+            f"+ {m.c_kv * 1e9:.1f} ns/KV token ({self.observed} steps, {self.skipped} skipped)"
         )

@@ -62,7 +62,7 @@ def main() -> None:
     kernels += ("scan_prompts", "keep_candidates", "room_needed", "release_rows", "emit_drafts")
     for name in kernels:
         _timed(K, name)
-    _timed(P, "allocate_counts")
+    _timed(P, "allocate")
     _timed(NgramIndex, "lookup")
     for name in ("propose", "_flush", "extend", "start", "stop"):
         _timed(P.AgentSpecProposer, name)

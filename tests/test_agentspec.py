@@ -362,6 +362,12 @@ def test_budget_total_within_budget_and_prefixes() -> None:
     assert b.counts == [1, 2] and b.used == 3
     free = allocate(flat, lens, batch_size=3, num_kv=0, cost=COST)
     assert all(c <= n for c, n in zip(free.counts, lens, strict=True))
+    assert free.count_array.dtype == np.int64 and free.count_array.tolist() == free.counts
+    # the threshold: what one more slot costs, in tokens at the admitted set's goodput
+    n_now = 3 + free.used
+    marginal = COST.step_time(n_now + 1, 0) - COST.step_time(n_now, 0)
+    assert free.threshold == pytest.approx(marginal * free.goodput)
+    assert free.goodput == pytest.approx(free.expected / COST.step_time(n_now, 0))
 
 
 def _score_one(

@@ -113,7 +113,7 @@ def test_proposer_profile_end_to_end(
     printed = capsys.readouterr().out
     assert "engine steps; mean proposer time" in printed
     timed = {ln.split()[0] for ln in printed.splitlines()[1:] if ln.strip()}
-    assert {"propose", "_flush", "apply_extends", "lookup", "allocate_counts"} <= timed
+    assert {"propose", "_flush", "apply_extends", "lookup", "allocate"} <= timed
 
 
 def test_cost_model_ab_pairs_each_repeat_with_its_own_baseline(

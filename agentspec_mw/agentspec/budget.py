@@ -22,22 +22,51 @@ from numba import njit
 
 from agentspec_mw.costmodel import StepTimeFn
 
-__all__ = ["Allocation", "allocate", "allocate_counts"]
+__all__ = ["Allocation", "allocate"]
 
 
 class Allocation:
-    """Result of :func:`allocate`: drafted positions per request and the step estimates."""
+    """Result of :func:`allocate`: drafted positions per request and the step estimates.
 
-    __slots__ = ("counts", "expected", "threshold", "offered", "used")
+    ``count_array`` is the int64 array the proposer reads on its hot path; ``counts``
+    (a list) and ``threshold`` are computed when read.
+    """
+
+    __slots__ = ("count_array", "expected", "goodput", "offered", "used", "_at")
 
     def __init__(
-        self, counts: list[int], expected: float, threshold: float, offered: int, used: int
+        self,
+        count_array: np.ndarray,
+        expected: float,
+        goodput: float,
+        offered: int,
+        used: int,
+        at: tuple[StepTimeFn, int, float],
     ) -> None:
-        self.counts = counts
+        self.count_array = count_array
         self.expected = expected
-        self.threshold = threshold
+        """Expected tokens of the step: ``b + Σ`` admitted survivals."""
+        self.goodput = goodput
+        """The admitted set's ``E/T`` (tokens per second of the step)."""
         self.offered = offered
+        """Positions at or above ``min_survival`` (up to the budget) the choice saw."""
         self.used = used
+        """Positions admitted (``n*``)."""
+        self._at = at  # (cost, batch_size, num_kv): for threshold
+
+    @property
+    def counts(self) -> list[int]:
+        """Drafted positions per request, as a list."""
+        return self.count_array.tolist()  # type: ignore[no-any-return]
+
+    @property
+    def threshold(self) -> float:
+        """What one more position would have to add to the expected tokens to pay for
+        its slot: the marginal step time after ``n*`` times the goodput."""
+        cost, batch_size, num_kv = self._at
+        n_now = batch_size + self.used
+        marginal = cost.step_time(n_now + 1, num_kv) - cost.step_time(n_now, num_kv)
+        return marginal * self.goodput
 
 
 def allocate(
@@ -59,40 +88,15 @@ def allocate(
         lens: candidate positions per request.
         batch_size: requests in the step (each yields at least one token).
         num_kv: resident KV tokens of the step.
-        cost: the step-time model.
+        cost: the step-time model (one with ``linear_coefficients()`` is evaluated
+            inside the kernel; otherwise its ``step_time_array`` or ``step_time``).
         budget: most draft tokens the step may take (scheduler budget), if any.
         overhead_s: per-step time not in the model (e.g. the proposer's own time).
         min_survival: never admit a position below this survival.
+
+    Raises:
+        ValueError: ``lens`` does not sum to the number of survivals.
     """
-    counts, expected, goodput, offered, used = allocate_counts(
-        survival,
-        lens,
-        batch_size=batch_size,
-        num_kv=num_kv,
-        cost=cost,
-        budget=budget,
-        overhead_s=overhead_s,
-        min_survival=min_survival,
-    )
-    n_now = batch_size + used
-    marginal = cost.step_time(n_now + 1, num_kv) - cost.step_time(n_now, num_kv)
-    return Allocation(counts.tolist(), expected, marginal * goodput, offered, used)
-
-
-def allocate_counts(
-    survival: np.ndarray,
-    lens: np.ndarray,
-    *,
-    batch_size: int,
-    num_kv: float,
-    cost: StepTimeFn,
-    budget: int | None = None,
-    overhead_s: float = 0.0,
-    min_survival: float = 0.0,
-) -> tuple[np.ndarray, float, float, int, int]:
-    """:func:`allocate` for the proposer's hot path: ``(counts, expected, goodput,
-    offered, used)`` with ``counts`` an int64 array (no list is built) and ``goodput``
-    the admitted set's ``E/T`` (the threshold is left to :func:`allocate`)."""
     survival = np.ascontiguousarray(survival, dtype=np.float64)
     lens = np.ascontiguousarray(lens, dtype=np.int64)
     cap = len(survival) if budget is None else max(0, min(len(survival), int(budget)))
@@ -122,7 +126,9 @@ def allocate_counts(
     )
     if offered < 0:
         raise ValueError("allocate: survival must hold sum(lens) entries")
-    return counts, batch_size + goodput[1], goodput[0], offered, best
+    return Allocation(
+        counts, batch_size + goodput[1], goodput[0], offered, best, (cost, batch_size, num_kv)
+    )
 
 
 _NO_TIMES = np.empty(0, dtype=np.float64)
@@ -155,13 +161,12 @@ def _solve(
         return np.zeros(lens.shape[0], dtype=np.int64), 0, (0.0, 0.0), -1
     order, csum = _rank(survival, lens, min_survival, cap)
     m = csum.shape[0]
-    nbt = np.empty(m, dtype=np.float64)
     if coef.shape[0] == 4:
+        nbt = np.empty(m, dtype=np.float64)
         for n in range(m):
             nbt[n] = coef[0] + coef[1] * float(batch + n) + coef[2] * num_kv + coef[3]
     else:
-        for n in range(m):
-            nbt[n] = times[n]
+        nbt = times[:m]  # a view: the caller's times are read, not copied
     counts, best, goodput = _choose(order, csum, nbt, lens, float(batch), overhead)
     return counts, best, (goodput, csum[best]), m - 1
 

@@ -66,7 +66,7 @@ import numpy as np
 
 from agentspec_mw.agentspec import kernels as K
 from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec, current
-from agentspec_mw.agentspec.budget import allocate_counts
+from agentspec_mw.agentspec.budget import allocate
 from agentspec_mw.agentspec.config import AgentSpecConfig
 from agentspec_mw.agentspec.ngram_index import LEVELS, MAX_N, NgramIndex
 from agentspec_mw.agentspec.slots import SlotTable
@@ -535,7 +535,7 @@ class AgentSpecProposer:
         budget = None
         if step.max_num_batched_tokens is not None:
             budget = max(0, step.max_num_batched_tokens - step.batch_size)
-        counts, expected, _goodput, offered, used = allocate_counts(
+        alloc = allocate(
             flat[:n_flat],
             n_ok,
             batch_size=step.batch_size,
@@ -544,6 +544,12 @@ class AgentSpecProposer:
             budget=budget,
             overhead_s=self._overhead_s,
             min_survival=floor,
+        )
+        counts, expected, offered, used = (
+            alloc.count_array,
+            alloc.expected,
+            alloc.offered,
+            alloc.used,
         )
         # every request with a candidate keeps it for calibration, drafted or not
         slots.widen_drafts(kk)

@@ -131,7 +131,7 @@ def test_index_majority_continuation_and_key_isolation() -> None:
 
 
 def test_index_inserts_hash_every_level_as_the_reference_hash() -> None:
-    """``insert_one`` hashes all levels in one pass; each level's table entry must sit
+    """``stage_insert`` hashes all levels in one pass; each level's table entry must sit
     under :func:`ngram_index._hash` of the same n-gram and point at the newest token."""
     ix = NgramIndex(capacity=1 << 12)
     toks = np.arange(100, 120, dtype=np.int32)
@@ -142,6 +142,29 @@ def test_index_inserts_hash_every_level_as_the_reference_hash() -> None:
         h = ngram_index._hash(np.int64(key), np.int64(n), toks, len(toks))
         rows = np.flatnonzero(ht[:, 0] == h)
         assert len(rows) == 1 and ht[rows[0], 1] == len(toks) - 1, n
+
+
+@pytest.mark.parametrize("capacity", [64, 1 << 12])
+def test_index_staged_inserts_equal_one_at_a_time(capacity: int) -> None:
+    """Inserts whose table probes wait in a stage (flushed every ``STAGE_TOKENS`` tokens,
+    or every ``capacity`` tokens when the arena is smaller, and at the end of a call)
+    leave the index exactly as inserting one token per call, i.e. each insert done
+    whole — also once the arena has wrapped many times."""
+    rng = np.random.default_rng(11)
+    n_tok = 3 * ngram_index.STAGE_TOKENS + 77
+    toks = rng.integers(0, 5, n_tok).astype(np.int32)  # small vocabulary: shared n-grams
+    keys = rng.integers(0, 3, n_tok).astype(np.int64)
+    batched, single = NgramIndex(capacity=capacity), NgramIndex(capacity=capacity)
+    seq_ids = [(batched.new_seq(), single.new_seq()) for _ in range(5)]
+    pick = rng.integers(0, 5, n_tok)
+    seqs_b = np.array([seq_ids[i][0] for i in pick], np.int64)
+    seqs_s = np.array([seq_ids[i][1] for i in pick], np.int64)
+    batched.insert(keys, seqs_b, toks)
+    for i in range(n_tok):
+        single.insert(keys[i : i + 1], seqs_s[i : i + 1], toks[i : i + 1])
+    assert batched.written == single.written == n_tok
+    for a, b in zip(batched.arrays, single.arrays, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_index_capacity_evicts_oldest() -> None:

@@ -32,8 +32,13 @@ from numba import njit
 
 from agentspec_mw.agentspec.blocks import advance, current
 from agentspec_mw.agentspec.lookup import match_tail
-from agentspec_mw.agentspec.ngram_index import MAX_N, _final, _mix, _seed, insert_one, reset_seq
-from agentspec_mw.agentspec.prefetch import prefetch2
+from agentspec_mw.agentspec.ngram_index import (
+    MAX_N,
+    flush_stage,
+    new_stage,
+    reset_seq,
+    stage_insert,
+)
 from agentspec_mw.agentspec.token_classes import N_CLASSES, NEWLINE
 
 __all__ = [
@@ -66,7 +71,6 @@ NF = 2 * N_CLASSES * N_REC  # fine cells per cell: token class x line break x re
 N_HIST = 3  # index-backed sources, in lookup-row order: iso, agent, scope
 _LOCAL_MIN_MATCH = 3
 _LOCAL_MAX_BACKOFF = 16  # steps a request skips the local scan after failing, at most
-_PREFETCH_TOKENS = 64  # tokens per request whose inserts are prefetched (the rest are not)
 
 
 @njit(cache=True, nogil=True)
@@ -92,62 +96,6 @@ def scan_prompts(
 
 
 @njit(cache=True, nogil=True)
-def _prefetch_inserts(
-    slots: np.ndarray,
-    off: np.ndarray,
-    toks: np.ndarray,
-    si: np.ndarray,
-    stack: np.ndarray,
-    bst: np.ndarray,
-    ix: Any,
-    live: bool,
-) -> None:  # pragma: no cover
-    """Prefetch the hash-table buckets the inserts of this batch will probe.
-
-    Each token's bucket per level is known from its sequence's last tokens, so all the
-    batch's probes (random lines of a table far larger than the caches) are requested at
-    once and their misses overlap. A block change mid-batch makes some guesses wrong,
-    which costs only the wasted prefetch.
-    """
-    _rec, ht, _sl, seq_ring, seq_len, _st, levels = ix
-    mask = np.uint64(ht.shape[0] - 1)
-    buf = np.empty(MAX_N + _PREFETCH_TOKENS, dtype=np.int32)
-    for i in range(slots.shape[0]):
-        s = slots[i]
-        a = off[i]
-        b = min(off[i + 1], a + _PREFETCH_TOKENS)
-        for which in range(N_HIST if live else 1):
-            if which == 0:
-                seq = si[s, C_SEQ]
-                key = si[s, C_KBASE] * NB + current(stack[s], bst[s])
-            elif which == 1:
-                seq = si[s, C_ASEQ]
-                key = si[s, C_ABASE] * NB
-            else:
-                if si[s, C_GBASE] < 0:
-                    continue
-                seq = si[s, C_GSEQ]
-                key = si[s, C_GBASE] * NB
-            ln = seq_len[seq]
-            for j in range(ln):
-                buf[j] = seq_ring[seq, j]
-            for j in range(a, b):
-                buf[ln + j - a] = toks[j]
-            for j in range(a, b):
-                end = ln + j - a + 1
-                hr = _seed(key)  # see ngram_index._hash: one pass, newest token first
-                c = 0
-                for lv in range(levels.shape[0]):
-                    n = levels[lv]
-                    if end < n:
-                        break
-                    while c < n:
-                        c += 1
-                        hr = _mix(hr, buf[end - c])
-                    prefetch2(ht, np.uint64(_final(hr, n)) & mask, 0)
-
-
-@njit(cache=True, nogil=True)
 def apply_extends(
     slots: np.ndarray,
     off: np.ndarray,
@@ -168,7 +116,7 @@ def apply_extends(
 ) -> None:  # pragma: no cover
     """Apply queued ``extend`` calls in order (``toks[off[i]:off[i+1]]`` to ``slots[i]``)."""
     succ, tot, table, prior, fsucc, ftot = calib
-    _prefetch_inserts(slots, off, toks, si, stack, bst, ix, live)
+    stage = new_stage()  # the index inserts' table probes, run in batches (stage_insert)
     for i in range(slots.shape[0]):
         s = slots[i]
         a = off[i]
@@ -216,18 +164,18 @@ def apply_extends(
             if blk != si[s, C_SEQBLK]:
                 reset_seq(seq, ix)
                 si[s, C_SEQBLK] = blk
-            insert_one(base + blk, seq, toks[j], ix)
+            stage_insert(base + blk, seq, toks[j], ix, stage)
             advance(toks[j], stack[s], tail[s], bst[s], g)
         if live:
             aseq = si[s, C_ASEQ]
             akey = si[s, C_ABASE] * NB
             for j in range(a, b):
-                insert_one(akey, aseq, toks[j], ix)
+                stage_insert(akey, aseq, toks[j], ix, stage)
             if si[s, C_GBASE] >= 0:
                 gseq = si[s, C_GSEQ]
                 gkey = si[s, C_GBASE] * NB
                 for j in range(a, b):
-                    insert_one(gkey, gseq, toks[j], ix)
+                    stage_insert(gkey, gseq, toks[j], ix, stage)
         # 3. the local source follows its match while the accepted tokens confirm it
         c0 = si[s, C_CSTART]
         n = si[s, C_CLEN]
@@ -249,6 +197,7 @@ def apply_extends(
         for j in range(a, b):
             ctx[c0 + n + j - a] = toks[j]
         si[s, C_CLEN] = n + (b - a)
+    flush_stage(ix, stage)
 
 
 @njit(cache=True, nogil=True)
@@ -308,6 +257,7 @@ def insert_outputs(
 ) -> None:  # pragma: no cover
     """Each stopped request's output, as one sequence under the key base in column
     ``col`` (``C_ABASE``: agent, ``C_GBASE``: scope; a negative base is skipped)."""
+    stage = new_stage()
     for i in range(slots.shape[0]):
         s = slots[i]
         if si[s, col] < 0:
@@ -316,7 +266,8 @@ def insert_outputs(
         key = si[s, col] * NB
         c0 = si[s, C_CSTART]
         for p in range(c0 + si[s, C_PLEN], c0 + si[s, C_CLEN]):
-            insert_one(key, seq, ctx[p], ix)
+            stage_insert(key, seq, ctx[p], ix, stage)
+    flush_stage(ix, stage)
 
 
 @njit(cache=True, nogil=True)

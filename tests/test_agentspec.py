@@ -16,7 +16,7 @@ from agentspec_mw.agentspec import (
     ngram_index,
     redundancy_score,
 )
-from agentspec_mw.agentspec.kernels import C_CLEN, C_CSTART
+from agentspec_mw.agentspec.kernels import C_CCAP, C_CLEN, C_CSTART
 from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex, _lookup_par, _lookup_rows
 from agentspec_mw.agentspec.parallel import SERIAL, THREADED, ModeChooser
 from agentspec_mw.agentspec.proposer import SOURCES
@@ -366,6 +366,14 @@ def test_slot_table_moves_and_compacts_contexts() -> None:
         a, n = int(st.si[s, C_CSTART]), int(st.si[s, C_CLEN])
         assert st.ctx[a : a + n].tolist() == ref
     assert len(st) == 10
+    st.release([r[0] for i, r in list(live.items())[:5]])
+    st.compact()  # the live rows' segments packed at the front, in row order
+    kept = sorted(list(live.values())[5:])
+    ends = 0
+    for s, ref in kept:
+        a, n = int(st.si[s, C_CSTART]), int(st.si[s, C_CLEN])
+        assert a == ends and st.ctx[a : a + n].tolist() == ref
+        ends += int(st.si[s, C_CCAP])
 
 
 # -- budget -------------------------------------------------------------------------

@@ -130,6 +130,7 @@ def _warm_kernels() -> None:
         for rid in rids:
             p.stop(rid)
         p.propose([], 4, step)  # applies the stops
+        p._slots.compact()
 
 
 def _decay_add(counts: np.ndarray, accepted: float, drafted: float) -> None:

@@ -12,6 +12,7 @@ grown. Slots are reused after release.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from agentspec_mw.agentspec.blocks import MAX_DELIM, MAX_DEPTH
 from agentspec_mw.agentspec.kernels import C_CCAP, C_CLEN, C_CSTART, N_COLS
@@ -101,6 +102,11 @@ class SlotTable:
         self._top += n
         return start
 
+    def compact(self) -> None:
+        """Reclaim the arena space of released rows now (it otherwise happens when the
+        arena fills)."""
+        self._compact(0)
+
     def _compact(self, n: int) -> None:
         si = self.si
         live = np.flatnonzero(self.live)
@@ -109,11 +115,22 @@ class SlotTable:
         if 2 * (used + n) > size:
             size = max(2 * size, 2 * (used + n))
         new = np.zeros(size, dtype=np.int32)
-        top = 0
-        for s in live.tolist():
-            a, ln, cap = (int(x) for x in si[s, [C_CSTART, C_CLEN, C_CCAP]])
-            new[top : top + ln] = self.ctx[a : a + ln]
-            si[s, C_CSTART] = top
-            top += cap
+        self._top = _move_segments(live, si, self.ctx, new)
         self.ctx = new
-        self._top = top
+
+
+@njit(cache=True, nogil=True)
+def _move_segments(
+    live: np.ndarray, si: np.ndarray, old: np.ndarray, new: np.ndarray
+) -> int:  # pragma: no cover
+    """Copy the live rows' context segments to the front of ``new``, in row order, each
+    keeping its capacity; repoint their starts. Returns the end of the last segment."""
+    top = 0
+    for i in range(live.shape[0]):
+        s = live[i]
+        a = si[s, C_CSTART]
+        ln = si[s, C_CLEN]
+        new[top : top + ln] = old[a : a + ln]
+        si[s, C_CSTART] = top
+        top += si[s, C_CCAP]
+    return top

@@ -167,6 +167,20 @@ def test_index_staged_inserts_equal_one_at_a_time(capacity: int) -> None:
         np.testing.assert_array_equal(a, b)
 
 
+def test_index_recycled_sequence_starts_clean() -> None:
+    """A released sequence id comes back empty: new tokens neither link to nor hash with
+    the tokens it held before."""
+    ix = NgramIndex(capacity=1 << 10)
+    s = ix.new_seq()
+    ix.insert(np.zeros(5, np.int64), np.full(5, s, np.int64), np.arange(5, dtype=np.int32))
+    ix.end_seqs(np.array([s]))
+    assert ix.new_seq() == s
+    ix.insert(np.zeros(1, np.int64), np.array([s]), np.array([9], np.int32))
+    rec = ix.arrays[0]
+    assert rec[4, ngram_index.R_NXT] == -1  # the old last token does not link to the new
+    assert ix.arrays[4][s] == 1  # its ring holds the one new token: no n-gram yet
+
+
 def test_index_capacity_evicts_oldest() -> None:
     ix = NgramIndex(capacity=64)
     s = ix.new_seq()

@@ -501,10 +501,7 @@ class NgramIndex:
             self._seq_ring = np.concatenate([self._seq_ring, np.zeros((n, MAX_N), np.int32)])
             self._seq_len = np.concatenate([self._seq_len, np.zeros(n, dtype=np.int64)])
             self._free_seqs = list(range(2 * n - 1, n - 1, -1))
-        s = self._free_seqs.pop()
-        self._seq_last[s] = -1
-        self._seq_len[s] = 0
-        return s
+        return self._free_seqs.pop()  # free ids are clean: new, or reset by end_seqs
 
     def end_seqs(self, seqs: np.ndarray) -> None:
         """Release sequence ids, in order (their tokens stay in the index until evicted)."""

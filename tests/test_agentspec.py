@@ -380,7 +380,7 @@ def test_slot_table_moves_and_compacts_contexts() -> None:
         a, n = int(st.si[s, C_CSTART]), int(st.si[s, C_CLEN])
         assert st.ctx[a : a + n].tolist() == ref
     assert len(st) == 10
-    st.release([r[0] for i, r in list(live.items())[:5]])
+    st.release([r[0] for r in list(live.values())[:5]])
     st.compact()  # the live rows' segments packed at the front, in row order
     kept = sorted(list(live.values())[5:])
     ends = 0

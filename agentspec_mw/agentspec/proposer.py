@@ -546,24 +546,19 @@ class AgentSpecProposer:
             overhead_s=self._overhead_s,
             min_survival=floor,
         )
-        counts, expected, offered, used = (
-            alloc.count_array,
-            alloc.expected,
-            alloc.offered,
-            alloc.used,
-        )
         # every request with a candidate keeps it for calibration, drafted or not
         slots.widen_drafts(kk)
         K.keep_candidates(sl, pick, sel_len, sel_cell, tok, slots.si, slots.dtok, slots.dcell)
         drafts: list[Draft] = [EMPTY_DRAFT] * n_req
+        used = alloc.used
         if used:
-            _decay_add(self._predicted, expected - step.batch_size, used)
+            _decay_add(self._predicted, alloc.expected - step.batch_size, used)
             if cfg.budget_max_rejection is not None:
                 # a step under budget_floor_batch may reject more (its floor is lower)
                 t = cfg.budget_max_rejection
                 self._ledger[2] += used * (min(1.0, t / scale) if scale > 0 else 1.0)
             rows, ends, flat_tok, flat_p = K.emit_drafts(
-                sl, counts, pick, sel_cell, tok, slots.si, self._table, self._fine
+                sl, alloc.count_array, pick, sel_cell, tok, slots.si, self._table, self._fine
             )
             # Draft.probs are per-token (given the earlier tokens): each cell's acceptance;
             # slices of one tuple are tuples (no per-draft conversion)
@@ -573,7 +568,7 @@ class AgentSpecProposer:
             for i, b in zip(rows.tolist(), ends.tolist(), strict=True):
                 drafts[i] = Draft(all_tok[a:b], all_p[a:b])
                 a = b
-        self._finish_step(t0, offered, used)
+        self._finish_step(t0, alloc.offered, used)
         return drafts
 
     def acceptance(self, cells: np.ndarray) -> np.ndarray:

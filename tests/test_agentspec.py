@@ -980,35 +980,48 @@ def _unlikely_candidate(tiny_tokenizer, tb, **opts) -> AgentSpecProposer:  # typ
 
 
 def test_agentspec_rejection_cap_holds_a_busy_engines_drain(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
-    """After a busy step, small steps lose their lower floor while the running rejection
-    is over ``budget_rejection_cap``; an engine that was never busy keeps it."""
+    """After a busy step, small steps' floor rises to the full one as the running
+    rejection climbs through the last ``budget_cap_band`` under ``budget_rejection_cap``
+    (fully at the cap and over it); an engine that was never busy keeps its lower floor."""
     from agentspec_mw.agentspec import proposer as P
 
-    p = _prop(tb, budget_rejection_cap=0.2)
-    assert not p._over_cap()  # nothing verified yet
+    p = _prop(tb, budget_rejection_cap=0.2)  # band 0.01: from 0.19 to 0.20
+    assert p._cap_tightness() == 0.0  # nothing verified yet
     p._ledger[:] = (128.0, 256.0, 51.2)
     p._update_floor()  # each window joins the running counts
     assert tuple(p._total) == (128.0, 256.0)
-    assert not p._over_cap()  # 50 % rejected, but the engine was never busy
+    assert p._cap_tightness() == 0.0  # 50 % rejected, but the engine was never busy
     p._busy_step = p.stats["steps"]
-    assert p._over_cap()
+    assert p._cap_tightness() == 1.0
     p._total[:] = (230.0, 256.0)  # 10 % rejected: under the cap
-    assert not p._over_cap()
+    assert p._cap_tightness() == 0.0
     p._total[:] = (0.0, 128.0)  # under a window verified: the drafts' predictions count
     p._predicted[:] = (90.0, 100.0)
-    assert not p._over_cap()
+    assert p._cap_tightness() == 0.0
     p._predicted[:] = (50.0, 100.0)
-    assert p._over_cap()
+    assert p._cap_tightness() == 1.0
     p._predicted[:] = (90.0, 100.0)
     p._ledger[:2] = (50.0, 200.0)  # the window being filled counts too: 50 of 328 verified accepted
-    assert p._over_cap()
+    assert p._cap_tightness() == 1.0
     p._ledger[:] = 0.0
+    # the band: linear from cap - band (0) to the cap (1)
+    for rejected, want in ((0.19, 0.0), (0.195, 0.5), (0.1975, 0.75), (0.2, 1.0)):
+        p._total[:] = ((1.0 - rejected) * 4096.0, 4096.0)
+        assert p._cap_tightness() == pytest.approx(want)
+    switch = _prop(tb, budget_rejection_cap=0.2, budget_cap_band=0.0)
+    switch._busy_step = 0
+    switch._total[:] = (0.805 * 4096.0, 4096.0)
+    assert switch._cap_tightness() == 0.0  # 0.195: a switch stays off under the cap
+    switch._total[:] = (0.79 * 4096.0, 4096.0)
+    assert switch._cap_tightness() == 1.0
     p._total[:] = (128.0, 256.0)
     p.stats["steps"] += P._CAP_MEMORY_STEPS + 1  # busy too long ago
-    assert not p._over_cap()
-    assert not _prop(tb, budget_rejection_cap=None)._over_cap()
+    assert p._cap_tightness() == 0.0
+    assert _prop(tb, budget_rejection_cap=None)._cap_tightness() == 0.0
     with pytest.raises(ValueError, match="under budget_max_rejection"):
         _prop(tb, budget_rejection_cap=0.1, budget_max_rejection=0.15)
+    with pytest.raises(ValueError, match="budget_cap_band"):
+        _prop(tb, budget_rejection_cap=0.19, budget_cap_band=0.19)
 
     # drafting: two earlier requests disagree on how the line goes on, so the third's
     # candidate is unlikely (survival ~0.2): a small step (floor 0.15) drafts it, unless
@@ -1024,6 +1037,41 @@ def test_agentspec_rejection_cap_holds_a_busy_engines_drain(tiny_tokenizer, tb) 
     assert drafted(False, 2) > 0
     assert drafted(True, 2) == 0  # the full floor: an unlikely candidate is not drafted
     assert drafted(True, 64) == drafted(False, 64)  # busy steps: the cap changes nothing
+
+
+def test_agentspec_small_step_floor_follows_the_cap_tightness(  # type: ignore[no-untyped-def]
+    tiny_tokenizer, tb, monkeypatch
+) -> None:
+    """A small step's survival floor is ``θ × (scale + (1 - scale) × tightness)``: its
+    lower floor under the band, the full ``θ`` at the cap, in between inside the band;
+    a busy step's floor is ``θ`` whatever the tightness."""
+    import math
+
+    from agentspec_mw.agentspec import proposer as P
+
+    floors: list[float] = []
+    real = P.allocate
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        floors.append(kwargs["min_survival"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(P, "allocate", spy)
+
+    def floor(rejected: float, batch: int) -> float:
+        q = _unlikely_candidate(tiny_tokenizer, tb, budget_rejection_cap=0.2)
+        q._busy_step = 0
+        q._total[:] = ((1.0 - rejected) * 4096.0, 4096.0)
+        floors.clear()
+        q.propose(["x"], 8, StepContext(batch_size=batch, num_kv_tokens=64))
+        assert len(floors) == 1
+        return floors[0] / q._floor  # the floor over θ
+
+    scale = math.log2(2) / math.log2(32)  # batch 2, budget_floor_batch 32
+    assert floor(0.10, 2) == pytest.approx(scale)
+    assert floor(0.195, 2) == pytest.approx(scale + (1 - scale) * 0.5)
+    assert floor(0.25, 2) == pytest.approx(1.0)
+    assert floor(0.10, 64) == floor(0.25, 64) == pytest.approx(1.0)
 
 
 def test_agentspec_busy_batch_arms_the_cap(tb) -> None:  # type: ignore[no-untyped-def]
@@ -1043,9 +1091,9 @@ def test_agentspec_busy_batch_arms_the_cap(tb) -> None:  # type: ignore[no-untyp
     p.extend("r", [4])
     p._total[:] = (0.0, 1024.0)  # everything rejected so far
     p.propose(["r"], 4, StepContext(batch_size=15))
-    assert not p._over_cap()  # 15 requests: not busy
+    assert p._cap_tightness() == 0.0  # 15 requests: not busy
     p.propose(["r"], 4, StepContext(batch_size=16))
-    assert p._over_cap()
+    assert p._cap_tightness() == 1.0
 
 
 def test_agentspec_kernels_are_loaded_at_construction(tb) -> None:  # type: ignore[no-untyped-def]

@@ -85,14 +85,21 @@ class AgentSpecConfig(BaseModel):
     ``None``: ``θ`` stays ``budget_floor``."""
     budget_rejection_cap: float | None = Field(default=0.19, gt=0, lt=1)
     """Rejection rate all drafts together stay under once the engine has been busy
-    (``budget_cap_batch`` requests or more in a step within the last 16,384 steps): while the
+    (``budget_cap_batch`` requests or more in a step within the last 16,384 steps): as the
     running rejection of the verified drafts (every step; half-life 2^20 drafted tokens;
-    before 256 are verified, the rejection the drafts' survivals predicted) is over it,
-    small steps lose their lower floor (the full ``θ`` applies at every batch size) and
-    are allowed only ``budget_max_rejection``. So the drain of a busy engine —
-    the last few long requests, drafting at a floor near 0 — cannot take the whole
-    stream's rejection over the cap. An engine that was never busy keeps the lower floor
-    (a rejected token costs it almost nothing). ``None``: no cap."""
+    before 256 are verified, the rejection the drafts' survivals predicted) climbs
+    through the cap's last ``budget_cap_band``, small steps' lower floor rises linearly to
+    the full ``θ`` (and their allowance to ``budget_max_rejection``), reached at the cap
+    and kept over it. So the drain of a busy engine — the last few long requests,
+    drafting at a floor near 0 — cannot take the whole stream's rejection over the cap.
+    An engine that was never busy keeps the lower floor (a rejected token costs it almost
+    nothing). ``None``: no cap."""
+    budget_cap_band: float = Field(default=0.01, ge=0, lt=1)
+    """Width of the band under ``budget_rejection_cap`` over which small steps' floor
+    rises from their lower floor (running rejection ``cap - band`` or less) to the full
+    ``θ`` (at the cap). A gradual cap holds a drain-heavy stream's rejection steadily
+    under the cap instead of switching the drain's drafting off and on; ``0``: the
+    switch."""
     budget_floor_power: float = Field(default=3.0, ge=1.0)
     """While the engine has not been busy (no step with ``budget_cap_batch`` requests
     within the last 16,384 steps), a step under ``budget_floor_batch`` uses the floor's
@@ -144,5 +151,10 @@ class AgentSpecConfig(BaseModel):
             raise ValueError(
                 f"budget_rejection_cap={cap} is under budget_max_rejection={target}: "
                 "busy steps would aim at more rejection than the whole stream may have"
+            )
+        if cap is not None and self.budget_cap_band >= cap:
+            raise ValueError(
+                f"budget_cap_band={self.budget_cap_band} is not under "
+                f"budget_rejection_cap={cap}: the band would start at no rejection at all"
             )
         return self

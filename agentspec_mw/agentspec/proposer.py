@@ -42,8 +42,9 @@ the rejection measured on verified drafts
 (``budget_max_rejection``; :meth:`AgentSpecProposer._update_floor`). Small steps get a
 lower floor (drafting is nearly free there) — lower still while the engine has not been
 busy lately (``budget_floor_power``) — unless the engine was busy lately and the
-drafts' running rejection is over ``budget_rejection_cap``
-(:meth:`AgentSpecProposer._over_cap`): so a busy engine's drain cannot spend more
+drafts' running rejection nears ``budget_rejection_cap``: over the cap's last
+``budget_cap_band`` their floor rises linearly to the full one
+(:meth:`AgentSpecProposer._cap_tightness`), so a busy engine's drain cannot spend more
 rejection than the cap.
 
 Speed: ``start``/``extend``/``stop`` only queue their arguments; the next ``propose``
@@ -487,8 +488,9 @@ class AgentSpecProposer:
         scale = min(1.0, math.log2(max(step.batch_size, 1)) / math.log2(cfg.budget_floor_batch))
         if not self._busy_lately():
             scale **= cfg.budget_floor_power  # a gentler floor
-        if scale < 1.0 and self._over_cap():
-            scale = 1.0  # a busy engine's drain: no more rejection than the cap
+        if scale < 1.0:
+            # a busy engine's drain: no more rejection than the cap
+            scale += (1.0 - scale) * self._cap_tightness()
         floor = theta * scale
         sl = np.fromiter(map(self._reqs.__getitem__, req_ids), np.int64, n_req)
         slots = self._slots
@@ -584,7 +586,7 @@ class AgentSpecProposer:
     def _update_floor(self) -> float:
         """The survival floor at full scale: fixed (``budget_max_rejection=None``) or
         moved by the rejection the verified drafts had, once a window of them is in.
-        Each window also joins the running counts :meth:`_over_cap` reads."""
+        Each window also joins the running counts :meth:`_cap_tightness` reads."""
         cfg = self.config
         target = cfg.budget_max_rejection
         if self._ledger[1] >= _LEDGER_WINDOW:
@@ -602,23 +604,32 @@ class AgentSpecProposer:
         ``_CAP_MEMORY_STEPS`` steps (the cap applies; small steps keep the linear scale)."""
         return self.stats["steps"] - self._busy_step <= _CAP_MEMORY_STEPS
 
-    def _over_cap(self) -> bool:
-        """Whether small steps lose their lower floor: the engine had
-        :func:`_busy_batch` requests or more in one step within the last ``_CAP_MEMORY_STEPS``
-        steps, and the running rejection of the verified drafts (all steps; half-life
-        ``_CAP_HALF_LIFE`` drafted tokens) is over ``budget_rejection_cap`` — until a
-        window of drafts is verified, the rejection their survivals predicted. An engine
-        that serves few requests all along keeps the lower floor (a rejected token costs
-        it almost nothing)."""
-        cap = self.config.budget_rejection_cap
+    def _cap_tightness(self) -> float:
+        """How far small steps' floor is raised toward the full one, from 0 (their lower
+        floor) to 1 (the full ``θ``). It is 0 unless the engine had :func:`_busy_batch`
+        requests or more in one step within the last ``_CAP_MEMORY_STEPS`` steps; then it
+        grows linearly with the running rejection of the verified drafts (all steps;
+        half-life ``_CAP_HALF_LIFE`` drafted tokens; until a window of drafts is verified,
+        the rejection their survivals predicted) from 0 at ``budget_rejection_cap -
+        budget_cap_band`` to 1 at the cap and over it (``budget_cap_band = 0``: a switch
+        at the cap). An engine that serves few requests all along keeps the lower floor
+        (a rejected token costs it almost nothing)."""
+        cfg = self.config
+        cap = cfg.budget_rejection_cap
         if cap is None or not self._busy_lately():
-            return False
+            return 0.0
         # the folded windows and the window being filled (verified, not yet folded)
         acc = float(self._total[0] + self._ledger[0])
         dr = float(self._total[1] + self._ledger[1])
         if dr < _LEDGER_WINDOW:  # too few verified yet: what the drafts predicted
             acc, dr = self._predicted.tolist()
-        return dr > 0 and dr - acc > cap * dr
+        if dr <= 0:
+            return 0.0
+        over = (dr - acc) / dr - cap  # <= 0 under the cap
+        if over > 0:
+            return 1.0
+        band = cfg.budget_cap_band
+        return max(0.0, 1.0 + over / band) if band > 0 else 0.0
 
     def _finish_step(self, t0: float, offered: int, used: int) -> None:
         dt = time.perf_counter() - t0

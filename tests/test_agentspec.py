@@ -376,6 +376,10 @@ def test_slot_table_moves_and_compacts_contexts() -> None:
             st.ctx[a + n : a + n + 50] = new
             st.si[s, C_CLEN] = n + 50
             ref += new
+        # the live segments never overlap and stay inside the arena
+        spans = sorted((int(st.si[s, C_CSTART]), int(st.si[s, C_CCAP])) for s, _ in live.values())
+        assert all(a + c <= b for (a, c), (b, _) in zip(spans, spans[1:], strict=False))
+        assert spans[-1][0] + spans[-1][1] <= len(st.ctx)
     for s, ref in live.values():
         a, n = int(st.si[s, C_CSTART]), int(st.si[s, C_CLEN])
         assert st.ctx[a : a + n].tolist() == ref

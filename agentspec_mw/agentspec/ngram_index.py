@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 LEVELS = np.array([2, 4, 8, 16], dtype=np.int64)
-MAX_N = 16
+MAX_N = 16  # a power of two: a sequence's ring holds its token i at i & (MAX_N - 1)
 MAX_CANDIDATES = 16
 _ROWS_PER_THREAD = 64  # a lookup splits its rows over threads from 2 x this many rows
 STAGE_TOKENS = 256
@@ -146,16 +146,11 @@ def stage_insert(key: int, s: int, t: int, ix: Any, stage: np.ndarray) -> None: 
     if last >= 0 and last > pos - cap:
         rec[last & cmask, R_NXT] = pos
     seq_last[s] = pos
-    # ring of the last MAX_N tokens of the sequence (kept in order)
-    ln = seq_len[s]
-    if ln < MAX_N:
-        seq_ring[s, ln] = t
-        ln += 1
-        seq_len[s] = ln
-    else:
-        for j in range(MAX_N - 1):
-            seq_ring[s, j] = seq_ring[s, j + 1]
-        seq_ring[s, MAX_N - 1] = t
+    # circular ring of the sequence's last MAX_N tokens: token i at i % MAX_N
+    ln = seq_len[s]  # tokens in the sequence so far
+    seq_ring[s, ln & (MAX_N - 1)] = t
+    ln += 1
+    seq_len[s] = ln
     hr = _seed(key)  # running hash of the last c tokens, newest first (see _hash)
     c = 0
     ring = seq_ring[s]
@@ -167,7 +162,7 @@ def stage_insert(key: int, s: int, t: int, ix: Any, stage: np.ndarray) -> None: 
             continue
         while c < n:
             c += 1
-            hr = _mix(hr, ring[ln - c])
+            hr = _mix(hr, ring[(ln - c) & (MAX_N - 1)])
         m += 1
         stage[m, 0] = _final(hr, n)
         stage[m, 1] = pos

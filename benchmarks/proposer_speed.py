@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from _replay_setup import load_workloads, replay_parser
 
+from agentspec_mw.cli import _parse_set
 from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.sim import replay_workload
 
@@ -29,7 +30,15 @@ def main() -> None:
     ap.add_argument("--k", default="16,32")
     ap.add_argument("--max-calls", type=int, default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PROPOSER.OPTION=VALUE",
+        help="a proposer option, as in agentspec replay (e.g. agentspec.index_async_inserts=true)",
+    )
     args = ap.parse_args()
+    options = _parse_set(args.set)
     ks = [int(x) for x in args.k.split(",")]
     setup = load_workloads(args.traces, args.tokenizer, max_k=max(ks), max_calls=args.max_calls)
     env, cost = setup.env, setup.cost
@@ -40,9 +49,8 @@ def main() -> None:
         for name in args.proposers.split(","):
             for k in ks:
                 t0 = time.perf_counter()
-                r = replay_workload(
-                    calls, make_proposer(name, env), batch=args.batch, k=k, cost_model=cost
-                )
+                proposer = make_proposer(name, env, **options.get(name, {}))
+                r = replay_workload(calls, proposer, batch=args.batch, k=k, cost_model=cost)
                 us = np.asarray(r.propose_us)[np.asarray(r.step_batch) >= args.batch]
                 if len(us) == 0:
                     print(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +16,6 @@ from agentspec_mw.agentspec import (
     ngram_index,
     redundancy_score,
 )
-from agentspec_mw.agentspec import kernels as K
 from agentspec_mw.agentspec.kernels import C_CCAP, C_CLEN, C_CSTART
 from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex, _lookup_par, _lookup_rows
 from agentspec_mw.agentspec.parallel import SERIAL, THREADED, ModeChooser
@@ -25,7 +23,7 @@ from agentspec_mw.agentspec.proposer import SOURCES
 from agentspec_mw.agentspec.slots import SlotTable
 from agentspec_mw.costfit import MeasuredStepTime
 from agentspec_mw.costmodel import PRESETS, StepTimeFn
-from agentspec_mw.proposer import EMPTY_DRAFT, ProposerEnv, StepContext
+from agentspec_mw.proposer import ProposerEnv, StepContext
 from agentspec_mw.tags import StructureTags
 from agentspec_mw.tokens import token_bytes_table
 
@@ -913,74 +911,6 @@ def test_agentspec_agent_history_is_live(tiny_tokenizer, tb) -> None:  # type: i
                 p.extend("b", d.token_ids or out[6:7])
                 d = p.propose(["b"], 8, step)[0]
                 assert len(d) >= 4, (source, live)
-
-
-def test_agentspec_async_inserts_lag_one_step(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
-    """With ``index_async_inserts`` a step's tokens join the index after its drafts: a
-    concurrent request drafts from them one step later than with inline inserts."""
-    out = _ids(tiny_tokenizer, "def area(r):\n    return 3.14159 * r * r\n\nprint(area(2))\n")
-    step = StepContext(batch_size=1, num_kv_tokens=64)
-    for background in (False, True):
-        p = _prop(tb, sources=("agent",), index_async_inserts=background)
-        p.start("a", [1, 2], StructureTags(agent_id="coder", query_id="q1"))
-        p.extend("a", out)
-        p.start("b", [3, 4], StructureTags(agent_id="coder", query_id="q2"))
-        p.extend("b", out[:6])
-        first = p.propose(["a", "b"], 8, step)[1]
-        second = p.propose(["a", "b"], 8, step)[1]  # no new tokens in between
-        assert list(second.token_ids) == out[6 : 6 + len(second)] and len(second) >= 4
-        assert first == (EMPTY_DRAFT if background else second)
-
-
-def test_agentspec_async_inserts_build_the_same_index(tb) -> None:  # type: ignore[no-untyped-def]
-    """The background inserts are the inline ones, later: after the same calls (stops and
-    restarts that recycle index sequences included) both indexes hold the same arrays."""
-    rng = np.random.default_rng(3)
-    procs = [_prop(tb, index_async_inserts=b) for b in (False, True)]
-    live: list[str] = []
-    for step_i in range(60):
-        calls: list[tuple[str, Any]] = []
-        if len(live) < 6 or rng.random() < 0.3:
-            rid = f"r{step_i}"
-            agent = f"a{rng.integers(0, 3)}"
-            tags = StructureTags(agent_id=agent, query_id=f"q{rng.integers(0, 4)}")
-            calls.append(("start", (rid, rng.integers(0, 50, 12).tolist(), tags)))
-            calls.append(("extend", (rid, rng.integers(0, 50, 1).tolist())))
-            live.append(rid)
-        for rid in live:
-            calls.append(("extend", (rid, rng.integers(0, 50, rng.integers(1, 5)).tolist())))
-        if rng.random() < 0.25:
-            calls.append(("stop", (live.pop(int(rng.integers(0, len(live)))),)))
-        step = StepContext(batch_size=len(live), num_kv_tokens=64)
-        for p in procs:
-            for name, args in calls:
-                getattr(p, name)(*args)
-            p.propose(list(live), 8, step)
-    for p in procs:
-        p._join_inserts()
-    inline, background = (p._index for p in procs)
-    assert inline.written == background.written > 1000
-    np.testing.assert_array_equal(inline.rec, background.rec)
-    np.testing.assert_array_equal(inline.ht, background.ht)
-
-
-def test_agentspec_async_insert_errors_surface_at_the_next_step(
-    tb, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
-    p = _prop(tb, index_async_inserts=True)
-    p.start("a", [1, 2, 3], StructureTags(agent_id="x", query_id="q"))
-    p.extend("a", [4, 5])
-
-    def boom(*args: Any) -> None:
-        raise RuntimeError("insert failed")
-
-    monkeypatch.setattr(K, "insert_pending", boom)
-    step = StepContext(batch_size=1, num_kv_tokens=8)
-    p.propose(["a"], 4, step)  # the failing work runs after the drafts
-    with pytest.raises(RuntimeError, match="insert failed"):
-        p.propose(["a"], 4, step)
-    with pytest.raises(ValueError, match="index_agent_live"):
-        _prop(tb, index_async_inserts=True, index_agent_live=False)
 
 
 def test_agentspec_rejection_ledger_counts_verified_drafts(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]

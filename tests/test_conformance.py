@@ -14,14 +14,7 @@ from agentspec_mw.tokens import token_bytes_table
 from agentspec_mw.traces.tokenized import tokenize_trace
 
 COST = PRESETS["llama8b-h100"]
-PROPOSERS = ["none", "ngram", "suffix", "agentspec", "agentspec-async"]
-OPTIONS = {"agentspec-async": ("agentspec", {"index_async_inserts": True})}
-"""Cases that are a proposer with options: the background index inserts."""
-
-
-def _make(name: str, env: ProposerEnv) -> Proposer:
-    spec, options = OPTIONS.get(name, (name, {}))
-    return make_proposer(spec, env, **options)
+PROPOSERS = ["none", "ngram", "suffix", "agentspec"]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +34,7 @@ def calls(tiny_tokenizer, tmp_path_factory: pytest.TempPathFactory):  # type: ig
 
 
 def _counts(name: str, env: ProposerEnv, calls, batch: int, k: int) -> tuple[int, int, int]:  # type: ignore[no-untyped-def]
-    r = replay_workload(calls, _make(name, env), batch=batch, k=k, cost_model=COST)
+    r = replay_workload(calls, make_proposer(name, env), batch=batch, k=k, cost_model=COST)
     assert r.drafted <= k * r.steps
     return r.steps, r.drafted, r.accepted
 
@@ -49,7 +42,7 @@ def _counts(name: str, env: ProposerEnv, calls, batch: int, k: int) -> tuple[int
 @pytest.mark.peers
 @pytest.mark.parametrize("name", PROPOSERS)
 def test_implements_protocol_and_is_deterministic(name: str, env: ProposerEnv, calls) -> None:  # type: ignore[no-untyped-def]
-    assert isinstance(_make(name, env), Proposer)
+    assert isinstance(make_proposer(name, env), Proposer)
     for batch, k in ((1, 4), (4, 8)):
         # replay_workload raises if a draft is longer than k
         assert _counts(name, env, calls, batch, k) == _counts(name, env, calls, batch, k)
@@ -58,7 +51,7 @@ def test_implements_protocol_and_is_deterministic(name: str, env: ProposerEnv, c
 @pytest.mark.peers
 @pytest.mark.parametrize("name", PROPOSERS)
 def test_stop_restart_and_no_leak(name: str, env: ProposerEnv) -> None:
-    p = _make(name, env)
+    p = make_proposer(name, env)
     tags = StructureTags(agent_id="a", query_id="q")
     step = StepContext(batch_size=2, num_kv_tokens=20)
     p.start("r1", [1, 2, 3, 4, 5, 6, 7, 8], tags)

@@ -40,15 +40,6 @@ class AgentSpecConfig(BaseModel):
     """``agent`` and ``scope`` histories grow token by token as requests decode, so
     concurrent requests (fan-out siblings on other queries, other agents) draft from each
     other; ``False``: a request's output joins them only when the request stops."""
-    index_async_inserts: bool = False
-    """Insert each step's accepted tokens into the history index on a background thread
-    after ``propose`` returns its drafts (the index kernels release the GIL), so the
-    insert work overlaps the engine's forward pass instead of adding to the step's
-    proposer time. The lookups of a step then see the history up to the step before:
-    every request's latest accepted tokens (its own and its siblings') join the
-    candidates one step later, which changes the drafts (measured in
-    docs/results.md §4). Drafts stay deterministic: a step's lookups wait for the
-    previous step's inserts. Needs ``index_agent_live``."""
     index_max_tokens: int = Field(default=1 << 20, ge=1024)
     """Tokens the history index holds (all keys together, rounded up to a power of two);
     the oldest are evicted first. Memory: 128 bytes per token (a 64-byte record and its
@@ -160,11 +151,6 @@ class AgentSpecConfig(BaseModel):
             raise ValueError(
                 f"budget_rejection_cap={cap} is under budget_max_rejection={target}: "
                 "busy steps would aim at more rejection than the whole stream may have"
-            )
-        if self.index_async_inserts and not self.index_agent_live:
-            raise ValueError(
-                "index_async_inserts needs index_agent_live: a stopped request's output "
-                "is inserted from its slot, which is reused at once"
             )
         if cap is not None and self.budget_cap_band >= cap:
             raise ValueError(

@@ -8,8 +8,6 @@ queues ``start``/``extend``/``stop`` calls and applies them here at the next ``p
   count a resolved draft in the rejection ledger, attribute the token to its block,
   append it to the block occurrence's sequence in the index (and to the agent's history
   when live), follow the ``local`` match, append it to the request's context;
-* :func:`insert_pending` — the index inserts ``apply_extends`` queued (at once, or on
-  a background thread with ``index_async_inserts``);
 * :func:`insert_outputs` — at ``stop``, a request's whole output joins its agent's history
   (only with ``index_agent_live=False``; otherwise ``apply_extends`` adds each token);
 * :func:`gather` — each request's last :data:`MAX_N` tokens and its index keys;
@@ -49,7 +47,6 @@ __all__ = [
     "emit_drafts",
     "gather",
     "insert_outputs",
-    "insert_pending",
     "keep_candidates",
     "local_drafts",
     "release_rows",
@@ -116,17 +113,10 @@ def apply_extends(
     strength: float,
     live: bool,
     ledger: np.ndarray,
-    pend: np.ndarray,
-) -> int:  # pragma: no cover
-    """Apply queued ``extend`` calls in order (``toks[off[i]:off[i+1]]`` to ``slots[i]``).
-
-    Everything but the index: the index inserts (and block-occurrence sequence resets)
-    are written, in order, to the rows of ``pend`` (``key, seq, token``; token ``-1``:
-    reset ``seq``), at most ``4 × len(toks)`` of them, for :func:`insert_pending`; their
-    count is returned.
-    """
+) -> None:  # pragma: no cover
+    """Apply queued ``extend`` calls in order (``toks[off[i]:off[i+1]]`` to ``slots[i]``)."""
     succ, tot, table, prior, fsucc, ftot = calib
-    q = 0
+    stage = new_stage()  # the index inserts' table probes, run in batches (stage_insert)
     for i in range(slots.shape[0]):
         s = slots[i]
         a = off[i]
@@ -172,20 +162,20 @@ def apply_extends(
         for j in range(a, b):
             blk = current(stack[s], bst[s])
             if blk != si[s, C_SEQBLK]:
-                q = _pend(pend, q, 0, seq, -1)
+                reset_seq(seq, ix)
                 si[s, C_SEQBLK] = blk
-            q = _pend(pend, q, base + blk, seq, toks[j])
+            stage_insert(base + blk, seq, toks[j], ix, stage)
             advance(toks[j], stack[s], tail[s], bst[s], g)
         if live:
             aseq = si[s, C_ASEQ]
             akey = si[s, C_ABASE] * NB
             for j in range(a, b):
-                q = _pend(pend, q, akey, aseq, toks[j])
+                stage_insert(akey, aseq, toks[j], ix, stage)
             if si[s, C_GBASE] >= 0:
                 gseq = si[s, C_GSEQ]
                 gkey = si[s, C_GBASE] * NB
                 for j in range(a, b):
-                    q = _pend(pend, q, gkey, gseq, toks[j])
+                    stage_insert(gkey, gseq, toks[j], ix, stage)
         # 3. the local source follows its match while the accepted tokens confirm it
         c0 = si[s, C_CSTART]
         n = si[s, C_CLEN]
@@ -207,30 +197,7 @@ def apply_extends(
         for j in range(a, b):
             ctx[c0 + n + j - a] = toks[j]
         si[s, C_CLEN] = n + (b - a)
-    return q
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _pend(pend: np.ndarray, q: int, key: int, seq: int, tok: int) -> int:  # pragma: no cover
-    pend[q, 0] = key
-    pend[q, 1] = seq
-    pend[q, 2] = tok
-    return q + 1
-
-
-@njit(cache=True, nogil=True)
-def insert_pending(pend: np.ndarray, q: int, ends: np.ndarray, ix: Any) -> None:  # pragma: no cover
-    """The index work :func:`apply_extends` left in ``pend[:q]``, in order; then the
-    sequences ``ends`` (of stopped requests) are reset for reuse."""
-    stage = new_stage()  # the inserts' table probes, run in batches (stage_insert)
-    for i in range(q):
-        if pend[i, 2] < 0:
-            reset_seq(pend[i, 1], ix)
-        else:
-            stage_insert(pend[i, 0], pend[i, 1], pend[i, 2], ix, stage)
     flush_stage(ix, stage)
-    for i in range(ends.shape[0]):
-        reset_seq(ends[i], ix)
 
 
 @njit(cache=True, nogil=True)

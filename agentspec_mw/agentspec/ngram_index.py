@@ -502,17 +502,7 @@ class NgramIndex:
         """Release sequence ids, in order (their tokens stay in the index until evicted)."""
         self._seq_last[seqs] = -1
         self._seq_len[seqs] = 0
-        self.free_seqs(seqs)
-
-    def free_seqs(self, seqs: np.ndarray) -> None:
-        """Return ids whose sequences were already reset (by :func:`reset_seq`) for reuse."""
         self._free_seqs.extend(seqs.tolist())
-
-    @property
-    def spare_seqs(self) -> int:
-        """Ids :meth:`new_seq` can hand out before it grows (and replaces) the
-        sequence arrays."""
-        return len(self._free_seqs)
 
     def insert(self, keys: np.ndarray, seqs: np.ndarray, toks: np.ndarray) -> None:
         """Append ``toks[i]`` to sequence ``seqs[i]`` under key ``keys[i]``, in order."""

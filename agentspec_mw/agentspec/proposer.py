@@ -61,7 +61,6 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -93,8 +92,6 @@ _FLOOR_GAIN = 0.2  # floor change per unit of rejection error, per window
 _FLOOR_MIN, _FLOOR_MAX = 0.2, 0.95  # bounds of the moving floor
 _CAP_HALF_LIFE = float(1 << 20)  # verified drafted tokens: half-life of the running rejection
 _CAP_MEMORY_STEPS = 1 << 14  # steps after the last busy one during which the cap applies
-_NO_SEQS = np.zeros(0, dtype=np.int64)
-_NO_WORK = np.zeros((0, 3), dtype=np.int64)
 _MIN_PROB = 0.05  # the index stops a draft at a token fewer than 5% of candidates agree on
 
 
@@ -193,14 +190,6 @@ class AgentSpecProposer:
         self._pend_slot: list[int] = []
         self._pend_ids: list[Any] = []
         self._pend_stop: list[int] = []
-        # the index work of applied extends and stops (kernels.insert_pending's arguments),
-        # run at the end of _flush, or after the drafts on a background thread
-        self._index_work: list[tuple[np.ndarray, int, np.ndarray]] = []
-        self._inserter: ThreadPoolExecutor | None = None
-        if cfg.index_async_inserts:
-            self._inserter = ThreadPoolExecutor(1, thread_name_prefix="agentspec-index")
-        self._inserting: Future[None] | None = None
-        self._inserting_ends: list[np.ndarray] = []  # sequences freed when it is done
         # calibration table over (source, agree, match, support, position, c/n) buckets
         shape = (len(SOURCES), 2, _N_ML, _N_SUP, K.N_POS, _Q)
         q_mid = (np.arange(_Q) + 0.5) / _Q
@@ -353,8 +342,6 @@ class AgentSpecProposer:
             agent = "anon:" + _hash_ids(prompt[: cfg.tagfree_agent_tokens])
             group = "anon:" + _hash_ids(prompt[: cfg.tagfree_query_tokens])
         gid = self._grammar_id(tags)
-        if self._index.spare_seqs < 3:
-            self._join_inserts()  # new_seq may replace the arrays the inserts write
         slots = self._slots
         s = slots.acquire(prompt)
         row = slots.si[s]
@@ -432,8 +419,7 @@ class AgentSpecProposer:
                         [toks[e - n : e] for e, n in zip(off[1:][sel], l_sel, strict=True)]
                     )
                     o_sel = np.concatenate(([0], np.cumsum(l_sel)))
-                pend = np.empty((4 * len(t_sel), 3), dtype=np.int64)
-                q = K.apply_extends(
+                K.apply_extends(
                     s_sel,
                     o_sel,
                     t_sel,
@@ -450,58 +436,17 @@ class AgentSpecProposer:
                     strength,
                     self.config.index_agent_live,
                     self._ledger,
-                    pend,
                 )
-                self._index_work.append((pend, q, _NO_SEQS))
         if self._pend_stop:
             done = self._pend_stop
             self._pend_stop = []
-            if not self.config.index_agent_live:  # (never with index_async_inserts)
-                self._run_index_work()
+            if not self.config.index_agent_live:
                 dn = np.array(done, dtype=np.int64)
                 K.insert_outputs(dn, self._out_seq, slots.si, slots.ctx, ix, K.C_ABASE)
                 K.insert_outputs(dn, self._out_gseq, slots.si, slots.ctx, ix, K.C_GBASE)
             seqs = K.release_rows(np.array(done, dtype=np.int64), slots.si, self._ledger)
-            # reset after the sequences' last inserts, then free for reuse
-            self._index_work.append((_NO_WORK, 0, seqs))
+            self._index.end_seqs(seqs)
             slots.release(done)
-        if self._inserter is None:
-            self._run_index_work()
-
-    def _run_index_work(self) -> None:
-        """The queued index work, now, in order."""
-        ix = self._index.arrays
-        for pend, q, ends in self._index_work:
-            K.insert_pending(pend, q, ends, ix)
-            if len(ends):
-                self._index.free_seqs(ends)
-        self._index_work = []
-
-    def _submit_inserts(self) -> None:
-        """Start the queued index work on the background thread (``index_async_inserts``)."""
-        if not self._index_work or self._inserter is None:
-            return
-        self._join_inserts()
-        work, ix = self._index_work, self._index.arrays
-        self._index_work = []
-        self._inserting_ends = [ends for _, _, ends in work if len(ends)]
-
-        def run() -> None:
-            for pend, q, ends in work:
-                K.insert_pending(pend, q, ends, ix)
-
-        self._inserting = self._inserter.submit(run)
-
-    def _join_inserts(self) -> None:
-        """Wait for the background index work (it re-raises what the work raised)."""
-        job = self._inserting
-        if job is None:
-            return
-        self._inserting = None
-        ends, self._inserting_ends = self._inserting_ends, []
-        job.result()
-        for e in ends:
-            self._index.free_seqs(e)
 
     def _by_grammar(
         self, sl: np.ndarray, items: bool = False
@@ -529,13 +474,6 @@ class AgentSpecProposer:
     # -- drafting ------------------------------------------------------------------------
     def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
         """Draft for the whole batch, then split the step's budget (see module doc)."""
-        try:
-            return self._propose(req_ids, k, step)
-        finally:
-            if self._inserter is not None:
-                self._submit_inserts()  # overlaps the engine's step
-
-    def _propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
         t0 = time.perf_counter()
         self._flush()
         if self.candidates is not None:
@@ -567,7 +505,6 @@ class AgentSpecProposer:
             rec[:] = 0
         for h in self._off_sources:
             keys[h * n_req : (h + 1) * n_req] = -1  # a negative key skips the row
-        self._join_inserts()
         self._index.lookup(keys, ctx, ctx_len, k, _MIN_PROB, hist)  # type: ignore[arg-type]
         if "local" in cfg.sources:
             K.local_drafts(sl, k, slots.si, slots.ctx, *loc)

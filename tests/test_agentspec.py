@@ -16,9 +16,8 @@ from agentspec_mw.agentspec import (
     ngram_index,
     redundancy_score,
 )
-from agentspec_mw.agentspec import kernels as K
 from agentspec_mw.agentspec.kernels import C_CCAP, C_CLEN, C_CSTART
-from agentspec_mw.agentspec.ngram_index import LEVELS, MAX_N, NgramIndex, _lookup_par, _lookup_rows
+from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex, _lookup_par, _lookup_rows
 from agentspec_mw.agentspec.parallel import SERIAL, THREADED, ModeChooser
 from agentspec_mw.agentspec.proposer import SOURCES
 from agentspec_mw.agentspec.slots import SlotTable
@@ -222,44 +221,6 @@ def test_index_threaded_lookup_equals_serial() -> None:
     assert serial[2].sum() > 0  # some rows draft
     for chunks in (2, 3, 7):
         for a, b in zip(serial, run(chunks), strict=True):
-            np.testing.assert_array_equal(a, b)
-
-
-def test_threaded_score_equals_serial(tb) -> None:  # type: ignore[no-untyped-def]
-    """Requests split over threads (``kernels.score_par``) score exactly as one pass."""
-    from agentspec_mw.agentspec.proposer import _Q, _SUPPORT_EDGES
-
-    rng = np.random.default_rng(5)
-    p = _prop(tb)
-    fsucc, ftot, codes, strength = p._fine
-    ftot[:] = rng.integers(0, 30, len(ftot))
-    fsucc[:] = np.floor(ftot * rng.random(len(ftot)))
-    table = rng.uniform(0.3, 1.0, len(p._table))
-    fine = (fsucc, ftot, codes, strength)
-    n, n_src, kk = 301, 4, 8
-    tok = rng.integers(0, 40, (n_src * n, kk)).astype(np.int32)
-    same = rng.random((n_src * n - n, kk)) < 0.6  # sources often agree (the agree cells)
-    tok[n:] = np.where(same, np.tile(tok[:n], (n_src - 1, 1)), tok[n:])
-    prob = rng.uniform(0.05, 1.0, (n_src * n, kk))
-    lens = rng.integers(0, kk + 1, n_src * n).astype(np.int64)
-    match = rng.choice([0, 2, 4, 8, 16], n_src * n).astype(np.int64)
-    support = rng.integers(1, 20, n_src * n).astype(np.int64)
-    rec = rng.integers(0, 4, n).astype(np.int64)
-
-    def run(chunks: int) -> tuple[int, list[np.ndarray]]:
-        out = [np.full(n, -7, np.int64), np.full(n, -7, np.int64), np.full((n, kk), -7, np.int64)]
-        out += [np.full(n, -7, np.int64), np.full(n * kk, -7.0)]
-        args = (tok, prob, lens, match, support, rec, table, fine, LEVELS, _SUPPORT_EDGES, _Q, 0.4)
-        n_flat = K.score_par(chunks, *args, *out) if chunks else K.score(*args, *out)
-        out[4] = out[4][:n_flat]  # beyond: scratch
-        return n_flat, out
-
-    n_flat, serial = run(0)
-    assert n_flat > 50 and len(set(serial[0] // n)) == n_src  # drafts from every source
-    for chunks in (2, 3, 7):
-        got_n, got = run(chunks)
-        assert got_n == n_flat
-        for a, b in zip(serial, got, strict=True):
             np.testing.assert_array_equal(a, b)
 
 

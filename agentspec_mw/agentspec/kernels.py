@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from agentspec_mw.agentspec.blocks import advance, current
 from agentspec_mw.agentspec.lookup import match_tail
@@ -53,7 +53,6 @@ __all__ = [
     "room_needed",
     "scan_prompts",
     "score",
-    "score_par",
 ]
 
 NB = 64  # index key = key base * NB + block id (block ids < 64)
@@ -448,9 +447,7 @@ def _acceptance(f: int, table: np.ndarray, fine: Any) -> float:  # pragma: no co
 
 
 @njit(cache=True, nogil=True)
-def _score_rows(
-    lo: int,
-    hi: int,
+def score(
     tok: np.ndarray,
     prob: np.ndarray,
     lens: np.ndarray,
@@ -468,15 +465,30 @@ def _score_rows(
     out_cell: np.ndarray,
     out_ok: np.ndarray,
     out_flat: np.ndarray,
-) -> None:  # pragma: no cover
-    """Requests ``lo:hi`` of :func:`score`; request ``r``'s survivals at or above the
-    floor go to ``out_flat[r * kk:]`` (``kk`` = ``out_cell``'s width), compacted after."""
+) -> int:  # pragma: no cover
+    """Calibrated survival of every candidate row; pick each request's best source.
+
+    Rows are ``source * n_req + r``. A token's calibration cell is, flattened,
+    ``(source, agree, match bucket, support bucket, position bucket, c/n bucket)``, where
+    ``agree`` = another source drafts the same first token and the position buckets are
+    0, 1, 2-3, 4-7, 8+ (acceptance given the earlier positions were accepted). Each
+    cell is split into :data:`NF` fine cells by the token's text class and whether the
+    draft crossed a line break before it; ``fine = (succ, tot, codes, strength)`` holds
+    their counts, the token codes (:func:`~agentspec_mw.agentspec.token_classes.token_classes`)
+    and the shrinkage weight (:func:`_acceptance`). Written cells are fine cells.
+    The picked row maximises the expected accepted tokens among its positions whose
+    survival is at least ``floor`` (the step's survival floor: what the budget can admit),
+    then the sum of all its survivals; the first source wins ties. Its cells are written
+    out; ``out_ok[r]`` is how many of its leading positions reach ``floor``, and those
+    positions' survivals, request after request, fill ``out_flat`` (their count is
+    returned).
+    """
     codes = fine[2]
     n_req = out_pick.shape[0]
-    kk = out_cell.shape[1]
     n_src = tok.shape[0] // n_req
     agree = levels.shape[0] * (sup_edges.shape[0] + 1) * N_POS  # row offset of agree = 1
-    for r in range(lo, hi):
+    n_flat = 0
+    for r in range(n_req):
         best_v = -1.0
         best_w = -1.0
         best_a = 0
@@ -525,131 +537,9 @@ def _score_rows(
             s *= _acceptance(f, table, fine)
             if s >= floor and out_ok[r] == j:
                 out_ok[r] = j + 1
-                out_flat[r * kk + j] = s
-
-
-@njit(cache=True, nogil=True)
-def _compact(out_ok: np.ndarray, out_flat: np.ndarray, kk: int) -> int:  # pragma: no cover
-    """Move each request's survivals from ``out_flat[r * kk:]`` to follow the previous
-    request's (in place: a value never moves to a later index); return their count."""
-    n = 0
-    for r in range(out_ok.shape[0]):
-        base = r * kk
-        for j in range(out_ok[r]):
-            out_flat[n] = out_flat[base + j]
-            n += 1
-    return n
-
-
-@njit(cache=True, nogil=True)
-def score(
-    tok: np.ndarray,
-    prob: np.ndarray,
-    lens: np.ndarray,
-    match: np.ndarray,
-    support: np.ndarray,
-    rec: np.ndarray,
-    table: np.ndarray,
-    fine: Any,
-    levels: np.ndarray,
-    sup_edges: np.ndarray,
-    n_q: int,
-    floor: float,
-    out_pick: np.ndarray,
-    out_len: np.ndarray,
-    out_cell: np.ndarray,
-    out_ok: np.ndarray,
-    out_flat: np.ndarray,
-) -> int:  # pragma: no cover
-    """Calibrated survival of every candidate row; pick each request's best source.
-
-    Rows are ``source * n_req + r``. A token's calibration cell is, flattened,
-    ``(source, agree, match bucket, support bucket, position bucket, c/n bucket)``, where
-    ``agree`` = another source drafts the same first token and the position buckets are
-    0, 1, 2-3, 4-7, 8+ (acceptance given the earlier positions were accepted). Each
-    cell is split into :data:`NF` fine cells by the token's text class and whether the
-    draft crossed a line break before it; ``fine = (succ, tot, codes, strength)`` holds
-    their counts, the token codes (:func:`~agentspec_mw.agentspec.token_classes.token_classes`)
-    and the shrinkage weight (:func:`_acceptance`). Written cells are fine cells.
-    The picked row maximises the expected accepted tokens among its positions whose
-    survival is at least ``floor`` (the step's survival floor: what the budget can admit),
-    then the sum of all its survivals; the first source wins ties. Its cells are written
-    out; ``out_ok[r]`` is how many of its leading positions reach ``floor``, and those
-    positions' survivals, request after request, fill ``out_flat`` (their count is
-    returned).
-    """
-    _score_rows(
-        0,
-        out_pick.shape[0],
-        tok,
-        prob,
-        lens,
-        match,
-        support,
-        rec,
-        table,
-        fine,
-        levels,
-        sup_edges,
-        n_q,
-        floor,
-        out_pick,
-        out_len,
-        out_cell,
-        out_ok,
-        out_flat,
-    )
-    return _compact(out_ok, out_flat, out_cell.shape[1])
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def score_par(
-    n_chunks: int,
-    tok: np.ndarray,
-    prob: np.ndarray,
-    lens: np.ndarray,
-    match: np.ndarray,
-    support: np.ndarray,
-    rec: np.ndarray,
-    table: np.ndarray,
-    fine: Any,
-    levels: np.ndarray,
-    sup_edges: np.ndarray,
-    n_q: int,
-    floor: float,
-    out_pick: np.ndarray,
-    out_len: np.ndarray,
-    out_cell: np.ndarray,
-    out_ok: np.ndarray,
-    out_flat: np.ndarray,
-) -> int:  # pragma: no cover
-    """:func:`score` with its requests in ``n_chunks`` contiguous ranges, one per thread
-    (each request's outputs are its own; the same results)."""
-    n = out_pick.shape[0]
-    step = (n + n_chunks - 1) // n_chunks
-    for c in prange(n_chunks):
-        _score_rows(
-            c * step,
-            min(n, (c + 1) * step),
-            tok,
-            prob,
-            lens,
-            match,
-            support,
-            rec,
-            table,
-            fine,
-            levels,
-            sup_edges,
-            n_q,
-            floor,
-            out_pick,
-            out_len,
-            out_cell,
-            out_ok,
-            out_flat,
-        )
-    return _compact(out_ok, out_flat, out_cell.shape[1])
+                out_flat[n_flat] = s
+                n_flat += 1
+    return n_flat
 
 
 @njit(cache=True, nogil=True)

@@ -64,14 +64,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from numba import get_num_threads
 
 from agentspec_mw.agentspec import kernels as K
 from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec, current
 from agentspec_mw.agentspec.budget import allocate
 from agentspec_mw.agentspec.config import AgentSpecConfig
 from agentspec_mw.agentspec.ngram_index import LEVELS, MAX_N, NgramIndex
-from agentspec_mw.agentspec.parallel import THREADED, ModeChooser
 from agentspec_mw.agentspec.slots import SlotTable
 from agentspec_mw.agentspec.token_classes import token_classes
 from agentspec_mw.costmodel import StepTimeFn, get_cost_model
@@ -94,7 +92,6 @@ _FLOOR_GAIN = 0.2  # floor change per unit of rejection error, per window
 _FLOOR_MIN, _FLOOR_MAX = 0.2, 0.95  # bounds of the moving floor
 _CAP_HALF_LIFE = float(1 << 20)  # verified drafted tokens: half-life of the running rejection
 _CAP_MEMORY_STEPS = 1 << 14  # steps after the last busy one during which the cap applies
-_SCORE_ROWS_PER_THREAD = 64  # scoring splits its requests over threads from 2 x this many
 _MIN_PROB = 0.05  # the index stops a draft at a token fewer than 5% of candidates agree on
 
 
@@ -109,8 +106,8 @@ _warm = False
 
 def _warm_kernels() -> None:
     """Load (or compile) the numba kernels once per process, at construction: tiny
-    private proposers draft for and verify a batch of requests (128: enough for the
-    threaded lookup and scoring) and stop them, live and not (``index_agent_live``). Otherwise
+    private proposers draft for and verify a batch of requests (48: enough index rows for
+    the threaded lookup) and stop them, live and not (``index_agent_live``). Otherwise
     the engine's first decoding steps pay it (~0.3 s with a warm numba cache here, and
     the compilation itself on a cold one) — a hitch on the first requests, and in the
     replay a cost charged to the first workload's step times."""
@@ -121,7 +118,7 @@ def _warm_kernels() -> None:
     env = ProposerEnv(token_bytes=[bytes([i]) for i in range(256)], max_k=4)
     text = b"Thought: look up the flight.\nAction: search[flight 42]\n" * 4
     prompt = np.frombuffer(text, dtype=np.uint8).astype(np.int64)
-    for live, n in ((True, 128), (False, 1)):
+    for live, n in ((True, 48), (False, 1)):
         p = AgentSpecProposer(env, index_max_tokens=1024, index_agent_live=live)
         rids = [f"warm{i}" for i in range(n)]
         for rid in rids:
@@ -226,7 +223,6 @@ class AgentSpecProposer:
         self.stats: dict[str, int] = {"steps": 0, "offered": 0, "drafted": 0}
         self._ws: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}  # see _workspace
         self._ws_cap = 0
-        self.score_modes = ModeChooser()  # serial or threaded scoring, by measured speed
         self._calib = (self._succ, self._tot, self._table, self._prior, self._fsucc, self._ftot)
         self._off_sources = [
             h for h, name in enumerate(SOURCES[: K.N_HIST]) if name not in cfg.sources
@@ -518,7 +514,7 @@ class AgentSpecProposer:
             self._finish_step(t0, 0, 0)
             return [EMPTY_DRAFT] * n_req
         # positions under the floor can never be admitted: the sort sees only the others
-        n_flat = self._score(
+        n_flat = K.score(
             tok,
             prob,
             lens,
@@ -576,22 +572,6 @@ class AgentSpecProposer:
                 a = b
         self._finish_step(t0, alloc.offered, used)
         return drafts
-
-    def _score(self, *args: Any) -> int:
-        """:func:`kernels.score`, its requests split over numba's threads from
-        ``2 × _SCORE_ROWS_PER_THREAD`` requests when measured faster (as the index
-        lookups: :class:`~agentspec_mw.agentspec.parallel.ModeChooser`; both modes give
-        the same results)."""
-        n = len(args[12])  # out_pick: one per request
-        threads = min(get_num_threads(), n // _SCORE_ROWS_PER_THREAD)
-        if threads < 2:
-            return int(K.score(*args))
-        modes = self.score_modes
-        mode = modes.pick()
-        t0 = time.perf_counter()
-        n_flat = K.score_par(threads, *args) if mode == THREADED else K.score(*args)
-        modes.observe(mode, time.perf_counter() - t0, n)
-        return int(n_flat)
 
     def acceptance(self, cells: np.ndarray) -> np.ndarray:
         """Calibrated acceptance of fine calibration cells, in numpy (the drafts' probs

@@ -77,6 +77,12 @@ def _add_replay(sub: Any) -> None:
     p.add_argument("--max-calls-per-run", type=int, default=None, help="first N calls per run")
     p.add_argument("--max-runs", type=int, default=None, help="first N runs per workload")
     p.add_argument("--skip-malformed", action="store_true", help="count and skip bad records")
+    p.add_argument(
+        "--run-order",
+        default="file",
+        metavar="file|reversed|shuffle:SEED",
+        help="the order a workload's runs are admitted in (default: as in the file)",
+    )
     p.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
     p.add_argument("--plot", default=None, help="PNG path (default: next to --json, or replay.png)")
     p.add_argument("--cache-dir", default=None, help="token cache (default ~/.cache/agentspec_mw)")
@@ -95,6 +101,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         build_calls,
         fewer_in_flight,
         load_summary,
+        order_runs,
         run_replay,
     )
     from agentspec_mw.tokens import token_bytes_table
@@ -115,6 +122,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         max_calls_per_run=args.max_calls_per_run,
         max_runs=args.max_runs,
         skip_malformed=args.skip_malformed,
+        run_order=args.run_order,
     )
     for name in config.proposers:  # fail before any slow work
         resolve_proposer_class(name)
@@ -139,6 +147,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     workloads = build_calls(
         traces, config.tags, config.max_calls, config.max_calls_per_run, config.max_runs
     )
+    workloads = {wl: order_runs(calls, config.run_order) for wl, calls in workloads.items()}
     env = ProposerEnv(
         token_bytes=token_bytes_table(tokenizer),
         cost_model=get_cost_model(config.cost_model),

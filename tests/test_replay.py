@@ -14,7 +14,7 @@ from agentspec_mw.costmodel import PRESETS, get_cost_model
 from agentspec_mw.peers.none import NoProposer
 from agentspec_mw.proposer import EMPTY_DRAFT, Draft, StepContext, TokenIds
 from agentspec_mw.registry import make_proposer
-from agentspec_mw.replay.run import ReplayConfig, build_calls, run_replay
+from agentspec_mw.replay.run import ReplayConfig, build_calls, order_runs, run_replay
 from agentspec_mw.replay.sim import ReplayCall, replay_workload
 from agentspec_mw.traces.tokenized import tokenize_trace
 
@@ -207,6 +207,8 @@ def test_cli_end_to_end(
             "--no-progress",
             "--set",
             "suffix.min_token_prob=0.1",
+            "--run-order",
+            "shuffle:3",
         ]
     )
     assert rc == 0
@@ -214,6 +216,7 @@ def test_cli_end_to_end(
     assert "suffix" in printed and "speedup" in printed
     report = json.loads(out.read_text())
     assert report["version"] == 1 and report["config"]["k"] == [4]
+    assert report["config"]["run_order"] == "shuffle:3"
     keys = {
         "proposer",
         "workload",
@@ -282,6 +285,48 @@ def test_cli_reports_bad_input_cleanly(
     )
     assert rc == 2
     assert "nosuch" in capsys.readouterr().err
+    rc = main(
+        [
+            "replay",
+            "--traces",
+            str(sample_path),
+            "--tokenizer",
+            str(tiny_tokenizer_dir),
+            "--run-order",
+            "backwards",
+            "--no-progress",
+        ]
+    )
+    assert rc == 2
+    assert "'file', 'reversed' or 'shuffle:SEED'" in capsys.readouterr().err
+
+
+def test_order_runs_moves_whole_runs() -> None:
+    def call(run: str, i: int) -> ReplayCall:
+        ids = np.array([i], np.int32)
+        return ReplayCall(req_id=f"{run}#{i}", run_id=run, prompt=ids, output=ids)
+
+    def ids(cs: Sequence[ReplayCall]) -> list[str]:
+        return [c.req_id for c in cs]
+
+    calls = [call("a", 0), call("b", 0), call("a", 1), call("c", 0), call("b", 1)]
+    assert ids(order_runs(calls, "file")) == ids(calls)
+    assert ids(order_runs(calls, "reversed")) == ["c#0", "b#0", "b#1", "a#0", "a#1"]
+    shuffled = [ids(order_runs(calls, f"shuffle:{seed}")) for seed in range(8)]
+    assert shuffled[0] == ids(order_runs(calls, "shuffle:0"))  # seeded
+    assert len({tuple(s) for s in shuffled}) > 1
+    for got in shuffled:  # a permutation of whole runs, each run's calls in order
+        assert sorted(got) == sorted(ids(calls))
+        for run in "abc":
+            mine = [r for r in got if r.startswith(run)]
+            assert mine == sorted(mine)
+            first = got.index(mine[0])
+            assert got[first : first + len(mine)] == mine
+    for bad in ("shuffle", "shuffle:x", "random"):
+        with pytest.raises(ValueError, match="run_order"):
+            order_runs(calls, bad)
+        with pytest.raises(ValueError, match="run_order"):
+            ReplayConfig(traces=["t"], tokenizer="tok", run_order=bad)
 
 
 def test_build_calls_subsets(sample_calls, tiny_tokenizer, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -25,6 +25,8 @@ __all__ = [
     "ResultRow",
     "build_calls",
     "fewer_in_flight",
+    "order_runs",
+    "parse_run_order",
     "run_replay",
 ]
 
@@ -63,6 +65,12 @@ class ReplayConfig(BaseModel):
     the batch size: never that many calls in flight)."""
     skip_malformed: bool = False
     """Count and skip malformed records instead of failing."""
+    run_order: str = "file"
+    """The order the runs of a workload are admitted in: ``file`` (the order they first
+    appear), ``reversed``, or ``shuffle:SEED`` (a seeded permutation). Each run's calls
+    keep their order. Applied after the ``max_*`` subsets, which take runs in file order.
+    Another order is another arrival pattern of the same work: a check that results do
+    not hang on the order of one file."""
 
     @field_validator("batch", "k")
     @classmethod
@@ -70,6 +78,12 @@ class ReplayConfig(BaseModel):
         if not v or any(x < 1 for x in v):
             raise ValueError(f"values must be >= 1, got {v}")
         return sorted(set(v))
+
+    @field_validator("run_order")
+    @classmethod
+    def _order(cls, v: str) -> str:
+        parse_run_order(v)
+        return v
 
     @field_validator("cost_model")
     @classmethod
@@ -118,6 +132,35 @@ def _tags_for(meta: Any, mode: str) -> StructureTags | None:
         group_id=meta.parent_group,
         group_kind="retry" if meta.parent_group else None,
     )
+
+
+def parse_run_order(order: str) -> int | None:
+    """``None`` for ``file``, ``-1`` for ``reversed``, the seed for ``shuffle:SEED``."""
+    if order == "file":
+        return None
+    if order == "reversed":
+        return -1
+    kind, _, seed = order.partition(":")
+    if kind == "shuffle" and seed.isdigit():
+        return int(seed)
+    raise ValueError(f"run_order={order!r}: expected 'file', 'reversed' or 'shuffle:SEED'")
+
+
+def order_runs(calls: Sequence[ReplayCall], order: str) -> list[ReplayCall]:
+    """``calls`` with their runs in ``order`` (see :attr:`ReplayConfig.run_order`); the
+    calls of a run stay in their order."""
+    how = parse_run_order(order)
+    if how is None:
+        return list(calls)
+    runs: dict[str, list[ReplayCall]] = {}
+    for c in calls:
+        runs.setdefault(c.run_id, []).append(c)
+    ids = list(runs)
+    if how < 0:
+        ids.reverse()
+    else:
+        ids = [ids[i] for i in np.random.default_rng(how).permutation(len(ids))]
+    return [c for rid in ids for c in runs[rid]]
 
 
 def build_calls(

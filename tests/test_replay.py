@@ -251,53 +251,17 @@ def test_cli_end_to_end(
 def test_cli_reports_bad_input_cleanly(
     sample_path: Path, tiny_tokenizer_dir: Path, tmp_path: Path, capsys
 ) -> None:  # type: ignore[no-untyped-def]
+    def replay(trace: Path, *opts: str) -> int:
+        common = ["--tokenizer", str(tiny_tokenizer_dir), "--cache-dir", str(tmp_path / "c")]
+        return main(["replay", "--traces", str(trace), *common, "--no-progress", *opts])
+
     bad = tmp_path / "bad.jsonl"
     bad.write_text(sample_path.read_text().splitlines()[0] + "\n{oops\n")
-    rc = main(
-        [
-            "replay",
-            "--traces",
-            str(bad),
-            "--tokenizer",
-            str(tiny_tokenizer_dir),
-            "--proposers",
-            "none",
-            "--cache-dir",
-            str(tmp_path / "c"),
-            "--no-progress",
-        ]
-    )
-    assert rc == 2
+    assert replay(bad, "--proposers", "none") == 2
     assert f"{bad}:2: malformed trace record" in capsys.readouterr().err
-    rc = main(
-        [
-            "replay",
-            "--traces",
-            str(sample_path),
-            "--tokenizer",
-            str(tiny_tokenizer_dir),
-            "--proposers",
-            "none,nosuch",
-            "--cache-dir",
-            str(tmp_path / "c"),
-            "--no-progress",
-        ]
-    )
-    assert rc == 2
+    assert replay(sample_path, "--proposers", "none,nosuch") == 2
     assert "nosuch" in capsys.readouterr().err
-    rc = main(
-        [
-            "replay",
-            "--traces",
-            str(sample_path),
-            "--tokenizer",
-            str(tiny_tokenizer_dir),
-            "--run-order",
-            "backwards",
-            "--no-progress",
-        ]
-    )
-    assert rc == 2
+    assert replay(sample_path, "--run-order", "backwards") == 2
     assert "'file', 'reversed' or 'shuffle:SEED'" in capsys.readouterr().err
 
 

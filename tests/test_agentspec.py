@@ -16,7 +16,7 @@ from agentspec_mw.agentspec import (
     ngram_index,
     redundancy_score,
 )
-from agentspec_mw.agentspec.kernels import C_CCAP, C_CLEN, C_CSTART
+from agentspec_mw.agentspec.kernels import C_CCAP, C_CLEN, C_CSTART, C_OK
 from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex, _lookup_par, _lookup_rows
 from agentspec_mw.agentspec.parallel import SERIAL, THREADED, ModeChooser
 from agentspec_mw.agentspec.proposer import SOURCES
@@ -176,8 +176,8 @@ def test_index_recycled_sequence_starts_clean() -> None:
     ix.end_seqs(np.array([s]))
     assert ix.new_seq() == s
     ix.insert(np.zeros(1, np.int64), np.array([s]), np.array([9], np.int32))
-    rec = ix.arrays[0]
-    assert rec[4, ngram_index.R_NXT] == -1  # the old last token does not link to the new
+    rec32 = ix.arrays[7]
+    assert rec32[4, 1] == -1  # the old last token does not hold the new one as its next
     assert ix.arrays[4][s] == 1  # its ring holds the one new token: no n-gram yet
 
 
@@ -275,9 +275,10 @@ def _reference_lookup(
 
 def test_index_lookup_equals_brute_force() -> None:
     """The lockstep lookup (serial and threaded) drafts exactly what a brute-force search
-    over the inserted tokens gives. The index has not wrapped here: once it has, an
-    insert can start a new chain past a stale bucket and lose older occurrences (the
-    known limitation in docs/agentspec.md), so brute force is not its specification."""
+    over the inserted tokens gives, each row at most its own ``ks[r]`` tokens. The index
+    has not wrapped here: once it has, an insert can start a new chain past a stale
+    bucket and lose older occurrences (the known limitation in docs/agentspec.md), so
+    brute force is not its specification."""
     rng = np.random.default_rng(7)
     ix = NgramIndex(capacity=1 << 13)
     n_tok = 4000
@@ -291,10 +292,11 @@ def test_index_lookup_equals_brute_force() -> None:
     ctx = rng.integers(0, 6, (n, MAX_N)).astype(np.int32)
     ctx_len = rng.integers(0, MAX_N + 1, n).astype(np.int64)
     qkeys = rng.integers(-1, 3, n).astype(np.int64)
+    ks = np.where(rng.random(n) < 0.75, 12, rng.integers(0, 12, n)).astype(np.int64)
     for mode in ("serial", "threaded"):
         out = [np.zeros((n, 12), np.int32), np.zeros((n, 12))]
         out += [np.zeros(n, np.int64) for _ in range(3)]
-        args = (qkeys, ctx, ctx_len, np.full(n, 12, np.int64), ix.arrays, 0.2, *out)
+        args = (qkeys, ctx, ctx_len, ks, ix.arrays, 0.2, *out)
         if mode == "serial":
             _lookup_rows(0, n, *args)
         else:
@@ -305,7 +307,7 @@ def test_index_lookup_equals_brute_force() -> None:
             want = ([], [], 0, 0)
             if qkeys[r] >= 0:
                 tail = ctx[r, : ctx_len[r]].tolist()
-                want = _reference_lookup(events, int(qkeys[r]), tail, 12, 0.2)
+                want = _reference_lookup(events, int(qkeys[r]), tail, int(ks[r]), 0.2)
             got = (tok[r, : lens[r]].tolist(), prob[r, : lens[r]].tolist(), match[r], support[r])
             assert got[0] == want[0] and got[2:] == want[2:], (mode, r)
             np.testing.assert_allclose(got[1], want[1])
@@ -786,6 +788,35 @@ def test_agentspec_candidates_diagnostics(tiny_tokenizer, tb) -> None:  # type: 
     assert c["lens"][row] > 0 and row == SOURCES.index("local")  # the only candidate
     assert list(c["tok"][row, : c["lens"][row]]) == text[4 : 4 + int(c["lens"][row])]
     assert tuple(drafts[0].token_ids) == tuple(c["tok"][row, : len(drafts[0].token_ids)])
+
+
+def test_agentspec_walk_depth_follows_the_floor_at_large_batch(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+    """From ``index_walk_batch`` requests, a request's candidates are at most
+    ``max(index_walk_min, 2 × C_OK)`` tokens (``C_OK``: its last candidate's positions
+    at or above the floor); smaller steps, or ``None``, walk the whole ``k``."""
+    text = _ids(tiny_tokenizer, "x = compute(alpha, beta, gamma, delta)\nprint(x, alpha)\n")
+    tags = StructureTags(agent_id="a", query_id="q")
+
+    def longest(p: AgentSpecProposer, batch: int) -> int:
+        p.candidates = {}
+        p.propose(["r"], 8, StepContext(batch_size=batch, num_kv_tokens=len(text) + 4))
+        return int(p.candidates["lens"].max())
+
+    for walk_batch, batch, want in ((4, 4, 2), (4, 3, 8), (None, 512, 8)):
+        p = _prop(tb, index_walk_batch=walk_batch, index_walk_min=2)
+        p.start("r", text, tags)
+        p.extend("r", text[:4])  # the prompt's start again: local has the whole rest
+        assert longest(p, batch) == want, (walk_batch, batch)
+    p = _prop(tb, index_walk_batch=4, index_walk_min=2)
+    p.start("r", text, tags)
+    p.extend("r", text[:4])
+    slot = p._reqs["r"]
+    for ok in (3, 0, 1):
+        p._slots.si[slot, C_OK] = ok
+        assert longest(p, 4) == max(2, 2 * ok)
+        assert p._slots.si[slot, C_OK] <= max(2, 2 * ok)  # this step's, for the next
+    with pytest.raises(ValueError):
+        _prop(tb, index_walk_batch=0)
 
 
 def test_agentspec_stop_restart_and_release(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]

@@ -44,6 +44,16 @@ class AgentSpecConfig(BaseModel):
     """Tokens the history index holds (all keys together, rounded up to a power of two);
     the oldest are evicted first. Memory: 128 bytes per token (a 64-byte record and its
     hash-table entries; 1M tokens = 128 MiB)."""
+    index_walk_batch: int | None = Field(default=128, ge=1)
+    """From this many requests in a step, each request's candidates are walked only as
+    deep as its last candidate could use: ``min(k, max(index_walk_min, 2 × n))`` tokens,
+    ``n`` = the positions of its previous candidate whose survival reached that step's
+    floor (so a request drafting deep walks deeper the next step, doubling). Positions
+    past the floor are never drafted; they feed the calibration of deep positions and
+    the choice between sources, which smaller steps keep doing in full. ``None``: always
+    walk ``k`` (the per-step time grows with ``k`` at large batch)."""
+    index_walk_min: int = Field(default=8, ge=1)
+    """Shallowest walk of a request under ``index_walk_batch``."""
     index_max_keys: int = Field(default=200_000, ge=1)
     """Identities (scope, agent, query group) remembered — each one's block kinds and its
     agent-wide history are keys of the index; the least recently used go."""

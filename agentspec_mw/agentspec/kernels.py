@@ -63,8 +63,9 @@ C_DSENT = 16  # tokens drafted at the last step (counted in the rejection ledger
 C_GBASE, C_GSEQ = 17, 18  # scope-wide key base (-1: source off) and its live sequence
 C_QUEUED = 19  # scratch: tokens queued for the slot (room_needed)
 C_STREAK = 20  # verified candidate tokens in a row that were right (the request's record)
+C_OK = 21  # positions of the request's last candidate whose survival reached the floor
 N_POS = 5  # draft-position buckets of the calibration table: 0, 1, 2-3, 4-7, 8+
-N_COLS = 21
+N_COLS = 22
 REC_EDGES = (1, 4, 16)  # record buckets by streak: 0, 1-3, 4-15, 16+
 N_REC = len(REC_EDGES) + 1
 NF = 2 * N_CLASSES * N_REC  # fine cells per cell: token class x line break x record
@@ -281,13 +282,20 @@ def gather(
     out_len: np.ndarray,
     out_keys: np.ndarray,
     out_rec: np.ndarray,
+    k: int,
+    walk_min: int,
+    out_ks: np.ndarray,
 ) -> None:  # pragma: no cover
     """Tails of the context (``out_ctx[r, :out_len[r]]``) and keys, for the ``3n`` lookup
-    rows: iso (``r``), then agent (``n + r``) and scope (``2n + r``), the same tail; and
-    each request's record bucket (``out_rec[r]``, its streak by :data:`REC_EDGES`)."""
+    rows: iso (``r``), then agent (``n + r``) and scope (``2n + r``), the same tail; each
+    request's record bucket (``out_rec[r]``, its streak by :data:`REC_EDGES`); and how
+    deep its candidates are walked (``out_ks``, every row of the request):
+    ``min(k, max(walk_min, 2 × C_OK))``, or ``k`` with ``walk_min <= 0``."""
     n = slots.shape[0]
     for r in range(n):
         s = slots[r]
+        kr = k if walk_min <= 0 else min(k, max(walk_min, 2 * si[s, C_OK]))
+        out_ks[r] = out_ks[n + r] = out_ks[2 * n + r] = kr
         st = si[s, C_STREAK]
         b = 0
         while b < len(REC_EDGES) and st >= REC_EDGES[b]:
@@ -308,7 +316,7 @@ def gather(
 @njit(cache=True, nogil=True)
 def local_drafts(
     slots: np.ndarray,
-    k: int,
+    ks: np.ndarray,
     si: np.ndarray,
     ctx: np.ndarray,
     out_tok: np.ndarray,
@@ -317,7 +325,8 @@ def local_drafts(
     out_ml: np.ndarray,
     out_support: np.ndarray,
 ) -> None:  # pragma: no cover
-    """The ``local`` candidate per request: follow the last match, or scan (with back-off).
+    """The ``local`` candidate per request (at most ``ks[r]`` tokens): follow the last
+    match, or scan (with back-off).
 
     A local token's count ratio is 1 (``out_prob``) and its support 1: one occurrence.
     """
@@ -343,7 +352,7 @@ def local_drafts(
             si[s, C_LPTR] = pos
             si[s, C_LML] = ml
             si[s, C_LBACK] = 0
-        m = min(k, n - pos)
+        m = min(ks[r], n - pos)
         for j in range(m):
             out_tok[r, j] = ctx[c0 + pos + j]
             out_prob[r, j] = 1.0
@@ -357,18 +366,21 @@ def keep_candidates(
     pick: np.ndarray,
     sel_len: np.ndarray,
     sel_cell: np.ndarray,
+    n_ok: np.ndarray,
     tok: np.ndarray,
     si: np.ndarray,
     dtok: np.ndarray,
     dcell: np.ndarray,
 ) -> None:  # pragma: no cover
     """Each request with a candidate keeps it (tokens and calibration cells of its
-    ``sel_len`` positions), drafted or not, for the calibration of the next extend."""
+    ``sel_len`` positions), drafted or not, for the calibration of the next extend; every
+    request keeps how many of its positions reached the floor (``C_OK``)."""
     for r in range(slots.shape[0]):
         m = sel_len[r]
+        s = slots[r]
+        si[s, C_OK] = n_ok[r]
         if m <= 0:
             continue
-        s = slots[r]
         row = pick[r]
         for j in range(m):
             dtok[s, j] = tok[row, j]

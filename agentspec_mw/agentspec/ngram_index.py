@@ -9,10 +9,13 @@ with count-based per-token probabilities — for a whole batch in one compiled c
 Layout. Tokens live in a ring *arena* of ``capacity`` slots (rounded up to a power of
 two) addressed by absolute positions (``abs % capacity``; a position older than
 ``written - capacity`` is gone — that is the token cap and its eviction, oldest first).
-Each token records its key, the next position of its sequence (``nxt``) and, for every
-match length ``n`` in :data:`LEVELS`, the previous occurrence of the same ``n`` tokens
-under the same key (``occ``). A hash table maps ``(key, n, last n tokens)``
-to the newest occurrence.
+Each token's record (one 64-byte cache line) holds its key, for every match length ``n``
+in :data:`LEVELS` the previous occurrence of the same ``n`` tokens under the same key
+(``occ``), and its sequence's next :data:`AHEAD` tokens: the token itself and the three
+after it as int32s, and the position of the fourth after it (``jump``). A continuation
+is thus read one cache line per four tokens, not one per token (the records written
+before a token are filled in as it is inserted: they are recent, so still cached). A
+hash table maps ``(key, n, last n tokens)`` to the newest occurrence.
 
 Lookup. For the longest level whose last ``n`` context tokens occurred before under the
 request's key, up to :data:`MAX_CANDIDATES` occurrences are followed; the draft is built
@@ -39,6 +42,7 @@ from agentspec_mw.agentspec.parallel import THREADED, ModeChooser
 from agentspec_mw.agentspec.prefetch import prefetch2
 
 __all__ = [
+    "AHEAD",
     "LEVELS",
     "MAX_CANDIDATES",
     "MAX_N",
@@ -58,9 +62,16 @@ STAGE_TOKENS = 256
 """Inserts whose hash-table probes wait in a stage (:func:`stage_insert`) before they run."""
 _PROBE_AHEAD = 16  # staged probes whose buckets are prefetched ahead of the one running
 _EMPTY = np.int64(-1)
-# a token's record, one 64-byte cache line: id, key, next position, previous occurrences
-R_TOK, R_KEY, R_NXT, R_OCC = 0, 1, 2, 3
+# a token's record, one 64-byte cache line of int64s: its token and the next one (two
+# int32s), key, position of the token AHEAD after it, previous occurrences per level,
+# the tokens two and three after it (two int32s)
+R_TOK, R_KEY, R_JMP, R_OCC, R_AH2 = 0, 1, 2, 3, 7
 _R_WIDTH = 8
+AHEAD = 4
+"""Tokens one record holds (itself and the next three); a candidate is ``pos * 4 + phase``."""
+# int32 columns (of the record's int32 view) of the token itself and the next one; the
+# two after those are at 2 * R_AH2 and 2 * R_AH2 + 1 (:func:`_col`)
+_T0, _T1 = 2 * R_TOK, 2 * R_TOK + 1
 
 
 def _aligned(shape: tuple[int, int], fill: int) -> np.ndarray:
@@ -131,7 +142,7 @@ def stage_insert(key: int, s: int, t: int, ix: Any, stage: np.ndarray) -> None: 
     most :data:`STAGE_TOKENS` tokens (and never more than the arena holds) wait, so no
     waiting record is overwritten. Callers flush before anything reads the table.
     """
-    rec, ht, seq_last, seq_ring, seq_len, state, levels = ix
+    rec, ht, seq_pos, seq_ring, seq_len, state, levels, rec32 = ix
     cap = rec.shape[0]
     if stage[0, 1] >= min(STAGE_TOKENS, cap):
         flush_stage(ix, stage)
@@ -139,15 +150,23 @@ def stage_insert(key: int, s: int, t: int, ix: Any, stage: np.ndarray) -> None: 
     pos = state[0]
     state[0] += 1
     slot = pos & cmask
-    rec[slot, R_TOK] = t
+    rec32[slot, _T0] = t
+    rec32[slot, _T1] = -1
+    rec[slot, R_AH2] = _EMPTY  # tokens two and three ahead: none yet
     rec[slot, R_KEY] = key
-    rec[slot, R_NXT] = _EMPTY
-    last = seq_last[s]
-    if last >= 0 and last > pos - cap:
-        rec[last & cmask, R_NXT] = pos
-    seq_last[s] = pos
-    # circular ring of the sequence's last MAX_N tokens: token i at i % MAX_N
+    rec[slot, R_JMP] = _EMPTY
     ln = seq_len[s]  # tokens in the sequence so far
+    # the sequence's previous AHEAD tokens hold this one at offsets 1..AHEAD-1, and the
+    # AHEAD-th before it jumps here (each still in the arena: newer than pos - cap)
+    for d in range(1, min(ln, AHEAD) + 1):
+        prev = seq_pos[s, (ln - d) & (AHEAD - 1)]
+        if prev > pos - cap:
+            if d == AHEAD:
+                rec[prev & cmask, R_JMP] = pos
+            else:
+                rec32[prev & cmask, _col(d)] = t
+    seq_pos[s, ln & (AHEAD - 1)] = pos
+    # circular ring of the sequence's last MAX_N tokens: token i at i % MAX_N
     seq_ring[s, ln & (MAX_N - 1)] = t
     ln += 1
     seq_len[s] = ln
@@ -174,7 +193,7 @@ def stage_insert(key: int, s: int, t: int, ix: Any, stage: np.ndarray) -> None: 
 @njit(cache=True, nogil=True)
 def flush_stage(ix: Any, stage: np.ndarray) -> None:  # pragma: no cover
     """Run the staged probes of :func:`stage_insert`, in order, and empty the stage."""
-    rec, ht, _sl, _sr, _sn, _st, _lv = ix
+    rec, ht, _sp, _sr, _sn, _st, _lv, _r32 = ix
     cap = rec.shape[0]
     cmask = cap - 1
     mask = np.uint64(ht.shape[0] - 1)
@@ -206,7 +225,6 @@ def flush_stage(ix: Any, stage: np.ndarray) -> None:  # pragma: no cover
 @njit(cache=True, nogil=True, inline="always")
 def reset_seq(s: int, ix: Any) -> None:  # pragma: no cover
     """Start sequence ``s`` afresh (its earlier tokens stay in the index)."""
-    ix[2][s] = _EMPTY
     ix[4][s] = 0
 
 
@@ -220,31 +238,43 @@ def _insert(
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _col(ph: int) -> int:  # pragma: no cover
+    """The int32 column of a record holding the token ``ph`` (0..3) after it."""
+    return ph + (2 * R_AH2 - 2) * (ph >> 1)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _tok(rec32: np.ndarray, c: int, cmask: int) -> int:  # pragma: no cover
+    """The token at candidate ``c`` (record ``c >> 2``, offset ``c & 3``)."""
+    return rec32[(c >> 2) & cmask, _col(c & 3)]
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _vote(
-    rec: np.ndarray, cand: np.ndarray, na: int, cmask: int
+    rec32: np.ndarray, cand: np.ndarray, na: int, cmask: int
 ) -> tuple[int, int]:  # pragma: no cover
     """The token most of the continuations ``cand[:na]`` hold, and how many hold it
     (the first seen wins ties)."""
-    best_t = rec[cand[0] & cmask, R_TOK]
+    best_t = _tok(rec32, cand[0], cmask)
     best_c = 1
     for c in range(1, na):
-        if rec[cand[c] & cmask, R_TOK] == best_t:
+        if _tok(rec32, cand[c], cmask) == best_t:
             best_c += 1
     if best_c == na:  # all agree: the common case
         return best_t, best_c
     best_c = 0
     for c in range(na):
-        tk = rec[cand[c] & cmask, R_TOK]
+        tk = _tok(rec32, cand[c], cmask)
         seen = False
         for d in range(c):
-            if rec[cand[d] & cmask, R_TOK] == tk:
+            if _tok(rec32, cand[d], cmask) == tk:
                 seen = True
                 break
         if seen:
             continue
         cnt = 1
         for d in range(c + 1, na):
-            if rec[cand[d] & cmask, R_TOK] == tk:
+            if _tok(rec32, cand[d], cmask) == tk:
                 cnt += 1
         if cnt > best_c:
             best_c = cnt
@@ -286,7 +316,7 @@ def _lookup_rows(
     3. draft by majority vote among the continuations that still agree, one position
        per round, until ``k`` tokens, no candidate left, or ``c / n < min_prob``.
     """
-    rec, ht, _sl, _sr, _sn, state, levels = ix
+    rec, ht, _sp, _sr, _sn, state, levels, rec32 = ix
     cap = rec.shape[0]
     mask = np.uint64(ht.shape[0] - 1)
     oldest = state[0] - cap
@@ -355,9 +385,8 @@ def _lookup_rows(
             if p >= 0 and p >= oldest and nc[i] < MAX_CANDIDATES:
                 sl = p & cmask
                 if rec[sl, R_KEY] == keys[lo + i]:
-                    nx = rec[sl, R_NXT]
-                    if nx >= 0 and nx >= oldest:
-                        cand[i, nc[i]] = nx
+                    if rec32[sl, _T1] >= 0:  # a continuation: the token after p
+                        cand[i, nc[i]] = p * AHEAD + 1
                         nc[i] += 1
                     p = rec[sl, R_OCC + lvl[i]]
                     ptr[i] = p
@@ -381,7 +410,7 @@ def _lookup_rows(
             out_match[lo + i] = levels[lvl[i]]
             out_support[lo + i] = nc[i]
             for c in range(nc[i]):
-                prefetch2(rec, cand[i, c] & cmask, 0)
+                prefetch2(rec, (cand[i, c] >> 2) & cmask, 0)
             act[n_act] = i
             n_act += 1
     while n_act > 0:
@@ -393,7 +422,7 @@ def _lookup_rows(
             na = nc[i]  # cand[i, :na] = the candidates that agreed so far (in order)
             if m >= ks[r] or na == 0:
                 continue
-            best_t, best_c = _vote(rec, cand[i], na, cmask)
+            best_t, best_c = _vote(rec32, cand[i], na, cmask)
             pr = best_c / na
             if pr < min_prob:
                 continue
@@ -402,13 +431,20 @@ def _lookup_rows(
             out_len[r] = m + 1
             keep = 0
             for c in range(na):
-                sl = cand[i, c] & cmask
-                if rec[sl, R_TOK] == best_t:
-                    nx = rec[sl, R_NXT]
-                    if nx >= 0 and nx >= oldest:
-                        cand[i, keep] = nx
-                        keep += 1
-                        prefetch2(rec, nx & cmask, 0)
+                cc = cand[i, c]
+                if _tok(rec32, cc, cmask) == best_t:
+                    ph = cc & 3  # the candidate's next token: same record or its jump
+                    sl = (cc >> 2) & cmask
+                    if ph < AHEAD - 1:
+                        if rec32[sl, _col(ph + 1)] >= 0:
+                            cand[i, keep] = cc + 1
+                            keep += 1
+                    else:
+                        nx = rec[sl, R_JMP]
+                        if nx >= 0:
+                            cand[i, keep] = nx * AHEAD
+                            keep += 1
+                            prefetch2(rec, nx & cmask, 0)
             nc[i] = keep
             act[w] = i
             w += 1
@@ -462,8 +498,9 @@ class NgramIndex:
         bits = table_bits or max(10, int(np.ceil(np.log2(self.capacity * len(LEVELS)))))
         self.rec = _aligned((self.capacity, _R_WIDTH), -1)
         self.ht = _aligned((1 << bits, 2), 0)
+        self.rec32 = self.rec.view(np.int32)  # the records' int32 halves (tokens)
         self.state = np.zeros(1, dtype=np.int64)  # [tokens written]
-        self._seq_last = np.full(64, -1, dtype=np.int64)
+        self._seq_pos = np.zeros((64, AHEAD), dtype=np.int64)  # ring of last positions
         self._seq_ring = np.zeros((64, MAX_N), dtype=np.int32)
         self._seq_len = np.zeros(64, dtype=np.int64)
         self._free_seqs: list[int] = list(range(63, -1, -1))
@@ -476,11 +513,12 @@ class NgramIndex:
         return (
             self.rec,
             self.ht,
-            self._seq_last,
+            self._seq_pos,
             self._seq_ring,
             self._seq_len,
             self.state,
             LEVELS,
+            self.rec32,
         )
 
     @property
@@ -491,8 +529,8 @@ class NgramIndex:
     def new_seq(self) -> int:
         """A sequence id (one per block occurrence); release it with :meth:`end_seqs`."""
         if not self._free_seqs:
-            n = len(self._seq_last)
-            self._seq_last = np.concatenate([self._seq_last, np.full(n, -1, dtype=np.int64)])
+            n = len(self._seq_len)
+            self._seq_pos = np.concatenate([self._seq_pos, np.zeros((n, AHEAD), np.int64)])
             self._seq_ring = np.concatenate([self._seq_ring, np.zeros((n, MAX_N), np.int32)])
             self._seq_len = np.concatenate([self._seq_len, np.zeros(n, dtype=np.int64)])
             self._free_seqs = list(range(2 * n - 1, n - 1, -1))
@@ -500,7 +538,6 @@ class NgramIndex:
 
     def end_seqs(self, seqs: np.ndarray) -> None:
         """Release sequence ids, in order (their tokens stay in the index until evicted)."""
-        self._seq_last[seqs] = -1
         self._seq_len[seqs] = 0
         self._free_seqs.extend(seqs.tolist())
 
@@ -517,12 +554,14 @@ class NgramIndex:
         k: int,
         min_prob: float,
         out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
+        ks: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Drafts for a batch: ``(tokens[r, :len], probs[r, :len], len, match_n, support)``.
 
         ``ctx[r, :ctx_len[r]]`` holds the last (at most :data:`MAX_N`) context tokens of
         request ``r``; ``keys[r] < 0`` skips the row. ``out`` (optional) are arrays of
         those shapes to fill instead of new ones (tokens/probs beyond ``len`` untouched).
+        ``ks`` (optional, each ``<= k``): row ``r`` drafts at most ``ks[r]`` tokens.
 
         From ``2 × 64`` rows the rows may be split over numba's threads; whether a call
         runs threaded or serial is chosen by measured speed
@@ -539,9 +578,10 @@ class NgramIndex:
                 np.zeros(n, dtype=np.int64),
                 np.zeros(n, dtype=np.int64),
             )
-        ks = self._ks
-        if len(ks) < n or (n and ks[0] != k):
-            ks = self._ks = np.full(max(n, 2 * len(ks)), k, dtype=np.int64)
+        if ks is None:
+            ks = self._ks
+            if len(ks) < n or (n and ks[0] != k):
+                ks = self._ks = np.full(max(n, 2 * len(ks)), k, dtype=np.int64)
         args = (keys, ctx, ctx_len, ks[:n], self.arrays, float(min_prob))
         rows_per = n // _ROWS_PER_THREAD
         threads = min(get_num_threads(), rows_per) if rows_per >= 2 else 1

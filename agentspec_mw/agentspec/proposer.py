@@ -260,6 +260,7 @@ class AgentSpecProposer:
                 np.zeros(cap, np.int64),  # n_ok
                 np.zeros(cap * kk, np.float64),  # flat
                 np.zeros(cap, np.int64),  # rec
+                np.zeros(nh, np.int64),  # ks: walk depth per index row
             )
             self._ws = {(-1, kk): base}
             self._ws_cap = cap
@@ -287,6 +288,7 @@ class AgentSpecProposer:
             *(a[:n_req] for a in base[8:12]),  # pick, sel_len, sel_cell, n_ok
             base[12][: n_req * kk],  # flat
             base[13][:n_req],  # rec
+            base[14][:nh],  # ks
             *(a[:nh] for a in (tok, prob, lens, match, support)),  # index rows
             *(a[nh:] for a in (tok, prob, lens, match, support)),  # local rows
         )
@@ -498,16 +500,20 @@ class AgentSpecProposer:
         # index rows: iso, agent, scope (n_req each); then local. Rows are written by the
         # lookup (index rows) and local_drafts (local rows).
         (ctx, ctx_len, keys, tok, prob, lens, match, support, pick, sel_len, sel_cell, n_ok,
-         flat, rec, *hist_loc) = self._workspace(n_req, kk)  # fmt: skip
+         flat, rec, ks, *hist_loc) = self._workspace(n_req, kk)  # fmt: skip
         hist, loc = tuple(hist_loc[:5]), hist_loc[5:]
-        K.gather(sl, slots.si, slots.stack, slots.bst, slots.ctx, ctx, ctx_len, keys, rec)
+        walk = cfg.index_walk_batch is not None and step.batch_size >= cfg.index_walk_batch
+        K.gather(
+            sl, slots.si, slots.stack, slots.bst, slots.ctx, ctx, ctx_len, keys, rec,
+            k, cfg.index_walk_min if walk else 0, ks,
+        )  # fmt: skip
         if not cfg.calib_request_record:
             rec[:] = 0
         for h in self._off_sources:
             keys[h * n_req : (h + 1) * n_req] = -1  # a negative key skips the row
-        self._index.lookup(keys, ctx, ctx_len, k, _MIN_PROB, hist)  # type: ignore[arg-type]
+        self._index.lookup(keys, ctx, ctx_len, k, _MIN_PROB, hist, ks)  # type: ignore[arg-type]
         if "local" in cfg.sources:
-            K.local_drafts(sl, k, slots.si, slots.ctx, *loc)
+            K.local_drafts(sl, ks, slots.si, slots.ctx, *loc)
         else:
             loc[2][:] = 0
         if not np.count_nonzero(lens):
@@ -550,7 +556,7 @@ class AgentSpecProposer:
         )
         # every request with a candidate keeps it for calibration, drafted or not
         slots.widen_drafts(kk)
-        K.keep_candidates(sl, pick, sel_len, sel_cell, tok, slots.si, slots.dtok, slots.dcell)
+        K.keep_candidates(sl, pick, sel_len, sel_cell, n_ok, tok, slots.si, slots.dtok, slots.dcell)
         drafts: list[Draft] = [EMPTY_DRAFT] * n_req
         used = alloc.used
         if used:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -114,6 +115,69 @@ def test_proposer_profile_end_to_end(
     assert "engine steps; mean proposer time" in printed
     timed = {ln.split()[0] for ln in printed.splitlines()[1:] if ln.strip()}
     assert {"propose", "_flush", "apply_extends", "lookup", "allocate"} <= timed
+
+
+def test_proposer_ab_times_both_option_sets_on_the_same_steps(
+    sample_path: Path,
+    tiny_tokenizer_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("AGENTSPEC_CACHE", str(tmp_path / "cache"))
+    mod = _script("proposer_ab")
+    argv = ["--traces", str(sample_path), "--tokenizer", str(tiny_tokenizer_dir)]
+    argv += ["--batch", "2", "--k", "4", "--set-a", "index_walk_batch=null"]
+    argv += ["--set-b", "index_walk_batch=1", "--set-b", "index_walk_min=2"]
+    assert mod.main([*argv, "--json", str(tmp_path / "ab.json")]) == 0
+    out = capsys.readouterr().out
+    assert "A: agentspec {'index_walk_batch': None}" in out
+    report = json.loads((tmp_path / "ab.json").read_text())
+    assert report["b"] == {"index_walk_batch": 1, "index_walk_min": 2}
+    assert report["rows"] and all(r["full_steps"] > 0 for r in report["rows"])
+    assert all(r["ratio_p25"] <= r["ratio_p50"] <= r["ratio_p75"] for r in report["rows"])
+    with pytest.raises(SystemExit):
+        mod.main([*argv, "--proposers", "agentspec,suffix"])
+
+
+class _Recorder:
+    """A proposer that records its calls and drafts one fixed token."""
+
+    name = "rec"
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+        self.calls: list[str] = []
+
+    def start(self, req_id: str, prompt_ids: object, tags: object = None) -> None:
+        self.calls.append(f"start {req_id}")
+
+    def extend(self, req_id: str, token_ids: object) -> None:
+        self.calls.append(f"extend {req_id}")
+
+    def stop(self, req_id: str) -> None:
+        self.calls.append(f"stop {req_id}")
+
+    def propose(self, req_ids: list[str], k: int, step: object) -> list[object]:
+        from agentspec_mw.proposer import Draft
+
+        self.calls.append(f"propose {len(req_ids)}")
+        return [Draft((self.token,), (1.0,)) for _ in req_ids]
+
+
+def test_proposer_ab_pairing_returns_a_and_mirrors_every_call_on_b() -> None:
+    from agentspec_mw.proposer import StepContext
+
+    mod = _script("proposer_ab")
+    a, b = _Recorder(1), _Recorder(2)
+    pair = mod.Paired(a, b)
+    pair.start("r", [1, 2])
+    pair.extend("r", [3])
+    for _ in range(3):
+        assert pair.propose(["r"], 4, StepContext(batch_size=1))[0].token_ids == (1,)
+    pair.stop("r")
+    assert a.calls == b.calls and len(a.calls) == 6
+    assert len(pair.time_a) == len(pair.time_b) == 3 and pair.batch == [1, 1, 1]
 
 
 def test_cost_model_ab_pairs_each_repeat_with_its_own_baseline(

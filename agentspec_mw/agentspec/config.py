@@ -44,9 +44,10 @@ class AgentSpecConfig(BaseModel):
     """Tokens the history index holds (all keys together, rounded up to a power of two);
     the oldest are evicted first. Memory: 128 bytes per token (a 64-byte record and its
     hash-table entries; 1M tokens = 128 MiB)."""
-    index_walk_batch: int | None = Field(default=128, ge=1)
-    """From this many requests in a step, each request's candidates are walked only as
-    deep as its last candidate could use: ``min(k, max(index_walk_min, 2 × n))`` tokens,
+    index_walk_batch: int | None = Field(default=32, ge=1)
+    """From this many requests in a step (the default: where the full floor starts,
+    ``budget_floor_batch``'s default), each request's candidates are walked only as deep
+    as its last candidate could use: ``min(k, max(index_walk_min, 2 × n))`` tokens,
     ``n`` = the positions of its previous candidate whose survival reached that step's
     floor (so a request drafting deep walks deeper the next step, doubling). Positions
     past the floor are never drafted; they feed the calibration of deep positions and

@@ -314,7 +314,7 @@ def _lookup_rows(
        most :data:`MAX_CANDIDATES` with a continuation, stopping at another key's or an
        evicted record); a level without a continuation falls to the next shorter one;
     3. draft by majority vote among the continuations that still agree, one position
-       per round, until ``k`` tokens, no candidate left, or ``c / n < min_prob``.
+       per round, until ``ks[r]`` tokens, no candidate left, or ``c / n < min_prob``.
     """
     rec, ht, _sp, _sr, _sn, state, levels, rec32 = ix
     cap = rec.shape[0]
@@ -561,7 +561,8 @@ class NgramIndex:
         ``ctx[r, :ctx_len[r]]`` holds the last (at most :data:`MAX_N`) context tokens of
         request ``r``; ``keys[r] < 0`` skips the row. ``out`` (optional) are arrays of
         those shapes to fill instead of new ones (tokens/probs beyond ``len`` untouched).
-        ``ks`` (optional, each ``<= k``): row ``r`` drafts at most ``ks[r]`` tokens.
+        ``ks`` (optional, each in ``0..k``, else ``ValueError``): row ``r`` drafts at most
+        ``ks[r]`` tokens.
 
         From ``2 × 64`` rows the rows may be split over numba's threads; whether a call
         runs threaded or serial is chosen by measured speed
@@ -582,6 +583,9 @@ class NgramIndex:
             ks = self._ks
             if len(ks) < n or (n and ks[0] != k):
                 ks = self._ks = np.full(max(n, 2 * len(ks)), k, dtype=np.int64)
+        elif len(ks) < n or (n and not 0 <= ks[:n].min() <= ks[:n].max() <= k):
+            # the kernels write ks[r] tokens into rows k wide, unchecked
+            raise ValueError(f"ks must hold {n} depths in 0..k={k}")
         args = (keys, ctx, ctx_len, ks[:n], self.arrays, float(min_prob))
         rows_per = n // _ROWS_PER_THREAD
         threads = min(get_num_threads(), rows_per) if rows_per >= 2 else 1

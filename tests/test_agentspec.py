@@ -356,6 +356,17 @@ def test_index_lookup_results_do_not_depend_on_the_mode(monkeypatch: pytest.Monk
     assert min(ix.lookup_modes._seen) >= 2  # both modes ran (and were timed)
 
 
+def test_index_lookup_rejects_depths_over_k() -> None:
+    """Per-row depths over ``k`` (or too few of them) would overrun the output rows."""
+    ix = NgramIndex(capacity=1 << 10)
+    ctx = np.zeros((2, MAX_N), np.int32)
+    args = (np.zeros(2, np.int64), ctx, np.full(2, 4, np.int64), 4, 0.0)
+    for bad in (np.array([4, 5]), np.array([4]), np.array([-1, 2])):
+        with pytest.raises(ValueError, match="depths"):
+            ix.lookup(*args, ks=bad)
+    assert ix.lookup(*args, ks=np.array([4, 0]))[2].tolist() == [0, 0]
+
+
 def test_index_capacity_rounds_up_to_a_power_of_two() -> None:
     assert NgramIndex(capacity=100).capacity == 128
     assert NgramIndex(capacity=1 << 12).capacity == 1 << 12
@@ -815,6 +826,9 @@ def test_agentspec_walk_depth_follows_the_floor_at_large_batch(tiny_tokenizer, t
         p._slots.si[slot, C_OK] = ok
         assert longest(p, 4) == max(2, 2 * ok)
         assert p._slots.si[slot, C_OK] <= max(2, 2 * ok)  # this step's, for the next
+    p._slots.si[slot, C_OK] = 1000
+    longest(p, 3)  # a step under index_walk_batch: walked k deep, and C_OK rewritten
+    assert p._slots.si[slot, C_OK] <= 8
     with pytest.raises(ValueError):
         _prop(tb, index_walk_batch=0)
 

@@ -92,7 +92,9 @@ def test_ablate_sources_end_to_end(
     assert not list(out.glob("sources_*.png"))  # one combined plot only
 
 
+@pytest.mark.parametrize("full_steps", [False, True])
 def test_proposer_profile_end_to_end(
+    full_steps: bool,
     sample_path: Path,
     tiny_tokenizer_dir: Path,
     tmp_path: Path,
@@ -101,7 +103,10 @@ def test_proposer_profile_end_to_end(
 ) -> None:
     # the script wraps the proposer's kernels by name: a renamed kernel must fail here
     monkeypatch.setenv("AGENTSPEC_CACHE", str(tmp_path / "cache"))
-    argv = ["proposer_profile.py", "--trace", str(sample_path), "--batch", "4"]
+    # the sample never has 4 calls in flight: full steps are counted at batch 2
+    batch = "2" if full_steps else "4"
+    argv = ["proposer_profile.py", "--trace", str(sample_path), "--batch", batch]
+    argv += ["--full-steps"] if full_steps else []
     monkeypatch.setattr(sys, "argv", [*argv, "--tokenizer", str(tiny_tokenizer_dir)])
     mod = _script("proposer_profile")
     try:
@@ -112,7 +117,9 @@ def test_proposer_profile_end_to_end(
             for name, fn in saved.items():
                 setattr(owner, name, fn)
     printed = capsys.readouterr().out
-    assert "engine steps; mean proposer time" in printed
+    what = "full engine steps" if full_steps else "engine steps"
+    assert f" {what}; mean proposer time" in printed
+    assert int(printed.split()[0]) > 0  # steps counted
     timed = {ln.split()[0] for ln in printed.splitlines()[1:] if ln.strip()}
     assert {"propose", "_flush", "apply_extends", "lookup", "allocate"} <= timed
 

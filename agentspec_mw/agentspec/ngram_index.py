@@ -244,37 +244,29 @@ def _col(ph: int) -> int:  # pragma: no cover
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _tok(rec32: np.ndarray, c: int, cmask: int) -> int:  # pragma: no cover
-    """The token at candidate ``c`` (record ``c >> 2``, offset ``c & 3``)."""
-    return rec32[(c >> 2) & cmask, _col(c & 3)]
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _vote(
-    rec32: np.ndarray, cand: np.ndarray, na: int, cmask: int
-) -> tuple[int, int]:  # pragma: no cover
-    """The token most of the continuations ``cand[:na]`` hold, and how many hold it
-    (the first seen wins ties)."""
-    best_t = _tok(rec32, cand[0], cmask)
+def _vote(ctok: np.ndarray, na: int) -> tuple[int, int]:  # pragma: no cover
+    """The token most of the continuations hold (``ctok[:na]``: each one's next token),
+    and how many hold it (the first seen wins ties)."""
+    best_t = ctok[0]
     best_c = 1
     for c in range(1, na):
-        if _tok(rec32, cand[c], cmask) == best_t:
+        if ctok[c] == best_t:
             best_c += 1
     if best_c == na:  # all agree: the common case
         return best_t, best_c
     best_c = 0
     for c in range(na):
-        tk = _tok(rec32, cand[c], cmask)
+        tk = ctok[c]
         seen = False
         for d in range(c):
-            if _tok(rec32, cand[d], cmask) == tk:
+            if ctok[d] == tk:
                 seen = True
                 break
         if seen:
             continue
         cnt = 1
         for d in range(c + 1, na):
-            if _tok(rec32, cand[d], cmask) == tk:
+            if ctok[d] == tk:
                 cnt += 1
         if cnt > best_c:
             best_c = cnt
@@ -315,6 +307,9 @@ def _lookup_rows(
        evicted record); a level without a continuation falls to the next shorter one;
     3. draft by majority vote among the continuations that still agree, one position
        per round, until ``ks[r]`` tokens, no candidate left, or ``c / n < min_prob``.
+       Each candidate's next token is kept beside it (``ctok``), read once when the
+       candidate advances: the vote and the survivors' filter read that small array,
+       not the records.
     """
     rec, ht, _sp, _sr, _sn, state, levels, rec32 = ix
     cap = rec.shape[0]
@@ -329,6 +324,7 @@ def _lookup_rows(
     ptr = np.full(nr, _EMPTY, dtype=np.int64)
     nc = np.zeros(nr, dtype=np.int64)
     cand = np.empty((nr, MAX_CANDIDATES), dtype=np.int64)
+    ctok = np.empty((nr, MAX_CANDIDATES), dtype=np.int32)  # each candidate's token
     act = np.empty(nr, dtype=np.int64)
     # 1. every row's bucket per level, prefetched, then probed
     for i in range(nr):
@@ -385,8 +381,10 @@ def _lookup_rows(
             if p >= 0 and p >= oldest and nc[i] < MAX_CANDIDATES:
                 sl = p & cmask
                 if rec[sl, R_KEY] == keys[lo + i]:
-                    if rec32[sl, _T1] >= 0:  # a continuation: the token after p
+                    nt = rec32[sl, _T1]
+                    if nt >= 0:  # a continuation: the token after p
                         cand[i, nc[i]] = p * AHEAD + 1
+                        ctok[i, nc[i]] = nt
                         nc[i] += 1
                     p = rec[sl, R_OCC + lvl[i]]
                     ptr[i] = p
@@ -422,7 +420,7 @@ def _lookup_rows(
             na = nc[i]  # cand[i, :na] = the candidates that agreed so far (in order)
             if m >= ks[r] or na == 0:
                 continue
-            best_t, best_c = _vote(rec32, cand[i], na, cmask)
+            best_t, best_c = _vote(ctok[i], na)
             pr = best_c / na
             if pr < min_prob:
                 continue
@@ -431,20 +429,30 @@ def _lookup_rows(
             out_len[r] = m + 1
             keep = 0
             for c in range(na):
+                if ctok[i, c] != best_t:
+                    continue
+                # the candidate's next token: in the same record, or the first of the
+                # record it jumps to (prefetched a round earlier, when it reached the
+                # record's last token)
                 cc = cand[i, c]
-                if _tok(rec32, cc, cmask) == best_t:
-                    ph = cc & 3  # the candidate's next token: same record or its jump
-                    sl = (cc >> 2) & cmask
-                    if ph < AHEAD - 1:
-                        if rec32[sl, _col(ph + 1)] >= 0:
-                            cand[i, keep] = cc + 1
-                            keep += 1
-                    else:
-                        nx = rec[sl, R_JMP]
-                        if nx >= 0:
-                            cand[i, keep] = nx * AHEAD
-                            keep += 1
-                            prefetch2(rec, nx & cmask, 0)
+                ph = cc & 3
+                sl = (cc >> 2) & cmask
+                if ph < AHEAD - 1:
+                    nt = rec32[sl, _col(ph + 1)]
+                    if nt >= 0:
+                        cand[i, keep] = cc + 1
+                        ctok[i, keep] = nt
+                        keep += 1
+                        if ph == AHEAD - 2:
+                            nx = rec[sl, R_JMP]
+                            if nx >= 0:
+                                prefetch2(rec, nx & cmask, 0)
+                else:
+                    nx = rec[sl, R_JMP]
+                    if nx >= 0:
+                        cand[i, keep] = nx * AHEAD
+                        ctok[i, keep] = rec32[nx & cmask, _T0]
+                        keep += 1
             nc[i] = keep
             act[w] = i
             w += 1

@@ -499,19 +499,18 @@ def score(
     n_req = out_pick.shape[0]
     n_src = tok.shape[0] // n_req
     agree = levels.shape[0] * (sup_edges.shape[0] + 1) * N_POS  # row offset of agree = 1
+    # each source's fine cells and survivals, kept for the one picked (no second pass)
+    cells = np.empty((n_src, tok.shape[1]), dtype=np.int64)
+    surv = np.empty((n_src, tok.shape[1]), dtype=np.float64)
     n_flat = 0
     for r in range(n_req):
         best_v = -1.0
         best_w = -1.0
         best_a = 0
-        best_head = 0
-        best_ag = 0
         for a in range(n_src):
             row = a * n_req + r
             v = 0.0
             w = 0.0  # expected accepted tokens among the positions at or above the floor
-            head = 0
-            ag = 0
             if lens[row] > 0:
                 head = _head(a, r, n_req, match, support, levels, sup_edges)
                 ag = _agreed(a, r, n_req, tok, lens)
@@ -520,7 +519,10 @@ def score(
                 for j in range(lens[row]):
                     c = _cell(head, agree if j < ag else 0, j, prob[row, j], n_q)
                     code = codes[tok[row, j]]
-                    s *= _acceptance(_fine(c, code, crossed, rec[r]), table, fine)
+                    f = _fine(c, code, crossed, rec[r])
+                    s *= _acceptance(f, table, fine)
+                    cells[a, j] = f
+                    surv[a, j] = s
                     crossed |= code & NEWLINE
                     v += s
                     if s >= floor:
@@ -529,28 +531,19 @@ def score(
                 best_w = w
                 best_v = v
                 best_a = a
-                best_head = head
-                best_ag = ag
         row = best_a * n_req + r
         m = lens[row]
         out_pick[r] = row
         out_len[r] = m
         out_ok[r] = 0
-        if m <= 0:
-            continue
-        s = 1.0
-        crossed = 0
         for j in range(m):
-            c = _cell(best_head, agree if j < best_ag else 0, j, prob[row, j], n_q)
-            code = codes[tok[row, j]]
-            f = _fine(c, code, crossed, rec[r])
-            crossed |= code & NEWLINE
-            out_cell[r, j] = f
-            s *= _acceptance(f, table, fine)
-            if s >= floor and out_ok[r] == j:
-                out_ok[r] = j + 1
-                out_flat[n_flat] = s
-                n_flat += 1
+            out_cell[r, j] = cells[best_a, j]
+        for j in range(m):  # the leading positions at or above the floor
+            if surv[best_a, j] < floor:
+                break
+            out_ok[r] = j + 1
+            out_flat[n_flat] = surv[best_a, j]
+            n_flat += 1
     return n_flat
 
 

@@ -7,6 +7,7 @@ import json
 import lzma
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from agentspec_mw.errors import TraceFormatError
@@ -109,3 +110,7 @@ def test_token_cache_skips_tokenization(sample_path: Path, tiny_tokenizer, tmp_p
     second = tokenize_trace(sample_path, Exploding(), cache_dir=tmp_path, progress=False)
     assert second.folder == first.folder
     assert (second.output(3) == first.output(3)).all()
+    # read-only views of the mapped cache, as plain arrays (a memmap slice is a memmap,
+    # ~14x slower to make on the replay's per-token path)
+    for view in (second.prompt(3), second.output(3)):
+        assert type(view) is np.ndarray and not view.flags.writeable

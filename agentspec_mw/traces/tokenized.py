@@ -110,8 +110,12 @@ class TokenizedTrace:
         self.prompt_lens = np.asarray(raw["prompt_lens"], dtype=np.int64)
         self.offsets = np.load(folder / "offsets.npy")
         size = int(self.offsets[-1]) if len(self.offsets) else 0
+        # a plain (read-only) ndarray view of the mapping: a slice of a np.memmap is a
+        # memmap, ~1.4 µs to make against ~0.1 µs, and slower for proposers to take in
         self.tokens = (
-            np.memmap(folder / "tokens.bin", dtype=np.int32, mode="r", shape=(size,))
+            np.memmap(folder / "tokens.bin", dtype=np.int32, mode="r", shape=(size,)).view(
+                np.ndarray
+            )
             if size
             else np.zeros(0, dtype=np.int32)
         )

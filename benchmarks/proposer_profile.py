@@ -5,7 +5,9 @@ compiles and warms up) and prints, per engine step averaged over all steps of th
 pass, the time inside each kernel and public method (nested: ``propose`` includes
 ``_flush``, which includes ``apply_extends`` and ``insert_outputs``). With
 ``--full-steps`` only the steps with ``--batch`` requests count (the steps the proposer
-benchmark's median is over); ``extend`` and ``stop`` count with the step before them.
+benchmark's median is over): the calls after a step's ``propose`` (its ``extend`` and
+``stop``) count with that step, the next step's ``start`` calls (made before its
+``propose``) with it too.
 
     python benchmarks/proposer_profile.py --trace ../shared/traces/tot_parallel_sampling.jsonl.xz \\
         --tokenizer ../shared/tokenizers/qwen2.5 --batch 256 --k 16
@@ -87,6 +89,7 @@ def main() -> None:
     calls = next(iter(setup.workloads.values()))
     for _ in range(2):
         TOTALS.clear()
+        COUNTING[0] = not args.full_steps  # the first step's starts: no step before them
         r = replay_workload(
             calls, make_proposer("agentspec", env), batch=args.batch, k=args.k, cost_model=cost
         )

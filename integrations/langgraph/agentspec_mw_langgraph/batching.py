@@ -1,71 +1,192 @@
-"""Combine concurrent generate calls into one engine batch (flat combining).
+"""Continuous batching on one in-process vLLM engine: a private thread drives its steps.
 
-``vllm.LLM`` is not thread-safe, and an agent graph calls it from several threads at once
-(parallel branches). :class:`BatchCombiner` makes every caller enqueue its request; the
-caller that gets the engine lock takes *all* queued requests and runs them as one
-``generate`` batch, filling in every caller's result; the others find their result done
-when they get the lock. Parallel branches therefore share engine steps, which is what
-batch speculation is about.
+``vllm.LLM`` is not thread-safe and its ``generate`` runs a batch to completion, so calls
+from parallel graph branches either queue behind each other or wait for a whole batch.
+:class:`EngineLoop` owns the ``LLMEngine`` of a ``vllm.LLM`` (``llm.llm_engine``) instead:
+any thread or event loop :meth:`~EngineLoop.submit`\\ s a request with a *sink*; the loop
+thread adds it to the engine before the next step, calls ``step()`` while requests are in
+flight, and hands every ``RequestOutput`` (cumulative: text and token ids so far) to its
+request's sink as the engine produces it. A request that arrives while others run joins
+them at the next step, so concurrent branches share engine steps from then on.
+
+Sinks run on the loop thread and must return at once (put the output on a queue; for an
+asyncio consumer use ``loop.call_soon_threadsafe``). An error adding one request goes to
+that request's sink only; an error in ``step()`` goes to every pending sink and stops the
+loop (later submits raise :class:`EngineLoopError`). Drive the engine only through the
+loop while it runs: a direct ``llm.generate`` at the same time would step (and take the
+outputs of) the loop's requests.
 """
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Protocol
 
-__all__ = ["BatchCombiner"]
+from agentspec_mw.errors import AgentSpecError
 
-Req = TypeVar("Req")
-Res = TypeVar("Res")
+__all__ = ["EngineLoop", "EngineLoopError", "StepEngine"]
 
+logger = logging.getLogger("agentspec_mw_langgraph.batching")
 
-@dataclass
-class _Slot(Generic[Req, Res]):
-    request: Req
-    result: Res | None = None
-    error: BaseException | None = None
-    done: bool = False
+#: What a sink receives: a ``RequestOutput``, or the exception that ended its request.
+Sink = Callable[[Any], None]
 
 
-class BatchCombiner(Generic[Req, Res]):
-    """Run ``batch_fn`` over the requests of concurrent :meth:`submit` calls."""
+class EngineLoopError(AgentSpecError, RuntimeError):
+    """The engine loop stopped (closed, or the engine failed); no request can run on it."""
 
-    def __init__(self, batch_fn: Callable[[Sequence[Req]], Sequence[Res]]) -> None:
-        self._batch_fn = batch_fn
-        self._queue_lock = threading.Lock()
-        self._engine_lock = threading.Lock()
-        self._queue: list[_Slot[Req, Res]] = []
-        self.batches = 0
-        """``batch_fn`` calls made so far."""
 
-    def submit(self, request: Req) -> Res:
-        """Run ``request`` (possibly batched with others) and return its result."""
-        slot: _Slot[Req, Res] = _Slot(request)
-        with self._queue_lock:
-            self._queue.append(slot)
-        with self._engine_lock:
-            if not slot.done:
-                with self._queue_lock:
-                    batch, self._queue = self._queue, []
-                try:
-                    results = self._batch_fn([s.request for s in batch])
-                    if len(results) != len(batch):
-                        raise RuntimeError(
-                            f"batch function returned {len(results)} results for "
-                            f"{len(batch)} requests"
-                        )
-                    for s, r in zip(batch, results, strict=True):
-                        s.result = r
-                except BaseException as exc:  # noqa: BLE001 - handed to every caller
-                    for s in batch:
-                        s.error = exc
-                finally:
-                    self.batches += 1
-                    for s in batch:
-                        s.done = True
-        if slot.error is not None:
-            raise slot.error
-        assert slot.result is not None
-        return slot.result
+class StepEngine(Protocol):
+    """The part of vLLM's ``LLMEngine`` the loop drives."""
+
+    def add_request(self, request_id: str, prompt: Any, params: Any) -> Any: ...
+
+    def step(self) -> list[Any]: ...
+
+    def abort_request(self, request_ids: list[str]) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt: Any
+    params: Any
+    sink: Sink
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+class _Stop:
+    pass
+
+
+class EngineLoop:
+    """Run one engine's steps on a private thread for requests from any thread.
+
+    Args:
+        engine: a vLLM ``LLMEngine`` (or anything with its ``add_request`` / ``step`` /
+            ``abort_request``).
+        name: the loop thread's name.
+    """
+
+    def __init__(self, engine: StepEngine, *, name: str = "agentspec-engine-loop") -> None:
+        self.engine = engine
+        self._name = name
+        self._inbox: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
+        self._sinks: dict[str, Sink] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self._closed = False
+        self.steps = 0
+        """Engine steps run so far."""
+        self.max_in_flight = 0
+        """The most requests in flight at one step so far (how much calls were batched)."""
+
+    def submit(self, prompt: Any, params: Any, sink: Sink) -> str:
+        """Queue a request; ``sink`` gets its outputs (the last one ``finished``). Returns its id.
+
+        Raises:
+            EngineLoopError: the loop was closed or its engine failed.
+        """
+        request_id = f"agentspec-{uuid.uuid4().hex}"
+        with self._lock:
+            if self._failure is not None:
+                raise EngineLoopError(
+                    f"the engine failed earlier ({self._failure!r}); build a new engine"
+                ) from self._failure
+            if self._closed:
+                raise EngineLoopError("the engine loop was closed; build a new backend")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._inbox.put(_Add(request_id, prompt, params, sink))
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request (its sink gets nothing more); unknown or finished ids are ignored."""
+        self._inbox.put(_Abort(request_id))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the loop thread once the requests in flight are done (idempotent)."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        if thread is not None and thread.is_alive():
+            self._inbox.put(_Stop())
+            thread.join(timeout)
+
+    def _take_commands(self, block: bool) -> bool:
+        """Apply queued commands (waiting for one when ``block``); ``False`` on stop."""
+        while True:
+            try:
+                command = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if isinstance(command, _Stop):
+                if self._sinks:  # finish what is in flight first
+                    self._inbox.put(command)
+                    return True
+                return False
+            if isinstance(command, _Abort):
+                if self._sinks.pop(command.request_id, None) is not None:
+                    self.engine.abort_request([command.request_id])
+                continue
+            try:
+                self.engine.add_request(command.request_id, command.prompt, command.params)
+            except Exception as exc:  # noqa: BLE001 - this request's error, to its caller
+                _deliver(command.sink, exc)
+                continue
+            self._sinks[command.request_id] = command.sink
+
+    def _run(self) -> None:
+        try:
+            while self._take_commands(block=not self._sinks):
+                if not self._sinks:
+                    continue
+                self.max_in_flight = max(self.max_in_flight, len(self._sinks))
+                outputs = self.engine.step()
+                self.steps += 1
+                for out in outputs:
+                    if getattr(out, "finished", False):
+                        sink = self._sinks.pop(out.request_id, None)
+                    else:
+                        sink = self._sinks.get(out.request_id)
+                    if sink is not None and not _deliver(sink, out):
+                        self._sinks.pop(out.request_id, None)
+                        if not getattr(out, "finished", False):
+                            self.engine.abort_request([out.request_id])
+        except BaseException as exc:  # noqa: BLE001 - handed to every waiting caller
+            logger.exception("the engine loop stopped: the engine raised")
+            with self._lock:
+                self._failure = exc
+                pending = list(self._sinks.values())
+                self._sinks.clear()
+                while True:
+                    try:
+                        command = self._inbox.get_nowait()
+                    except queue.Empty:
+                        break
+                    if isinstance(command, _Add):
+                        pending.append(command.sink)
+            for sink in pending:
+                _deliver(sink, exc)
+
+
+def _deliver(sink: Sink, item: Any) -> bool:
+    """Call a sink; ``False`` (logged) when it raised, e.g. its event loop is closed."""
+    try:
+        sink(item)
+    except Exception:  # noqa: BLE001 - a consumer's problem must not stop the engine
+        logger.warning("dropped a request whose consumer is gone", exc_info=True)
+        return False
+    return True

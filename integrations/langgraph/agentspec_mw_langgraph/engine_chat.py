@@ -10,23 +10,25 @@ tools are offered; the model decides); ``"none"`` withholds them.
 
 ``engine`` may be a ``vllm.LLM`` (:class:`~.backend.VLLMBackend`), an ``AsyncLLM``
 (:class:`~.async_backend.AsyncVLLMBackend`) or any :class:`~.backend.EngineBackend`.
-Sync and async calls work on both (with ``vllm.LLM`` async runs the engine call in a
-worker thread, with the caller's context, so the tags follow). Streaming yields text
-through the usual per-token callbacks: on an ``AsyncLLM`` as the engine produces it (a
-possible ``<tool_call>`` start is held back; tool calls arrive in the last chunk); on a
-``vllm.LLM``, which has no incremental API, token by token after the whole output is
-generated (an output holding tool calls arrives as one chunk). Concurrent calls from
-parallel branches share engine steps (``AsyncLLM`` batches them itself; for ``vllm.LLM``
-they are combined into one ``generate`` batch).
+Sync and async calls, streaming or not, work on both, from any thread or event loop.
+Streaming yields text as the engine produces it, token by token (a possible
+``<tool_call>`` start is held back; tool calls arrive in the last chunk). Concurrent calls
+from parallel branches share engine steps: ``AsyncLLM`` batches them itself; a
+``vllm.LLM`` is stepped by one engine loop thread (:mod:`~.batching`) that adds each
+request at the next step. All model objects on one engine object share its backend.
 
 ``engine=None`` builds the embedded default on first use:
 ``agentspec_mw_vllm.engine.build_llm(model, speculative=..., k=..., max_model_len=...,
-**engine_options)``.
+**engine_options)``; with ``share_engine=True`` (the default) model objects with equal
+settings share one such engine per process (:mod:`~.shared`).
+
+Each message's ``response_metadata["speculative_decoding"]`` holds the call's
+``num_draft_tokens`` and ``num_accepted_draft_tokens`` when the engine reports them
+(vLLM's per-request spec-decode metrics, on in ``build_llm`` engines that speculate).
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
@@ -49,10 +51,10 @@ from agentspec_mw_langgraph.backend import (
     EngineBackend,
     GenerationRequest,
     GenerationResult,
-    VLLMBackend,
 )
 from agentspec_mw_langgraph.context import current_wire_tags
 from agentspec_mw_langgraph.messages import to_openai_messages
+from agentspec_mw_langgraph.shared import backend_for, shared_engine
 from agentspec_mw_langgraph.toolformat import (
     TOOL_CALL_BLOCKS,
     parse_tool_calls,
@@ -78,7 +80,10 @@ class ChatAgentSpecVLLM(BaseChatModel):
     max_model_len: int = Field(default=2048, ge=32)
     """Context limit of the engine built when ``engine`` is ``None``."""
     engine_options: dict[str, Any] = Field(default_factory=dict)
-    """More ``build_llm`` keyword arguments (e.g. ``enforce_eager=True``) for that engine."""
+    """More ``build_llm`` keyword arguments (e.g. ``max_num_seqs=32``) for that engine."""
+    share_engine: bool = True
+    """Share the engine built when ``engine`` is ``None`` with the other model objects of
+    this process that have the same engine settings (``False``: build a private one)."""
     max_tokens: int = Field(default=256, ge=1)
     """Tokens to generate at most per call."""
     temperature: float = Field(default=0.0, ge=0.0)
@@ -120,15 +125,26 @@ class ChatAgentSpecVLLM(BaseChatModel):
                             "the embedded engine of ChatAgentSpecVLLM",
                             "pip install agentspec-mw-vllm   (or: bash scripts/bootstrap.sh)",
                         ) from None
-                    engine = build_llm(
-                        self.model,
-                        speculative=self.speculative,
-                        k=self.k,
-                        max_model_len=self.max_model_len,
+                    settings: dict[str, Any] = {
+                        "model": self.model,
+                        "speculative": self.speculative,
+                        "k": self.k,
+                        "max_model_len": self.max_model_len,
                         **self.engine_options,
-                    )
+                    }
+
+                    def build() -> Any:
+                        return build_llm(
+                            self.model,
+                            speculative=self.speculative,
+                            k=self.k,
+                            max_model_len=self.max_model_len,
+                            **self.engine_options,
+                        )
+
+                    engine = shared_engine(settings, build) if self.share_engine else build()
                     self.engine = engine
-                self._backend = _backend_for(engine)
+                self._backend = backend_for(engine)
             return self._backend
 
     def bind_tools(
@@ -166,14 +182,20 @@ class ChatAgentSpecVLLM(BaseChatModel):
 
     def _message(self, result: GenerationResult, prompt_tokens: int) -> AIMessage:
         content, calls, invalid = parse_tool_calls(result.text)
+        metadata: dict[str, Any] = {
+            "finish_reason": result.finish_reason,
+            "model_name": self.backend.model_name,
+        }
+        if result.num_draft_tokens is not None:
+            metadata["speculative_decoding"] = {
+                "num_draft_tokens": result.num_draft_tokens,
+                "num_accepted_draft_tokens": result.num_accepted_draft_tokens,
+            }
         return AIMessage(
             content=content,
             tool_calls=calls,
             invalid_tool_calls=invalid,
-            response_metadata={
-                "finish_reason": result.finish_reason,
-                "model_name": self.backend.model_name,
-            },
+            response_metadata=metadata,
             usage_metadata={
                 "input_tokens": prompt_tokens,
                 "output_tokens": len(result.token_ids),
@@ -201,7 +223,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         agenerate = getattr(self.backend, "agenerate", None)
-        if agenerate is None:  # a sync engine: a worker thread, with this context
+        if agenerate is None:  # a sync-only backend: a worker thread, with this context
             return await super()._agenerate(messages, stop, run_manager, **kwargs)
         request = self._request(messages, stop, kwargs)
         result = await agenerate(request)
@@ -287,17 +309,6 @@ def _token_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
             pieces.append(text[len(emitted) :])
             emitted = text
     return pieces
-
-
-def _backend_for(engine: Any) -> EngineBackend:
-    """Wrap an engine: an ``AsyncLLM`` (async ``generate``) or a ``vllm.LLM``."""
-    if isinstance(engine, EngineBackend):
-        return engine
-    if inspect.isasyncgenfunction(getattr(type(engine), "generate", None)):
-        from agentspec_mw_langgraph.async_backend import AsyncVLLMBackend
-
-        return AsyncVLLMBackend(engine)
-    return VLLMBackend(engine)
 
 
 _TAG = "<tool_call>"

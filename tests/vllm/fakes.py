@@ -107,3 +107,26 @@ class ExplodingProposer(ProbeProposer):
         if self.fail_in == "stop":
             raise RuntimeError("boom-stop")
         super().stop(req_id)
+
+
+class BadDraftProposer(ProbeProposer):
+    """Drafts like :class:`ProbeProposer`, but rows of requests tagged
+    ``agent_id == "bad"`` (every row with ``all_rows``) lead with the token ``bad`` —
+    10**6 by default, far outside any vocabulary (the adapter must drop those rows)."""
+
+    def __init__(
+        self, env: Any = None, bad: Any = 10**6, all_rows: bool = False, inner: str | None = None
+    ) -> None:
+        super().__init__(env, inner=inner)
+        self.bad = bad
+        self.all_rows = all_rows
+
+    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        drafts = super().propose(req_ids, k, step)
+        out = []
+        for rid, d in zip(req_ids, drafts, strict=True):
+            tags = self.tags.get(rid)
+            if self.all_rows or (tags is not None and tags.agent_id == "bad"):
+                d = Draft((self.bad, *d.token_ids[: k - 1]))
+            out.append(d)
+        return out

@@ -12,7 +12,12 @@ from agentspec_mw.tags import MAX_WIRE_CHARS, StructureTags, tags_to_wire
 from agentspec_mw_vllm.context import BatchContext
 from agentspec_mw_vllm.metrics import DrafterMetrics
 from agentspec_mw_vllm.session import DraftSession
-from tests.vllm.fakes import ExplodingProposer, GreedyLongProposer, ProbeProposer
+from tests.vllm.fakes import (
+    BadDraftProposer,
+    ExplodingProposer,
+    GreedyLongProposer,
+    ProbeProposer,
+)
 
 TAGS = StructureTags(agent_id="coder", query_id="q1", segment="tool_call")
 
@@ -127,6 +132,28 @@ def test_every_row_is_capped_at_k_and_before_max_model_len() -> None:
     batch2 = Batch()
     batch2.add("c", list(range(1, 63)))
     assert step(session, batch2, {"c": [1]}, max_len=64) == [[]]
+
+
+@pytest.mark.parametrize("bad", [10**6, 100, -1, 3.5, True, "7", np.int64(100), None])
+def test_a_bad_draft_row_is_dropped_and_counted(
+    bad: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ids outside ``[0, vocab_size)`` or not integers never reach vLLM: that row gets
+    no drafts (a ``propose:bad_draft`` fault, logged once); the other rows keep theirs."""
+    metrics = DrafterMetrics(prometheus=False)
+    session = DraftSession(BadDraftProposer(bad=bad), k=4, metrics=metrics, vocab_size=100)
+    batch = Batch()
+    batch.add("v", [5, 6], tags_to_wire(TAGS))
+    batch.add("x", [7, 8], tags_to_wire(StructureTags(agent_id="bad", query_id="q")))
+    for i in range(3):
+        assert step(session, batch, {"v": [9 + i], "x": [20 + i]}) == [[9 + i] * 3, []]
+    assert metrics.snapshot().faults == {"propose:bad_draft": 3}
+    assert caplog.text.count("bad draft") == 1
+    # numpy ids in range are fine, and ids at the top of the vocabulary pass
+    ok = DraftSession(BadDraftProposer(bad=np.int64(99)), k=4, metrics=metrics, vocab_size=100)
+    assert step(ok, batch, {"v": [1], "x": [2]}) == [[1] * 3, [99, 2, 2, 2]]
+    with pytest.raises(ValueError, match="vocab_size=0"):
+        DraftSession(ProbeProposer(), k=4, vocab_size=0)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,9 @@ drives comes from :class:`~agentspec_mw_vllm.config.DrafterConfig` (``additional
 or ``AGENTSPEC_*`` environment variables). The proposer gets a
 :class:`~agentspec_mw.proposer.ProposerEnv` built once: the model tokenizer's token-id →
 bytes table, the step-time model (a fixed preset, or with ``cost_model="measured"`` a fit
-to the engine's own timed steps) and ``max_k = k``.
+to the engine's own timed steps) and ``max_k = k``. The session checks every draft
+against the model's vocabulary size (``model_config.get_vocab_size()``) before vLLM sees
+it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ def _token_bytes(model_config: Any) -> list[bytes]:
     return token_bytes_table(tokenizer)
 
 
+def _vocab_size(model_config: Any) -> int:
+    """The model's vocabulary (its logits' width): every draft id must be under it."""
+    return int(model_config.get_vocab_size())
+
+
 class AgentSpecDrafter:
     """vLLM's ``custom_class`` drafter: the plugin's batch context + a core proposer.
 
@@ -82,6 +89,7 @@ class AgentSpecDrafter:
             self.k,
             max_model_len=int(vllm_config.model_config.max_model_len),
             step_timer=self.step_timer,
+            vocab_size=_vocab_size(vllm_config.model_config),
         )
         self._batch: BatchContext | None = None
         logger.info(

@@ -10,7 +10,12 @@
   (read from ``token_ids_cpu`` up to ``num_tokens_no_spec``, so nothing is lost or doubled);
 * requests no longer in the batch are ``stop``-ped before anything new starts;
 * ``propose`` gets the rows that want drafts, and every row is cut to
-  ``min(k, max_model_len - num_tokens - 1)`` tokens (more than ``k`` crashes vLLM).
+  ``min(k, max_model_len - num_tokens - 1)`` tokens (more than ``k`` crashes vLLM);
+* every draft row is checked before vLLM sees it: its ids must be integers (Python or
+  numpy, not ``bool``) in ``[0, vocab_size)`` — an id outside the model's vocabulary
+  makes vLLM raise inside the step and kills the engine. A bad row is dropped (that
+  request drafts nothing this step), counted as the fault ``propose:bad_draft`` and
+  logged once; the other rows keep their drafts.
 
 Step timing: given a ``step_timer`` (the adapter's
 :class:`~agentspec_mw.costfit.MeasuredStepTime` when ``cost_model="measured"``), the
@@ -24,7 +29,8 @@ Error policy: wire tags that fail to decode make that request tag-free (a warnin
 ``tag_rejections``); a proposer exception is caught, logged once per kind (verb and
 exception type), counted in ``faults``, and costs only drafts: a failing ``propose`` gives
 the whole step no drafts; a failing ``start``/``extend`` gives that request no drafts for
-the rest of its life. The engine never sees the exception.
+the rest of its life; a bad draft row costs that row's drafts for the step. The engine
+never sees the exception or the bad row.
 """
 
 from __future__ import annotations
@@ -44,10 +50,12 @@ from agentspec_mw.tags import StructureTags, tags_from_wire
 from agentspec_mw_vllm.context import BatchContext
 from agentspec_mw_vllm.metrics import DrafterMetrics, get_metrics
 
-__all__ = ["DraftSession", "decode_tags"]
+__all__ = ["BAD_DRAFT", "DraftSession", "decode_tags"]
 
 logger = logging.getLogger("agentspec_mw_vllm.session")
 _MAX_TAG_WARNINGS = 20
+BAD_DRAFT = "propose:bad_draft"
+"""Fault kind of a draft row with an id that is not an integer in ``[0, vocab_size)``."""
 
 
 @dataclass(slots=True)
@@ -61,6 +69,28 @@ class _Request:
     segment: str | None
     broken: bool = False
     """A start/extend raised: no drafts for this request any more."""
+
+
+def _bad_ids(ids: Sequence[Any], vocab_size: int | None) -> str | None:
+    """Why a draft row (already cut to its cap) cannot go to vLLM, or ``None``.
+
+    Runs on every row of every step: the common row (a tuple of Python ints) costs a
+    ``set(map(type, ...))`` and a ``min``/``max``, all in C."""
+    if not len(ids):
+        return None
+    if not set(map(type, ids)) <= _PLAIN_INT:
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int | np.integer):
+                return f"token id {t!r} ({type(t).__name__}) is not an integer"
+    lo, hi = min(ids), max(ids)
+    if lo < 0:
+        return f"token id {int(lo)} is negative"
+    if vocab_size is not None and hi >= vocab_size:
+        return f"token id {int(hi)} is outside the vocabulary [0, {vocab_size})"
+    return None
+
+
+_PLAIN_INT = frozenset({int})
 
 
 def _rejection_reason(exc: TagError) -> str:
@@ -98,11 +128,17 @@ class DraftSession:
         metrics: DrafterMetrics | None = None,
         step_timer: MeasuredStepTime | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        vocab_size: int | None = None,
     ) -> None:
         if k < 1:
             raise ValueError(f"k={k} must be >= 1")
+        if vocab_size is not None and vocab_size < 1:
+            raise ValueError(f"vocab_size={vocab_size} must be >= 1 (the model's vocabulary)")
         self.proposer = proposer
         self.k = k
+        self.vocab_size = vocab_size
+        """Draft ids must be under this (the model's vocabulary; ``None``: not checked
+        from above, only that ids are non-negative integers)."""
         self.max_model_len = max_model_len
         self.metrics = metrics or get_metrics()
         self._reqs: dict[str, _Request] = {}
@@ -291,9 +327,31 @@ class DraftSession:
             drafts = self.proposer.propose(ask_ids, self.k, context)
             if len(drafts) != len(ask_ids):
                 raise ValueError(f"propose returned {len(drafts)} drafts for {len(ask_ids)} rows")
-            for row, cap, draft in zip(ask_rows, caps, drafts, strict=True):
-                out[row] = [int(t) for t in draft.token_ids[:cap]]
         except Exception as exc:
             self._fault("propose", exc)
             return [[] for _ in out]
+        for rid, row, cap, draft in zip(ask_ids, ask_rows, caps, drafts, strict=True):
+            try:
+                ids = draft.token_ids[:cap]
+                problem = _bad_ids(ids, self.vocab_size)
+            except Exception as exc:  # not a Draft, or token_ids not a sequence
+                problem = f"unreadable draft {draft!r}: {exc!r}"
+            if problem is None:
+                out[row] = [int(t) for t in ids]
+            else:
+                self._bad_draft(rid, problem)
         return out
+
+    def _bad_draft(self, req_id: str, problem: str) -> None:
+        """Count (and log once) a dropped draft row."""
+        self.metrics.record_fault(BAD_DRAFT)
+        if BAD_DRAFT not in self._logged:
+            self._logged.add(BAD_DRAFT)
+            logger.error(
+                "proposer %r returned a bad draft for request %s, dropped (no drafts for that "
+                "row; logged once, counted in agentspec_proposer_faults_total{kind=%r}): %s",
+                getattr(self.proposer, "name", type(self.proposer).__name__),
+                req_id,
+                BAD_DRAFT,
+                problem,
+            )

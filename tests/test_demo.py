@@ -10,7 +10,7 @@ import httpx
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
-from agentspec_mw_langgraph import AgentSpecConfig, with_agentspec
+from agentspec_mw_langgraph import TaggingConfig, with_agentspec
 from agentspec_mw_langgraph.demo import AgentCounts, DemoRun, format_table, outputs_identical
 from agentspec_mw_langgraph.demo_graph import ASPECTS, build_workflow, calculator, initial_state
 
@@ -32,7 +32,7 @@ def _script(messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessa
 
 def test_workflow_runs_tools_and_tags_every_agent() -> None:
     model = ScriptedChatModel(script=_script)
-    app = with_agentspec(build_workflow(model), config=AgentSpecConfig(adapter_raise_errors=True))
+    app = with_agentspec(build_workflow(model), config=TaggingConfig(adapter_raise_errors=True))
     out = app.invoke(initial_state("tea"))
     assert out["facts"].splitlines()[:2] == ["6500", NOTES_TEA]
     assert [n.split(":")[0] for n in out["notes"]] == list(ASPECTS)

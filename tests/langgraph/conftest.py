@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from agentspec_mw_langgraph import AgentSpecConfig
+from agentspec_mw_langgraph import TaggingConfig
 
 
 @pytest.fixture()
-def strict() -> AgentSpecConfig:
+def strict() -> TaggingConfig:
     """Adapter config that raises on any adapter bug (LangChain would swallow it)."""
-    return AgentSpecConfig(adapter_raise_errors=True)
+    return TaggingConfig(adapter_raise_errors=True)

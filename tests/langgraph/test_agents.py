@@ -8,7 +8,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 
-from agentspec_mw_langgraph import AgentSpecConfig, get_handler, with_agentspec
+from agentspec_mw_langgraph import TaggingConfig, get_handler, with_agentspec
 
 from .fake_chat import ScriptedChatModel, tool_call
 
@@ -45,7 +45,7 @@ def _check(app: Any, model: ScriptedChatModel, node: str) -> None:
     ]
 
 
-def test_create_agent(strict: AgentSpecConfig) -> None:
+def test_create_agent(strict: TaggingConfig) -> None:
     from langchain.agents import create_agent
 
     model = ScriptedChatModel(script=script)
@@ -53,7 +53,7 @@ def test_create_agent(strict: AgentSpecConfig) -> None:
     _check(app, model, "model")
 
 
-def test_create_react_agent(strict: AgentSpecConfig) -> None:
+def test_create_react_agent(strict: TaggingConfig) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecated in favour of create_agent
         from langgraph.prebuilt import create_react_agent

@@ -9,7 +9,7 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
 from agentspec_mw.tags import StructureTags
-from agentspec_mw_langgraph import AgentSpecConfig, get_handler, with_agentspec
+from agentspec_mw_langgraph import TaggingConfig, get_handler, with_agentspec
 
 from .fake_chat import ScriptedChatModel, tool_call
 from .test_fanout import build_map_reduce
@@ -52,7 +52,7 @@ def echo(messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessage:
     return AIMessage(content=f"re {messages[-1].content}")
 
 
-def test_50_concurrent_async_react(strict: AgentSpecConfig) -> None:
+def test_50_concurrent_async_react(strict: TaggingConfig) -> None:
     model = ScriptedChatModel(script=react_script)
     app = with_agentspec(build(model), config=strict)
 
@@ -81,7 +81,7 @@ def test_50_concurrent_async_react(strict: AgentSpecConfig) -> None:
     assert handler.live_state() == {"runs": 0, "roots": 0, "calls": 0}
 
 
-def test_50_concurrent_threads_fanout(strict: AgentSpecConfig) -> None:
+def test_50_concurrent_threads_fanout(strict: TaggingConfig) -> None:
     model = ScriptedChatModel(script=echo)
     app = with_agentspec(build_map_reduce(model), config=strict)
     inputs = [

@@ -10,7 +10,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 
-from agentspec_mw_langgraph import AgentSpecConfig, get_handler, with_agentspec
+from agentspec_mw_langgraph import TaggingConfig, get_handler, with_agentspec
 
 from .fake_chat import ScriptedChatModel
 
@@ -54,7 +54,7 @@ def build_map_reduce(model: ScriptedChatModel):  # type: ignore[no-untyped-def]
     return g.compile()
 
 
-def test_send_fanout(strict: AgentSpecConfig) -> None:
+def test_send_fanout(strict: TaggingConfig) -> None:
     model = ScriptedChatModel(script=echo)
     app = with_agentspec(build_map_reduce(model), config=strict)
     out = app.invoke({"topics": ["a", "b", "c"], "notes": [], "summary": ""})
@@ -133,7 +133,7 @@ def build_supervisor(model: ScriptedChatModel, named: bool = False):  # type: ig
 
 
 @pytest.mark.parametrize("named", [False, True], ids=["plain", "subgraph-named-as-node"])
-def test_supervisor_with_subgraphs(strict: AgentSpecConfig, named: bool) -> None:
+def test_supervisor_with_subgraphs(strict: TaggingConfig, named: bool) -> None:
     model = ScriptedChatModel(script=echo)
     app = with_agentspec(build_supervisor(model, named), config=strict)
     app.invoke({"task": "t", "log": [], "round": 1})

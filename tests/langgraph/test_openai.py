@@ -17,7 +17,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Send
 
 from agentspec_mw.tags import tags_from_wire
-from agentspec_mw_langgraph import AgentSpecConfig, with_agentspec
+from agentspec_mw_langgraph import TaggingConfig, with_agentspec
 from agentspec_mw_langgraph.openai import (
     AgentSpecTransport,
     agentspec_chat_openai,
@@ -83,7 +83,7 @@ def _check_react(bodies: list[dict[str, Any]], runs: int) -> None:
 
 
 @pytest.mark.parametrize("mode", ["invoke", "stream"])
-def test_sync_react(mode: str, strict: AgentSpecConfig) -> None:
+def test_sync_react(mode: str, strict: TaggingConfig) -> None:
     server = FakeOpenAI()
     app = with_agentspec(react_graph(make_llm(server)), config=strict)
     inp = {"messages": [HumanMessage("q0")]}
@@ -97,7 +97,7 @@ def test_sync_react(mode: str, strict: AgentSpecConfig) -> None:
     _check_react(bodies, 1)
 
 
-def test_async_concurrent_runs_and_streaming(strict: AgentSpecConfig) -> None:
+def test_async_concurrent_runs_and_streaming(strict: TaggingConfig) -> None:
     server = FakeOpenAI()
     app = with_agentspec(react_graph(make_llm(server)), config=strict)
 
@@ -126,7 +126,7 @@ class FanState(TypedDict):
     notes: Annotated[list[str], operator.add]
 
 
-def test_concurrent_branches(strict: AgentSpecConfig) -> None:
+def test_concurrent_branches(strict: TaggingConfig) -> None:
     server = FakeOpenAI()
     llm = make_llm(server)
 

@@ -9,7 +9,7 @@ from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from agentspec_mw_langgraph import AgentSpecConfig, get_handler, with_agentspec
+from agentspec_mw_langgraph import TaggingConfig, get_handler, with_agentspec
 
 from .fake_chat import ScriptedChatModel, tool_call
 
@@ -42,7 +42,7 @@ def build(model: ScriptedChatModel):  # type: ignore[no-untyped-def]
     return g.compile()
 
 
-def test_react_loop_tags_and_graph(strict: AgentSpecConfig) -> None:
+def test_react_loop_tags_and_graph(strict: TaggingConfig) -> None:
     model = ScriptedChatModel(script=react_script, model="Qwen/Qwen2.5-7B-Instruct")
     app = with_agentspec(build(model), config=strict)
     out = app.invoke({"messages": [HumanMessage("q1")]})
@@ -94,10 +94,10 @@ def test_react_loop_tags_and_graph(strict: AgentSpecConfig) -> None:
     assert graph.groups_of("fanout") == [] and graph.groups_of("retry") == []
     assert handler.live_state() == {"runs": 0, "roots": 0, "calls": 0}
     stats = handler.stats
-    assert (stats.llm_calls, stats.tagged_calls, stats.adapter_errors) == (3, 3, 0)
+    assert (stats.llm_calls, stats.tags_derived, stats.adapter_errors) == (3, 3, 0)
 
 
-def test_threaded_query_id_and_streaming(strict: AgentSpecConfig) -> None:
+def test_threaded_query_id_and_streaming(strict: TaggingConfig) -> None:
     from langgraph.checkpoint.memory import InMemorySaver
 
     model = ScriptedChatModel(script=react_script)

@@ -9,7 +9,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import RetryPolicy
 
-from agentspec_mw_langgraph import AgentSpecConfig, get_handler, with_agentspec
+from agentspec_mw_langgraph import TaggingConfig, get_handler, with_agentspec
 
 from .fake_chat import ScriptedChatModel
 
@@ -22,7 +22,7 @@ def echo(messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessage:
     return AIMessage(content=f"draft for {messages[-1].content}")
 
 
-def test_node_retry_policy(strict: AgentSpecConfig) -> None:
+def test_node_retry_policy(strict: TaggingConfig) -> None:
     model = ScriptedChatModel(script=echo)
     attempts = itertools.count()
 
@@ -73,7 +73,7 @@ def test_node_retry_policy(strict: AgentSpecConfig) -> None:
     assert (first.status, second.status, check.status) == ("ok", "ok", "ok")
 
 
-def test_model_with_retry(strict: AgentSpecConfig) -> None:
+def test_model_with_retry(strict: TaggingConfig) -> None:
     calls = itertools.count()
 
     def flaky(messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessage:

@@ -9,7 +9,7 @@ import pytest
 from langchain_core.messages import HumanMessage
 
 from agentspec_mw.traces.loader import iter_records
-from agentspec_mw_langgraph import AgentSpecConfig, get_handler, with_agentspec
+from agentspec_mw_langgraph import TaggingConfig, get_handler, with_agentspec
 
 from .fake_chat import ScriptedChatModel
 from .test_react import build, react_script
@@ -17,7 +17,7 @@ from .test_react import build, react_script
 
 def test_records_every_call(tmp_path: Path) -> None:
     path = tmp_path / "calls.jsonl"
-    config = AgentSpecConfig(adapter_raise_errors=True, trace_path=path, trace_workload="demo")
+    config = TaggingConfig(adapter_raise_errors=True, trace_path=path, trace_workload="demo")
     model = ScriptedChatModel(script=react_script, model="Qwen/Qwen2.5-7B-Instruct")
     app = with_agentspec(build(model), config=config)
     app.invoke({"messages": [HumanMessage("q1")]})
@@ -58,7 +58,7 @@ def test_replay_reads_recorded_traces(tmp_path: Path, tiny_tokenizer_dir: Path) 
     from agentspec_mw.cli import main
 
     path = tmp_path / "calls.jsonl"
-    config = AgentSpecConfig(adapter_raise_errors=True, trace_path=path)
+    config = TaggingConfig(adapter_raise_errors=True, trace_path=path)
     app = with_agentspec(build(ScriptedChatModel(script=react_script)), config=config)
     for i in range(3):
         app.invoke({"messages": [HumanMessage(f"question {i}")]})

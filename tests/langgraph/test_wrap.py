@@ -15,7 +15,7 @@ from langgraph.types import Command, interrupt
 
 from agentspec_mw_langgraph import (
     AgentSpecCallbackHandler,
-    AgentSpecConfig,
+    TaggingConfig,
     derive,
     get_handler,
     with_agentspec,
@@ -30,7 +30,7 @@ def echo(messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessage:
     return AIMessage(content=f"re {messages[-1].content}")
 
 
-def test_returns_compiled_graph_and_is_idempotent(strict: AgentSpecConfig) -> None:
+def test_returns_compiled_graph_and_is_idempotent(strict: TaggingConfig) -> None:
     from langgraph.graph.state import CompiledStateGraph
 
     model = ScriptedChatModel(script=react_script)
@@ -39,20 +39,20 @@ def test_returns_compiled_graph_and_is_idempotent(strict: AgentSpecConfig) -> No
     assert isinstance(app, CompiledStateGraph) and app is not base
     assert get_handler(base) is None
     assert with_agentspec(app) is app
-    assert with_agentspec(app, config=AgentSpecConfig(tags_scope="other")) is app
+    assert with_agentspec(app, config=TaggingConfig(tags_scope="other")) is app
     handler = get_handler(app)
     assert handler is not None
     # the same handler passed again at call time: events arrive twice, counted once
     app.invoke({"messages": [HumanMessage("q")]}, {"callbacks": [handler]})
     stats = handler.stats
-    assert (stats.llm_calls, stats.tagged_calls) == (3, 3)
+    assert (stats.llm_calls, stats.tags_derived) == (3, 3)
     assert stats.duplicate_events > 0
     qid = model.seen[0][0].query_id  # type: ignore[union-attr]
     assert len(handler.graph(qid).llm_calls()) == 3
     assert handler.live_state() == {"runs": 0, "roots": 0, "calls": 0}
 
 
-def test_stream_modes_events_batch_async(strict: AgentSpecConfig) -> None:
+def test_stream_modes_events_batch_async(strict: TaggingConfig) -> None:
     model = ScriptedChatModel(script=echo)
     app = with_agentspec(build_map_reduce(model), config=strict)
     handler = get_handler(app)
@@ -85,7 +85,7 @@ class AskState(TypedDict):
     answer: str
 
 
-def test_checkpointer_interrupt_resume_configurable(strict: AgentSpecConfig) -> None:
+def test_checkpointer_interrupt_resume_configurable(strict: TaggingConfig) -> None:
     model = ScriptedChatModel(script=echo)
 
     def draft(state: AskState) -> dict[str, Any]:
@@ -118,7 +118,7 @@ def test_checkpointer_interrupt_resume_configurable(strict: AgentSpecConfig) -> 
     assert [c.step for c in graph.llm_calls()] == [1, 2]
 
 
-def test_wrapped_graph_as_subgraph(strict: AgentSpecConfig) -> None:
+def test_wrapped_graph_as_subgraph(strict: TaggingConfig) -> None:
     model = ScriptedChatModel(script=echo)
     inner = with_agentspec(build(ScriptedChatModel(script=react_script)), config=strict)
     outer = StateGraph(MessagesState)
@@ -160,13 +160,13 @@ def test_adapter_failure_degrades_to_no_tags(
     handler = get_handler(app)
     assert handler is not None
     stats = handler.stats
-    assert (stats.llm_calls, stats.tagged_calls, stats.adapter_errors) == (3, 0, 3)
+    assert (stats.llm_calls, stats.tags_derived, stats.adapter_errors) == (3, 0, 3)
     assert "adapter bug" in caplog.text
     assert handler.live_state() == {"runs": 0, "roots": 0, "calls": 0}
 
 
 def test_adapter_failure_raises_in_strict_mode(
-    monkeypatch: pytest.MonkeyPatch, strict: AgentSpecConfig
+    monkeypatch: pytest.MonkeyPatch, strict: TaggingConfig
 ) -> None:
     monkeypatch.setattr(derive, "predict_segment", _broken)
     app = with_agentspec(build(ScriptedChatModel(script=react_script)), config=strict)
@@ -174,7 +174,7 @@ def test_adapter_failure_raises_in_strict_mode(
         app.invoke({"messages": [HumanMessage("q")]})
 
 
-def test_model_outside_a_graph_is_its_own_query(strict: AgentSpecConfig) -> None:
+def test_model_outside_a_graph_is_its_own_query(strict: TaggingConfig) -> None:
     handler = AgentSpecCallbackHandler(strict)
     model = ScriptedChatModel(script=echo)
     model.invoke("hi", {"callbacks": [handler]})
@@ -184,7 +184,7 @@ def test_model_outside_a_graph_is_its_own_query(strict: AgentSpecConfig) -> None
     assert handler.live_state() == {"runs": 0, "roots": 0, "calls": 0}
 
 
-def test_abandoned_stream_releases_state(strict: AgentSpecConfig) -> None:
+def test_abandoned_stream_releases_state(strict: TaggingConfig) -> None:
     app = with_agentspec(build(ScriptedChatModel(script=react_script)), config=strict)
     handler = get_handler(app)
     assert handler is not None
@@ -204,7 +204,7 @@ def test_abandoned_stream_releases_state(strict: AgentSpecConfig) -> None:
 
 
 def test_graph_size_is_capped() -> None:
-    config = AgentSpecConfig(adapter_raise_errors=True, graph_max_calls=4)
+    config = TaggingConfig(adapter_raise_errors=True, graph_max_calls=4)
     app = with_agentspec(build(ScriptedChatModel(script=react_script)), config=config)
     app.invoke({"messages": [HumanMessage("q")]}, {"configurable": {"thread_id": "long"}})
     app.invoke({"messages": [HumanMessage("q")]}, {"configurable": {"thread_id": "long"}})
@@ -213,10 +213,10 @@ def test_graph_size_is_capped() -> None:
     graph = handler.graph("thread:long")
     assert (len(graph.calls), graph.dropped) == (4, 6)  # 2 runs x (3 LLM calls + 2 tools)
     assert all(e.src in graph.calls and e.dst in graph.calls for e in graph.edges)
-    assert handler.stats.tagged_calls == 6  # tags do not depend on the cap
+    assert handler.stats.tags_derived == 6  # tags do not depend on the cap
 
 
-def test_handler_given_to_the_model_only(strict: AgentSpecConfig) -> None:
+def test_handler_given_to_the_model_only(strict: TaggingConfig) -> None:
     """Without node runs, the call's own langgraph metadata still names the agent."""
     handler = AgentSpecCallbackHandler(strict)
     model = ScriptedChatModel(script=echo)

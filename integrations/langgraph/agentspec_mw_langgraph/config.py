@@ -1,18 +1,26 @@
-"""Configuration of the LangGraph adapter (one validated object)."""
+"""Configuration of the LangGraph adapter (one validated object): :class:`TaggingConfig`.
+
+It was called ``AgentSpecConfig`` before; that name clashed with the proposer's
+``agentspec_mw.agentspec.config.AgentSpecConfig`` and still imports here, with a
+``DeprecationWarning``.
+"""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentspec_mw.tags import MAX_DELIM_CHARS, Segment
 
-__all__ = ["AgentSpecConfig"]
+__all__ = ["TaggingConfig"]
 
 
-class AgentSpecConfig(BaseModel):
-    """How :func:`~agentspec_mw_langgraph.with_agentspec` tags a graph's LLM calls."""
+class TaggingConfig(BaseModel):
+    """How :func:`~agentspec_mw_langgraph.with_agentspec` (and
+    :class:`~agentspec_mw_langgraph.middleware.AgentSpecMiddleware`) tag LLM calls."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
@@ -47,3 +55,22 @@ class AgentSpecConfig(BaseModel):
                     f"at most {MAX_DELIM_CHARS} chars"
                 )
         return v
+
+
+def deprecated_alias(stacklevel: int = 2) -> type[TaggingConfig]:
+    """:class:`TaggingConfig`, with the ``DeprecationWarning`` of its old name."""
+    warnings.warn(
+        "agentspec_mw_langgraph.AgentSpecConfig is now TaggingConfig (the old name clashed "
+        "with the proposer's agentspec_mw.agentspec.config.AgentSpecConfig); import "
+        "TaggingConfig instead",
+        DeprecationWarning,
+        stacklevel=stacklevel + 1,
+    )
+    return TaggingConfig
+
+
+def __getattr__(name: str) -> Any:
+    """``AgentSpecConfig``: the deprecated name of :class:`TaggingConfig`."""
+    if name == "AgentSpecConfig":
+        return deprecated_alias()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

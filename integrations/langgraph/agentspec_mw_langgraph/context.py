@@ -5,17 +5,78 @@
 same context as the model call that follows it: sync or async, streaming or not, and each
 concurrent branch sees its own value (LangGraph runs every task in a copied context).
 It is reset to ``None`` when the call ends or errors.
+
+Beside the tags the handler sets a :class:`CallTicket`: where the call's tags may be sent
+(the ``engine=`` server of ``with_agentspec``) and a record of whether a request layer
+actually attached them. A layer that puts the tags on an outgoing request reads them with
+:func:`deliver_wire_tags` (or calls :meth:`CallTicket.mark_delivered`), so that the
+handler counts delivered tags apart from derived ones.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from contextvars import ContextVar
 
 from agentspec_mw.tags import StructureTags, tags_to_wire
 
-__all__ = ["current_tags", "current_wire_tags", "set_current_tags"]
+__all__ = [
+    "CallTicket",
+    "current_tags",
+    "current_ticket",
+    "current_wire_tags",
+    "deliver_wire_tags",
+    "set_current_tags",
+]
+
+
+class CallTicket:
+    """The delivery record of one tagged LLM call.
+
+    Args:
+        engine_url: the normalised base URL of the server this call's tags go to through
+            the OpenAI-SDK hook (``None``: no server registered).
+        on_first_delivery: called once, when the tags are first attached to a request.
+    """
+
+    def __init__(
+        self, engine_url: str | None = None, on_first_delivery: Callable[[], None] | None = None
+    ) -> None:
+        self.engine_url = engine_url
+        self._on_first_delivery = on_first_delivery
+        self._lock = threading.Lock()
+        self._delivered = 0
+        self._missed: dict[str, str] = {}
+
+    @property
+    def delivered(self) -> int:
+        """Requests of this call that carried its tags."""
+        with self._lock:
+            return self._delivered
+
+    @property
+    def missed(self) -> dict[str, str]:
+        """Servers this call sent requests to without its tags: normalised URL -> as given."""
+        with self._lock:
+            return dict(self._missed)
+
+    def mark_delivered(self) -> None:
+        """Record that a request of this call carried its tags."""
+        with self._lock:
+            self._delivered += 1
+            first = self._delivered == 1
+        if first and self._on_first_delivery is not None:
+            self._on_first_delivery()
+
+    def mark_missed(self, key: str, url: str) -> None:
+        """Record a request of this call sent to ``url`` (normalised ``key``) without tags."""
+        with self._lock:
+            self._missed.setdefault(key, url)
+
 
 _CURRENT: ContextVar[StructureTags | None] = ContextVar("agentspec_current_tags", default=None)
+_TICKET: ContextVar[CallTicket | None] = ContextVar("agentspec_current_ticket", default=None)
 
 
 def current_tags() -> StructureTags | None:
@@ -29,6 +90,25 @@ def current_wire_tags() -> dict[str, str | int | float] | None:
     return None if tags is None else tags_to_wire(tags)
 
 
-def set_current_tags(tags: StructureTags | None) -> None:
-    """Set the tags of the call about to run in this context (``None`` clears them)."""
+def current_ticket() -> CallTicket | None:
+    """The :class:`CallTicket` of the LLM call in progress in this context, if any."""
+    return _TICKET.get()
+
+
+def deliver_wire_tags() -> dict[str, str | int | float] | None:
+    """:func:`current_wire_tags` for a request about to be sent: records the delivery.
+
+    Call it only where the result is attached to an outgoing request.
+    """
+    wire = current_wire_tags()
+    ticket = _TICKET.get()
+    if wire is not None and ticket is not None:
+        ticket.mark_delivered()
+    return wire
+
+
+def set_current_tags(tags: StructureTags | None, ticket: CallTicket | None = None) -> None:
+    """Set the tags of the call about to run in this context (``None`` clears them), with
+    the call's :class:`CallTicket` (dropped when ``tags`` is ``None``)."""
     _CURRENT.set(tags)
+    _TICKET.set(ticket if tags is not None else None)

@@ -37,7 +37,7 @@ from agentspec_mw_langgraph.backend import (
     GenerationRequest,
     VLLMBackend,
 )
-from agentspec_mw_langgraph.config import AgentSpecConfig
+from agentspec_mw_langgraph.config import TaggingConfig
 from agentspec_mw_langgraph.demo_graph import build_workflow, initial_state
 from agentspec_mw_langgraph.wrap import with_agentspec
 
@@ -210,7 +210,7 @@ def run_engine(
         backend.reset()
         start_s = time.perf_counter() - t0
         progress(f"[{label}] engine ready in {start_s:.0f} s; running {len(topics)} queries")
-        app = with_agentspec(build_workflow(chat), config=AgentSpecConfig())
+        app = with_agentspec(build_workflow(chat), config=TaggingConfig())
         faults0 = get_metrics().snapshot().faults
         t1 = time.perf_counter()
         outputs = [dict(o) for o in app.batch([initial_state(t) for t in topics])]
@@ -289,7 +289,7 @@ def run_server(
         temperature=0,
         max_retries=0,
     )
-    app = with_agentspec(build_workflow(chat), config=AgentSpecConfig())
+    app = with_agentspec(build_workflow(chat), config=TaggingConfig())
     before = _scrape(client, f"{root}/metrics")
     t0 = time.perf_counter()
     outputs = [dict(o) for o in app.batch([initial_state(t) for t in topics])]

@@ -10,6 +10,15 @@ outlives it (the last ``graph_history`` finished queries are kept for inspection
 Events seen twice (the same handler passed again at call time) are ignored by run id.
 Any failure inside the adapter means "no tags" for that call, a logged warning and
 ``stats.adapter_errors += 1`` -- unless ``raise_error`` is set (tests), then it raises.
+
+Derived is not delivered: ``stats.tags_derived`` counts calls that got tags,
+``stats.tags_delivered`` those whose tags a request layer attached to an outgoing request
+(the OpenAI hook, the tagging transports, the engine-backed chat model; see
+:class:`~agentspec_mw_langgraph.context.CallTicket`). A call that sent an OpenAI request
+to a server other than the ``engine=`` URL (or with no ``engine=``) and delivered nothing
+logs a warning at its end, once per server, naming the ``engine=`` to pass. The tags are
+also added to the model run's metadata (``agentspec_*`` keys), so tracers such as
+LangSmith show them.
 """
 
 from __future__ import annotations
@@ -27,17 +36,18 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import LLMResult
 
-from agentspec_mw.tags import MAX_ID_CHARS, Segment, StructureTags
+from agentspec_mw.tags import MAX_ID_CHARS, Segment, StructureTags, tags_to_wire
 from agentspec_mw.traces.schema import Message, TraceRecord
 from agentspec_mw_langgraph import derive
-from agentspec_mw_langgraph.config import AgentSpecConfig
-from agentspec_mw_langgraph.context import set_current_tags
+from agentspec_mw_langgraph.config import TaggingConfig
+from agentspec_mw_langgraph.context import CallTicket, set_current_tags
 from agentspec_mw_langgraph.messages import (
     is_tool_result,
     output_text,
     to_openai_messages,
     trailing_tool_call_ids,
 )
+from agentspec_mw_langgraph.openai_hook import server_key
 from agentspec_mw_langgraph.recorder import TraceRecorder
 from agentspec_mw_langgraph.redundancy import CallNode, RedundancyGraph
 
@@ -46,6 +56,7 @@ __all__ = ["AdapterStats", "AgentSpecCallbackHandler"]
 _log = logging.getLogger(__name__)
 _TRACE_SOURCE = "agentspec-mw-langgraph"
 _MAX_OBSERVATIONS = 256  # tool results remembered per query, to link the call reading them
+_OPENAI_API = "https://api.openai.com:"
 
 
 @dataclass
@@ -54,14 +65,21 @@ class AdapterStats:
 
     llm_calls: int = 0
     """LLM calls seen."""
-    tagged_calls: int = 0
-    """LLM calls that got tags."""
+    tags_derived: int = 0
+    """LLM calls that got tags (derived; sent or not)."""
+    tags_delivered: int = 0
+    """LLM calls whose tags were attached to at least one outgoing request."""
     adapter_errors: int = 0
     """Adapter failures (each meant no tags for a call or a lost graph update)."""
     duplicate_events: int = 0
     """Events ignored because their run id was already seen."""
     traces_recorded: int = 0
     """Trace records queued for writing."""
+
+    @property
+    def tagged_calls(self) -> int:
+        """The former name of :attr:`tags_derived` (calls that got tags, sent or not)."""
+        return self.tags_derived
 
 
 @dataclass
@@ -103,6 +121,7 @@ class _Live:
     after_tool: bool
     prompt: list[dict[str, Any]] | str
     model: str
+    ticket: CallTicket | None = None
 
 
 def _bounded(text: str) -> str:
@@ -129,12 +148,15 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
 
     run_inline = True
 
-    def __init__(self, config: AgentSpecConfig | None = None, *, engine: Any = None) -> None:
+    def __init__(self, config: TaggingConfig | None = None, *, engine: Any = None) -> None:
         super().__init__()
-        self.config = config or AgentSpecConfig()
+        self.config = config or TaggingConfig()
         self.raise_error = self.config.adapter_raise_errors
         self.engine = engine
-        """The engine or chat model given to ``with_agentspec`` (kept for the user)."""
+        """The engine, chat model or server URL given to ``with_agentspec``."""
+        self.engine_url = server_key(engine) if isinstance(engine, str) else None
+        """The normalised server URL whose OpenAI-SDK requests get tags (``None``: none)."""
+        self._warned: set[str] = set()
         self.recorder = TraceRecorder(self.config.trace_path) if self.config.trace_path else None
         self._stats = AdapterStats()
         self._lock = threading.Lock()
@@ -291,7 +313,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         **kwargs: Any,
     ) -> Any:
         prompt = list(messages[0]) if messages else []
-        self._start_llm(serialized, prompt, run_id, parent_run_id, metadata or {}, kwargs)
+        self._start_llm(serialized, prompt, run_id, parent_run_id, metadata, kwargs)
 
     def on_llm_start(
         self,
@@ -305,7 +327,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         **kwargs: Any,
     ) -> Any:
         prompt = prompts[0] if prompts else ""
-        self._start_llm(serialized, prompt, run_id, parent_run_id, metadata or {}, kwargs)
+        self._start_llm(serialized, prompt, run_id, parent_run_id, metadata, kwargs)
 
     def _start_llm(
         self,
@@ -313,9 +335,10 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         prompt: Sequence[BaseMessage] | str,
         run_id: UUID,
         parent_run_id: UUID | None,
-        md: Mapping[str, Any],
+        metadata: dict[str, Any] | None,
         kwargs: Mapping[str, Any],
     ) -> None:
+        md: Mapping[str, Any] = metadata or {}
         with self._lock:
             duplicate = run_id in self._live or run_id in self._runs
         if duplicate:  # the same handler registered twice: the first event did the work
@@ -333,7 +356,38 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                     self._release(run_id)
             self._failed("tagging an LLM call", exc)
             return
-        set_current_tags(tags)
+        ticket = CallTicket(self.engine_url, self._count_delivered)
+        with self._lock:
+            live = self._live.get(run_id)
+            if live is not None:
+                live.ticket = ticket
+        set_current_tags(tags, ticket)
+        if isinstance(metadata, dict):  # the run's own dict: tracers read the same object
+            metadata.update(tags_to_wire(tags))
+
+    def _count_delivered(self) -> None:
+        with self._lock:
+            self._stats.tags_delivered += 1
+
+    def _warn_missed(self, ticket: CallTicket) -> None:
+        """Warn once per server when a call's OpenAI requests left without its tags."""
+        if ticket.delivered:
+            return
+        for key, url in ticket.missed.items():
+            if key.startswith(_OPENAI_API):  # the OpenAI API itself: tags are not for it
+                continue
+            with self._lock:
+                if key in self._warned:
+                    continue
+                self._warned.add(key)
+            _log.warning(
+                "agentspec: tags not sent: a call of this graph requested %s, which is not "
+                "the engine= given to with_agentspec (%r). If that is a vLLM server running "
+                "AgentSpec, pass with_agentspec(graph, engine=%r).",
+                url,
+                self.engine,
+                url,
+            )
 
     def _tag_call(
         self,
@@ -485,7 +539,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                 model=str(params.get("model") or params.get("model_name") or model_name),
             )
             query.next_call_index += 1
-            self._stats.tagged_calls += 1
+            self._stats.tags_derived += 1
             return tags
 
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
@@ -528,6 +582,8 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                 record = self._trace_record(live, text) if self.recorder else None
             if live.root == run_id:  # a call outside any graph run is its own root
                 self._release(run_id)
+        if live.ticket is not None:
+            self._warn_missed(live.ticket)
         if record is not None and self.recorder is not None:
             self.recorder.record(record)
             with self._lock:

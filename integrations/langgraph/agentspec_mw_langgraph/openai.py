@@ -12,8 +12,10 @@ does not change -- only how the ``ChatOpenAI`` model is constructed::
 or, for an existing constructor call, ``http_client``/``http_async_client`` from
 :func:`agentspec_http_clients`. Only ``POST .../completions`` and ``.../chat/completions``
 requests with a JSON object body are touched; anything else, or a call without tags,
-passes through unchanged. A failure to rewrite a request sends it as it was (a warning
-and ``InjectionStats.errors += 1``).
+passes through unchanged. These transports tag whatever server the client talks to (the
+client is built for it); ``with_agentspec(graph, engine=URL)`` tags plain clients instead
+(:mod:`~agentspec_mw_langgraph.openai_hook`). A failure to rewrite a request sends it as
+it was (a warning and ``InjectionStats.errors += 1``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import httpx
 
 from agentspec_mw.errors import MissingDependencyError
-from agentspec_mw_langgraph.context import current_wire_tags
+from agentspec_mw_langgraph.context import current_ticket, current_wire_tags
 
 __all__ = [
     "AgentSpecAsyncTransport",
@@ -71,6 +73,8 @@ class _Counter:
 def inject_tags(request: httpx.Request) -> httpx.Request | None:
     """A copy of ``request`` with the current tags in ``vllm_xargs``; ``None`` if not tagged.
 
+    The call's :class:`~agentspec_mw_langgraph.context.CallTicket` records the delivery.
+
     Raises:
         ValueError: the body is not a JSON object.
     """
@@ -85,6 +89,9 @@ def inject_tags(request: httpx.Request) -> httpx.Request | None:
     content = json.dumps(body).encode()
     headers = request.headers.copy()
     headers["content-length"] = str(len(content))
+    ticket = current_ticket()
+    if ticket is not None:
+        ticket.mark_delivered()
     return httpx.Request(
         request.method,
         request.url,

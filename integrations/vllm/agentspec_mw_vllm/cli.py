@@ -29,6 +29,31 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help='cost-model preset for the budget, or "measured" (fitted to the engine\'s steps)',
     )
+    p.add_argument(
+        "--scope-keys",
+        default=None,
+        metavar="FILE",
+        help='JSON {"api-key": "scope"}: bind each key\'s requests to its isolation scope '
+        "(unknown keys get HTTP 401)",
+    )
+    p.add_argument(
+        "--scope-header",
+        default=None,
+        metavar="NAME",
+        help="take the scope from this header, set by a trusted proxy (e.g. X-Tenant-Id)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        help="largest request body accepted (default 16 MiB)",
+    )
+    p.add_argument(
+        "--metrics-labels",
+        default=None,
+        help="agentspec_* metric labels: agent, scope (comma-separated) or none "
+        "(default agent; none with --scope-keys/--scope-header)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the server command and exit")
     p.add_argument(
         "vllm_args", nargs=argparse.REMAINDER, help="after --: more vLLM api_server arguments"
@@ -57,6 +82,10 @@ def serve_config_from_args(args: argparse.Namespace) -> Any:
         proposer_options=options,
         cost_model=args.cost_model,
         extra_args=extra,
+        scope_keys=args.scope_keys,
+        scope_header=args.scope_header,
+        metrics_labels=args.metrics_labels,
+        **({"max_body_bytes": args.max_body_bytes} if args.max_body_bytes else {}),
     )
 
 

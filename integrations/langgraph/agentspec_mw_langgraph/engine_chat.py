@@ -52,7 +52,7 @@ from agentspec_mw_langgraph.backend import (
     GenerationRequest,
     GenerationResult,
 )
-from agentspec_mw_langgraph.context import current_wire_tags
+from agentspec_mw_langgraph.context import deliver_wire_tags
 from agentspec_mw_langgraph.messages import to_openai_messages
 from agentspec_mw_langgraph.shared import backend_for, shared_engine
 from agentspec_mw_langgraph.toolformat import (
@@ -177,7 +177,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
             top_p=float(kwargs.get("top_p", self.top_p)),
             seed=kwargs.get("seed", self.seed),
             stop=tuple([*(self.stop or []), *(stop or [])]),
-            extra_args=current_wire_tags(),
+            extra_args=deliver_wire_tags(),
         )
 
     def _message(self, result: GenerationResult, prompt_tokens: int) -> AIMessage:

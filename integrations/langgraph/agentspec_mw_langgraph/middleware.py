@@ -1,0 +1,239 @@
+"""``AgentSpecMiddleware``: structure tags for langchain's ``create_agent``, as middleware.
+
+::
+
+    from langchain.agents import create_agent
+    from agentspec_mw_langgraph import AgentSpecMiddleware
+
+    agent = create_agent(model, tools, middleware=[AgentSpecMiddleware()])
+
+Its ``wrap_model_call``/``awrap_model_call`` derive the tags of each model call from the
+agent's state and runtime and attach them to the request:
+
+* **agent_id** -- ``agent=`` when given, else the model node's place in the graph
+  (``model``; ``researcher/model`` when the agent runs as node ``researcher`` of a parent
+  graph), as :func:`~agentspec_mw_langgraph.with_agentspec` derives it;
+* **query_id** -- ``thread:<thread_id>`` when the run has one (and
+  ``TaggingConfig.tags_query_from_thread``), else ``run:<id>`` of this invocation;
+* **segment** -- the rule of :mod:`~agentspec_mw_langgraph.derive` from the request's
+  tools, ``tool_choice`` and last message; after a tool result, what the agent's last
+  answer to a tool result was;
+* **group** -- ``repeat`` of the agent's earlier model calls in the conversation;
+* **scope**, **blocks** -- from :class:`~agentspec_mw_langgraph.config.TaggingConfig`.
+
+Delivery: for an OpenAI chat model (``ChatOpenAI``, any ``BaseChatOpenAI``) the tags go
+into the request's ``extra_body={"vllm_xargs": ...}`` (through ``ModelRequest.
+model_settings``; keys the model's own ``extra_body`` sets win); for any model, also into
+the per-call ContextVar that the engine-backed ``ChatAgentSpecVLLM`` sends as
+``extra_args`` (:mod:`~agentspec_mw_langgraph.context`). The tags also go into the model
+run's metadata (``agentspec_*`` keys), so tracers such as LangSmith show them.
+
+Use the middleware or ``with_agentspec``, not both on one agent: with both, the OpenAI
+request carries the middleware's tags and the engine-backed model the handler's. Unlike
+``with_agentspec`` it keeps no redundancy graph and records no traces.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, NotRequired
+
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from langchain_core.runnables.config import var_child_runnable_config
+from langgraph.channels.untracked_value import UntrackedValue
+
+from agentspec_mw.errors import MissingDependencyError
+from agentspec_mw.tags import Segment, StructureTags, tags_to_wire
+from agentspec_mw_langgraph import derive
+from agentspec_mw_langgraph.config import TaggingConfig
+from agentspec_mw_langgraph.context import (
+    CallTicket,
+    current_tags,
+    current_ticket,
+    set_current_tags,
+)
+from agentspec_mw_langgraph.handler import _bounded
+
+try:
+    from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest
+    from langchain.agents.middleware.types import ModelCallResult, PrivateStateAttr
+except ImportError:  # pragma: no cover - depends on the environment
+    raise MissingDependencyError(
+        "langchain", "AgentSpecMiddleware", "pip install 'agentspec-mw-langgraph[openai]'"
+    ) from None
+
+__all__ = ["AgentSpecMiddleware", "AgentSpecState", "MiddlewareStats"]
+
+_MODEL_NODE = "model"  # create_agent's model node
+
+
+class AgentSpecState(AgentState[Any]):
+    """The agent state plus this invocation's query id (private, not checkpointed)."""
+
+    agentspec_query: NotRequired[Annotated[str, UntrackedValue, PrivateStateAttr]]
+
+
+@dataclass
+class MiddlewareStats:
+    """Counters of one :class:`AgentSpecMiddleware` (read ``middleware.stats``)."""
+
+    model_calls: int = 0
+    """Model calls seen."""
+    tags_derived: int = 0
+    """Model calls that got tags."""
+    tags_delivered: int = 0
+    """Model calls whose tags were attached to the request (OpenAI ``extra_body``, or
+    sent by the engine-backed chat model)."""
+
+
+def _is_openai(model: Any) -> bool:
+    try:
+        from langchain_openai.chat_models.base import BaseChatOpenAI
+    except ImportError:
+        return False
+    return isinstance(model, BaseChatOpenAI)
+
+
+def _last_answer_after_tool(messages: Sequence[BaseMessage]) -> Segment | None:
+    """What the agent produced the last time it answered a tool result."""
+    for before, after in zip(reversed(messages[:-1]), reversed(messages[1:]), strict=True):
+        if isinstance(after, AIMessage) and isinstance(before, ToolMessage):
+            return "tool_call" if after.tool_calls else "answer"
+    return None
+
+
+class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
+    """Tags every model call of a ``create_agent`` agent (see the module docstring).
+
+    Args:
+        config: scope, blocks, segment overrides and the thread rule
+            (``TaggingConfig``; its graph/trace fields are not used here).
+        agent: the agent id for every call (default: derived from the graph position).
+    """
+
+    state_schema = AgentSpecState
+
+    def __init__(self, config: TaggingConfig | None = None, *, agent: str | None = None) -> None:
+        super().__init__()
+        if config is not None and not isinstance(config, TaggingConfig):
+            raise TypeError(
+                f"config= must be a TaggingConfig, got {type(config).__name__}: "
+                "AgentSpecMiddleware(TaggingConfig(tags_scope=...))"
+            )
+        self.config = config or TaggingConfig()
+        self.agent = agent
+        self._lock = threading.Lock()
+        self._stats = MiddlewareStats()
+
+    @property
+    def stats(self) -> MiddlewareStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            return replace(self._stats)
+
+    def _count(self, field: str) -> None:
+        with self._lock:
+            setattr(self._stats, field, getattr(self._stats, field) + 1)
+
+    # ------------------------------------------------------------ the query id
+    def before_agent(self, state: AgentSpecState, runtime: Any) -> dict[str, Any] | None:
+        """A fresh query id for this invocation (used when the run has no thread)."""
+        return {"agentspec_query": f"run:{uuid.uuid4()}"}
+
+    async def abefore_agent(self, state: AgentSpecState, runtime: Any) -> dict[str, Any] | None:
+        """The async twin of :meth:`before_agent`."""
+        return self.before_agent(state, runtime)
+
+    # ---------------------------------------------------------------- the tags
+    def tags_for(self, request: ModelRequest[Any]) -> StructureTags:
+        """The tags of one model request."""
+        info = getattr(request.runtime, "execution_info", None)
+        namespace = str(getattr(info, "checkpoint_ns", "") or "")
+        agent = self.agent or derive.agent_from_namespace(namespace, _MODEL_NODE, _MODEL_NODE)
+        thread = getattr(info, "thread_id", None)
+        state: Mapping[str, Any] = request.state or {}
+        run = str(state.get("agentspec_query") or f"run:{uuid.uuid4()}")
+        use_thread = self.config.tags_query_from_thread and thread is not None and str(thread)
+        query = f"thread:{thread}" if use_thread else run
+        messages = list(request.messages)
+        last = messages[-1] if messages else None
+        after_tool = isinstance(last, ToolMessage)
+        segment = derive.predict_segment(
+            node=_MODEL_NODE,
+            tools_bound=bool(request.tools),
+            tool_choice=request.tool_choice,
+            last_is_tool_result=after_tool,
+            previous_after_tool=_last_answer_after_tool(messages) if after_tool else None,
+            overrides=self.config.tags_segment_by_node,
+        )
+        params = dict(getattr(request.model, "_identifying_params", {}) or {})
+        params["tools"] = request.tools
+        repeat = any(isinstance(m, AIMessage) for m in messages)
+        query = _bounded(query)
+        agent = _bounded(agent)
+        return StructureTags(
+            scope=self.config.tags_scope,
+            agent_id=agent,
+            query_id=query,
+            segment=segment,
+            blocks=derive.blocks_for(params, self.config.tags_blocks),
+            group_id=_bounded(f"{query}|repeat|{agent}") if repeat else None,
+            group_kind="repeat" if repeat else None,
+        )
+
+    def _attach(self, request: ModelRequest[Any], tags: StructureTags) -> ModelRequest[Any]:
+        if not _is_openai(request.model):
+            return request
+        wire = tags_to_wire(tags)
+        settings = request.model_settings
+        extra = settings.get("extra_body") or getattr(request.model, "extra_body", None) or {}
+        xargs = extra.get("vllm_xargs") if isinstance(extra, Mapping) else None
+        merged = {**wire, **(xargs if isinstance(xargs, Mapping) else {})}
+        body = {**extra, "vllm_xargs": merged}
+        self._count("tags_delivered")
+        return request.override(model_settings={**settings, "extra_body": body})
+
+    @contextmanager
+    def _tagged(self, request: ModelRequest[Any]) -> Iterator[ModelRequest[Any]]:
+        self._count("model_calls")
+        tags = self.tags_for(request)
+        self._count("tags_derived")
+        request = self._attach(request, tags)
+        ticket = None if _is_openai(request.model) else CallTicket(None, self._delivered)
+        config = var_child_runnable_config.get() or {}
+        metadata = {**(config.get("metadata") or {}), **tags_to_wire(tags)}
+        config_token = var_child_runnable_config.set({**config, "metadata": metadata})
+        previous = (current_tags(), current_ticket())
+        set_current_tags(tags, ticket)
+        try:
+            yield request
+        finally:
+            set_current_tags(*previous)
+            var_child_runnable_config.reset(config_token)
+
+    def _delivered(self) -> None:
+        self._count("tags_delivered")
+
+    def wrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Any],
+    ) -> ModelCallResult[Any]:
+        """Run the model call with its tags attached."""
+        with self._tagged(request) as tagged:
+            result: ModelCallResult[Any] = handler(tagged)
+            return result
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[Any]],
+    ) -> ModelCallResult[Any]:
+        """The async twin of :meth:`wrap_model_call`."""
+        with self._tagged(request) as tagged:
+            result: ModelCallResult[Any] = await handler(tagged)
+            return result

@@ -12,7 +12,7 @@ from langchain_core.messages import AIMessageChunk, HumanMessage
 from langchain_core.tools import tool
 
 from agentspec_mw.tags import tags_from_wire
-from agentspec_mw_langgraph import AgentSpecConfig, ChatAgentSpecVLLM, with_agentspec
+from agentspec_mw_langgraph import ChatAgentSpecVLLM, TaggingConfig, with_agentspec
 from agentspec_mw_langgraph.shared import release_shared_engines
 from agentspec_mw_langgraph.toolformat import parse_tool_calls, render_chat_prompt
 
@@ -35,7 +35,7 @@ def agent_script(prompt: str) -> str:
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["invoke", "stream-messages"])
 def test_create_agent_with_engine_model(
-    tiny_tokenizer: Any, strict: AgentSpecConfig, streaming: bool
+    tiny_tokenizer: Any, strict: TaggingConfig, streaming: bool
 ) -> None:
     from langchain.agents import create_agent
 
@@ -162,7 +162,7 @@ def test_engine_built_lazily_with_build_llm(
     ]
 
 
-def test_incremental_streaming_backend(tiny_tokenizer: Any, strict: AgentSpecConfig) -> None:
+def test_incremental_streaming_backend(tiny_tokenizer: Any, strict: TaggingConfig) -> None:
     from .fake_engine import FakeStreamingBackend
 
     text = "plain answer, streamed in pieces"

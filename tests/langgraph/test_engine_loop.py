@@ -156,6 +156,16 @@ def test_model_objects_on_one_engine_share_its_backend(tiny_tokenizer: Any) -> N
     assert a.backend is b.backend is backend_for(llm)
     with pytest.raises(TypeError, match="vllm.LLM"):
         backend_for(12345)
+    with pytest.raises(ValueError, match="already has a backend"):
+        VLLMBackend(llm)  # a second loop would step the engine at the same time
+    assert a.invoke("hi").content == "abcdef"
+    loop = a.backend.loop  # type: ignore[attr-defined]
+
+    from agentspec_mw_vllm.engine import shutdown
+
+    shutdown(llm)  # closes the loop the engine carries
+    assert loop.closed and not hasattr(llm, "_agentspec_backend")
+    assert backend_for(llm) is not a.backend  # a fresh backend after the old one closed
 
 
 def test_embedded_engines_are_shared_per_settings(

@@ -190,6 +190,7 @@ class AsyncVLLMBackend:
         """Stop the private loop, if any (the engine itself is shut down by its owner)."""
         with self._lock:
             loop, thread = self._private, self._thread
+            self._private = self._thread = None
         if loop is not None and thread is not None:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=5)

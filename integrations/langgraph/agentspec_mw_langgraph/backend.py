@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 from agentspec_mw_langgraph.batching import EngineLoop
 
 __all__ = [
+    "BACKEND_ATTR",
     "EngineBackend",
     "GenerationRequest",
     "GenerationResult",
@@ -28,6 +29,10 @@ __all__ = [
     "result_of",
     "sampling_params",
 ]
+
+
+#: The engine attribute that holds the backend driving it (see :class:`VLLMBackend`).
+BACKEND_ATTR = "_agentspec_backend"
 
 
 @dataclass(frozen=True)
@@ -155,14 +160,30 @@ class _LLMEngineInputs:
 class VLLMBackend:
     """An :class:`EngineBackend` over an in-process ``vllm.LLM`` (see the module doc).
 
-    Build one backend per engine (the chat model's registry does; see
-    :mod:`~agentspec_mw_langgraph.shared`): two loops on one engine would step it at once.
+    One backend per engine: two loops on one engine would step it at once. The backend
+    registers itself on the engine (attribute ``_agentspec_backend``, which
+    :func:`~agentspec_mw_langgraph.shared.backend_for` returns and
+    ``agentspec_mw_vllm.engine.shutdown`` closes); a second one on the same engine raises.
+
+    Raises:
+        ValueError: ``llm`` already has an open backend.
     """
 
     def __init__(self, llm: Any) -> None:
+        existing = getattr(llm, BACKEND_ATTR, None)
+        if existing is not None and not existing.loop.closed:
+            raise ValueError(
+                f"this engine already has a backend ({type(existing).__name__}); share it "
+                "(agentspec_mw_langgraph.shared.backend_for(engine), or pass it as engine=) "
+                "or close it first: two engine loops on one engine would step it at once"
+            )
         self.llm = llm
         self.loop = EngineLoop(_LLMEngineInputs(llm))
         """The engine loop (its ``steps`` and ``max_in_flight`` show how calls batched)."""
+        try:
+            setattr(llm, BACKEND_ATTR, self)
+        except (AttributeError, TypeError):  # an engine that takes no attributes
+            pass
 
     @property
     def model_name(self) -> str:
@@ -235,8 +256,10 @@ class VLLMBackend:
         raise AssertionError("unreachable: a stream always ends with a final item")
 
     def close(self) -> None:
-        """Stop the engine loop (the engine itself is shut down by its owner)."""
+        """Stop the engine loop and unregister from the engine (which its owner shuts down)."""
         self.loop.close()
+        if getattr(self.llm, BACKEND_ATTR, None) is self:
+            delattr(self.llm, BACKEND_ATTR)
 
     def _observe(self, request: GenerationRequest, completion: Any) -> None:
         """Hook: called with each request and its finished vLLM ``CompletionOutput`` (no-op)."""

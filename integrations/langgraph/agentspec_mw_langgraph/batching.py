@@ -111,6 +111,11 @@ class EngineLoop:
             self._inbox.put(_Add(request_id, prompt, params, sink))
         return request_id
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (no more requests are taken)."""
+        return self._closed
+
     def abort(self, request_id: str) -> None:
         """Stop a request (its sink gets nothing more); unknown or finished ids are ignored."""
         self._inbox.put(_Abort(request_id))

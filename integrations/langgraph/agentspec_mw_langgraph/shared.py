@@ -20,13 +20,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from agentspec_mw_langgraph.backend import EngineBackend, VLLMBackend
+from agentspec_mw_langgraph.backend import BACKEND_ATTR, EngineBackend, VLLMBackend
 
 __all__ = ["backend_for", "release_shared_engines", "shared_engine", "shared_engines"]
 
 logger = logging.getLogger("agentspec_mw_langgraph.shared")
 
-_ATTR = "_agentspec_backend"
+_ATTR = BACKEND_ATTR
 _lock = threading.RLock()
 _engines: list[tuple[dict[str, Any], Any]] = []
 _unattached: dict[int, tuple[Any, EngineBackend]] = {}  # engines that refuse attributes
@@ -58,7 +58,7 @@ def backend_for(engine: Any) -> EngineBackend:
         return engine
     with _lock:
         backend = getattr(engine, _ATTR, None)
-        if backend is not None:
+        if backend is not None and not getattr(getattr(backend, "loop", None), "closed", False):
             return backend  # type: ignore[no-any-return]
         entry = _unattached.get(id(engine))
         if entry is not None and entry[0] is engine:

@@ -16,7 +16,7 @@ from agentspec_mw.agentspec import (
     ngram_index,
     redundancy_score,
 )
-from agentspec_mw.agentspec.kernels import C_CCAP, C_CLEN, C_CSTART, C_OK
+from agentspec_mw.agentspec.kernels import C_CAL, C_CCAP, C_CLEN, C_CSTART, C_OK
 from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex, _lookup_par, _lookup_rows
 from agentspec_mw.agentspec.parallel import SERIAL, THREADED, ModeChooser
 from agentspec_mw.agentspec.proposer import SOURCES
@@ -459,12 +459,13 @@ def _score_one(
         ones,
         ones,
         np.full(1, rec, np.int64),
-        table,
-        fine,
+        np.zeros(1, np.int64),  # the request's scope row: row 0 of one-row tables
+        np.atleast_2d(table),
+        (np.atleast_2d(fine[0]), np.atleast_2d(fine[1]), *fine[2:]),
         LEVELS,
         _SUPPORT_EDGES,
         _Q,
-        floor,
+        np.full(1, floor),
         pick,
         ln,
         cell,
@@ -707,7 +708,8 @@ def _run(
         # per-token probabilities (given the earlier tokens): each draft cell's calibrated
         # acceptance, not the running product (the survival) the budget ranks by
         cells = p._slots.dcell[p._reqs[rid], : len(d)]
-        np.testing.assert_allclose(d.probs, p.acceptance(cells), rtol=1e-9)
+        row = int(p._slots.si[p._reqs[rid], C_CAL])  # the request's scope row
+        np.testing.assert_allclose(d.probs, p.acceptance(cells, row), rtol=1e-9)
         a = 0
         while a < len(d) and pos + a < len(out) and d.token_ids[a] == out[pos + a]:
             a += 1

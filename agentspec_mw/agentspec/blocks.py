@@ -1,9 +1,12 @@
 """Block tracking: which kind of block (code, tool call, thought, ...) a request is in.
 
 A :class:`BlockGrammar` is compiled once per delimiter set and token table into flat
-arrays; the state of one request is a small pushdown automaton (a stack of open blocks and
-the last bytes seen) advanced by a numba kernel, :func:`advance`, that the proposer calls
-for a whole batch inside its per-step kernel and :class:`BlockState` calls for one request:
+arrays; a :class:`GrammarTable` concatenates several grammars' arrays so one kernel call
+advances requests of different grammars together (the grammar is an index into the
+table, not a separate call). The state of one request is a small pushdown automaton (a
+stack of open blocks and the last bytes seen) advanced by a numba kernel, :func:`advance`,
+that the proposer calls for a whole batch inside its per-step kernel and
+:class:`BlockState` calls for one request:
 
 * a start delimiter pushes its block; the matching end delimiter pops it (for blocks whose
   start and end are the same, e.g. fenced code, a second occurrence closes);
@@ -37,6 +40,7 @@ __all__ = [
     "BlockGrammar",
     "BlockSpec",
     "BlockState",
+    "GrammarTable",
     "advance",
     "current",
 ]
@@ -116,7 +120,7 @@ class BlockGrammar:
         d_bytes = np.zeros((n_d, MAX_DELIM), dtype=np.uint8)
         d_len = np.array([len(d) for d in delims], dtype=np.int64)
         d_start = np.full(n_d, -1, dtype=np.int64)  # the first block a delimiter opens
-        b_end = np.full(len(specs) + 1, -1, dtype=np.int64)  # the delimiter closing a block
+        b_end = np.full(MAX_BLOCKS + 1, -1, dtype=np.int64)  # the delimiter closing a block
         for i, d in enumerate(delims):
             d_bytes[i, : len(d)] = np.frombuffer(d, dtype=np.uint8)
         for b, s in enumerate(specs, start=1):
@@ -131,17 +135,58 @@ class BlockGrammar:
         last_ptr = np.zeros(257, dtype=np.int64)
         np.cumsum([len(x) for x in by_last], out=last_ptr[1:])
         last_list = np.array([i for x in by_last for i in x], dtype=np.int64)
-        tb_off, tb_data = _flat_bytes(token_bytes)
-        self.arrays: tuple[np.ndarray, ...] = (
-            tb_off,
-            tb_data,
-            d_bytes,
-            d_len,
-            d_start,
-            b_end,
-            last_ptr,
-            last_list,
-        )
+        self.parts = (d_bytes, d_len, d_start, b_end, last_ptr, last_list)
+        """This grammar's tables (delimiter indices local to it); :func:`_concat` joins
+        several."""
+        self.arrays: tuple[np.ndarray, ...] = _concat([self.parts], token_bytes)
+        """The one-grammar table :func:`advance` takes (grammar index 0)."""
+
+
+def _concat(
+    parts: Sequence[tuple[np.ndarray, ...]], token_bytes: Sequence[bytes]
+) -> tuple[np.ndarray, ...]:
+    """Several grammars' tables as one: delimiters numbered across grammars, and per
+    grammar ``gi`` its row ``b_end[gi]`` (block -> closing delimiter) and ``last_ptr[gi]``
+    (byte -> its delimiters in ``last_list``)."""
+    d_off = np.cumsum([0] + [len(p[1]) for p in parts])
+    l_off = np.cumsum([0] + [len(p[5]) for p in parts])
+    b_end = np.stack([np.where(p[3] >= 0, p[3] + d_off[g], -1) for g, p in enumerate(parts)])
+    last_ptr = np.stack([p[4] + l_off[g] for g, p in enumerate(parts)])
+    last_list = np.concatenate([p[5] + d_off[g] for g, p in enumerate(parts)])
+    tb_off, tb_data = _flat_bytes(token_bytes)
+    return (
+        tb_off,
+        tb_data,
+        np.concatenate([p[0] for p in parts]),  # d_bytes
+        np.concatenate([p[1] for p in parts]),  # d_len
+        np.concatenate([p[2] for p in parts]),  # d_start (block ids local to the grammar)
+        b_end,
+        last_ptr,
+        last_list.astype(np.int64),
+    )
+
+
+class GrammarTable:
+    """The grammars a proposer uses, in one table: grammar ``i`` is row ``i`` of
+    :attr:`arrays` (what :func:`advance` takes with ``gi = i``). Rebuilt on each
+    :meth:`add` (a few kB per grammar; grammars are added rarely and capped by the
+    caller)."""
+
+    def __init__(self, default: BlockGrammar) -> None:
+        self.grammars: list[BlockGrammar] = [default]
+        self.arrays: tuple[np.ndarray, ...] = default.arrays
+
+    def __len__(self) -> int:
+        return len(self.grammars)
+
+    def __getitem__(self, gi: int) -> BlockGrammar:
+        return self.grammars[gi]
+
+    def add(self, grammar: BlockGrammar) -> int:
+        """Append a grammar (same token table) and return its index."""
+        self.grammars.append(grammar)
+        self.arrays = _concat([g.parts for g in self.grammars], self.grammars[0].token_bytes)
+        return len(self.grammars) - 1
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -153,10 +198,13 @@ def current(stack: np.ndarray, st: np.ndarray) -> int:  # pragma: no cover
 
 @njit(cache=True, nogil=True, inline="always")
 def advance(
-    tok: int, stack: np.ndarray, tail: np.ndarray, st: np.ndarray, g: Any
+    tok: int, stack: np.ndarray, tail: np.ndarray, st: np.ndarray, g: Any, gi: int
 ) -> None:  # pragma: no cover
-    """Feed one token's bytes to one automaton (``stack``/``tail``/``st`` rows)."""
-    tb_off, tb_data, d_bytes, d_len, d_start, b_end, last_ptr, last_list = g
+    """Feed one token's bytes to one automaton (``stack``/``tail``/``st`` rows) of
+    grammar ``gi`` of table ``g`` (:attr:`GrammarTable.arrays`)."""
+    tb_off, tb_data, d_bytes, d_len, d_start, b_ends, last_ptrs, last_list = g
+    b_end = b_ends[gi]
+    last_ptr = last_ptrs[gi]
     if tok < 0 or tok + 1 >= tb_off.shape[0]:
         return
     for p in range(tb_off[tok], tb_off[tok + 1]):
@@ -190,7 +238,7 @@ def _feed(
 ) -> None:  # pragma: no cover
     for i in range(ids.shape[0]):
         out[i] = current(stack, st)
-        advance(ids[i], stack, tail, st, g)
+        advance(ids[i], stack, tail, st, g, 0)
 
 
 class BlockState:

@@ -75,6 +75,12 @@ class AgentSpecConfig(BaseModel):
     not, so only what the verifier has already seen), shrunk toward the cell like the
     token classes. Takes effect with ``calib_token_classes`` (whose shrinkage it uses).
     ``False``: one record bucket (the ablation)."""
+    calib_max_scopes: int = Field(default=16, ge=1)
+    """Isolation scopes whose learned state (calibration, moving floor, rejection counts)
+    is kept: each scope learns only from its own verified drafts, starting from the same
+    fixed prior, so one tenant's traffic never moves another's drafting. About 3.4 MB per
+    scope, allocated as scopes arrive; past this many, the least recently started scope
+    with no live request forgets its state (:mod:`~agentspec_mw.agentspec.scopes`)."""
     budget_cost_model: str = "llama8b-h100"
     """Step-time preset used when the host gives no cost model."""
     budget_floor: float = Field(default=0.75, ge=0, le=1)

@@ -64,8 +64,9 @@ C_GBASE, C_GSEQ = 17, 18  # scope-wide key base (-1: source off) and its live se
 C_QUEUED = 19  # scratch: tokens queued for the slot (room_needed)
 C_STREAK = 20  # verified candidate tokens in a row that were right (the request's record)
 C_OK = 21  # positions of the request's last candidate whose survival reached the floor
+C_CAL = 22  # the request's row of per-scope learned state (:mod:`.scopes`; 0: frozen prior)
 N_POS = 5  # draft-position buckets of the calibration table: 0, 1, 2-3, 4-7, 8+
-N_COLS = 22
+N_COLS = 23
 REC_EDGES = (1, 4, 16)  # record buckets by streak: 0, 1-3, 4-15, 16+
 N_REC = len(REC_EDGES) + 1
 NF = 2 * N_CLASSES * N_REC  # fine cells per cell: token class x line break x record
@@ -85,7 +86,8 @@ def scan_prompts(
     ctx: np.ndarray,
     g: Any,
 ) -> None:  # pragma: no cover
-    """Run fresh automata over the last ``n_scan`` prompt tokens (e.g. an open ReAct line)."""
+    """Run fresh automata over the last ``n_scan`` prompt tokens (e.g. an open ReAct line),
+    each slot with its grammar (column ``C_GID``, a row of the grammar table ``g``)."""
     for i in range(slots.shape[0]):
         s = slots[i]
         bst[s, 0] = 0
@@ -93,7 +95,7 @@ def scan_prompts(
         a = si[s, C_CSTART]
         n = si[s, C_CLEN]
         for p in range(a + max(0, n - n_scan), a + n):
-            advance(ctx[p], stack[s], tail[s], bst[s], g)
+            advance(ctx[p], stack[s], tail[s], bst[s], g, si[s, C_GID])
 
 
 @njit(cache=True, nogil=True)
@@ -115,8 +117,11 @@ def apply_extends(
     live: bool,
     ledger: np.ndarray,
 ) -> None:  # pragma: no cover
-    """Apply queued ``extend`` calls in order (``toks[off[i]:off[i+1]]`` to ``slots[i]``)."""
-    succ, tot, table, prior, fsucc, ftot = calib
+    """Apply queued ``extend`` calls in order (``toks[off[i]:off[i+1]]`` to ``slots[i]``).
+
+    Calibration counts and the rejection ledger are the slot's scope row (``C_CAL``) of
+    ``calib``/``ledger``; the frozen row 0 is never updated."""
+    succ2, tot2, table2, prior, fsucc2, ftot2 = calib
     stage = new_stage()  # the index inserts' table probes, run in batches (stage_insert)
     for i in range(slots.shape[0]):
         s = slots[i]
@@ -125,22 +130,27 @@ def apply_extends(
         # 1. calibration: position j counts only if positions 0..j-1 matched
         m = si[s, C_DLEN]
         if m > 0:
+            cs = si[s, C_CAL]
+            learn = cs != 0
+            succ, tot, table, fsucc, ftot = succ2[cs], tot2[cs], table2[cs], fsucc2[cs], ftot2[cs]
             done = si[s, C_DDONE]
             sent = si[s, C_DSENT]
             miss = False
             for j in range(a, b):
                 fcell = dcell[s, done]
                 cell = fcell // NF
-                tot[cell] += 1.0
-                ftot[fcell] += 1.0
                 hit = dtok[s, done] == toks[j]
+                if learn:
+                    tot[cell] += 1.0
+                    ftot[fcell] += 1.0
+                    if hit:
+                        succ[cell] += 1.0
+                        fsucc[fcell] += 1.0
+                    table[cell] = (succ[cell] + strength * prior[cell]) / (tot[cell] + strength)
                 if hit:
-                    succ[cell] += 1.0
-                    fsucc[fcell] += 1.0
                     si[s, C_STREAK] += 1
                 else:
                     si[s, C_STREAK] = 0
-                table[cell] = (succ[cell] + strength * prior[cell]) / (tot[cell] + strength)
                 if not hit:
                     m = 0
                     miss = True
@@ -151,8 +161,9 @@ def apply_extends(
                     break
             # the rejection ledger: drafted tokens once their verification is known
             if sent > 0 and (miss or done >= sent):
-                ledger[0] += min(done, sent)
-                ledger[1] += sent
+                if learn:
+                    ledger[cs, 0] += min(done, sent)
+                    ledger[cs, 1] += sent
                 sent = 0
             si[s, C_DLEN] = m
             si[s, C_DDONE] = done
@@ -166,7 +177,7 @@ def apply_extends(
                 reset_seq(seq, ix)
                 si[s, C_SEQBLK] = blk
             stage_insert(base + blk, seq, toks[j], ix, stage)
-            advance(toks[j], stack[s], tail[s], bst[s], g)
+            advance(toks[j], stack[s], tail[s], bst[s], g, si[s, C_GID])
         if live:
             aseq = si[s, C_ASEQ]
             akey = si[s, C_ABASE] * NB
@@ -235,14 +246,17 @@ def release_rows(
     done: np.ndarray, si: np.ndarray, ledger: np.ndarray
 ) -> np.ndarray:  # pragma: no cover
     """Stopped requests: a draft still open ran past the output's end (the rejection
-    ledger counts it); returns their index sequences to release, in slot order."""
+    ledger of the request's scope row counts it); returns their index sequences to
+    release, in slot order."""
     seqs = np.empty(3 * done.shape[0], dtype=np.int64)
     n = 0
     for i in range(done.shape[0]):
         s = done[i]
         sent = si[s, C_DSENT]
-        ledger[0] += min(si[s, C_DDONE], sent)
-        ledger[1] += sent
+        cs = si[s, C_CAL]
+        if cs != 0:
+            ledger[cs, 0] += min(si[s, C_DDONE], sent)
+            ledger[cs, 1] += sent
         seqs[n] = si[s, C_SEQ]
         n += 1
         for col in (C_ASEQ, C_GSEQ):
@@ -448,14 +462,15 @@ def _fine(cell: int, code: int, crossed: int, rec: int) -> int:  # pragma: no co
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _acceptance(f: int, table: np.ndarray, fine: Any) -> float:  # pragma: no cover
-    """Calibrated acceptance of fine cell ``f``: its own counts shrunk toward its cell's
-    acceptance with weight ``strength`` (``strength <= 0``: the cell's acceptance)."""
+def _acceptance(f: int, cs: int, table: np.ndarray, fine: Any) -> float:  # pragma: no cover
+    """Calibrated acceptance of fine cell ``f`` in scope row ``cs``: its own counts
+    shrunk toward its cell's acceptance with weight ``strength`` (``strength <= 0``: the
+    cell's acceptance)."""
     fsucc, ftot, _codes, strength = fine
     c = f // NF
     if strength <= 0.0:
-        return table[c]
-    return (fsucc[f] + strength * table[c]) / (ftot[f] + strength)
+        return table[cs, c]
+    return (fsucc[cs, f] + strength * table[cs, c]) / (ftot[cs, f] + strength)
 
 
 @njit(cache=True, nogil=True)
@@ -466,12 +481,13 @@ def score(
     match: np.ndarray,
     support: np.ndarray,
     rec: np.ndarray,
+    cal: np.ndarray,
     table: np.ndarray,
     fine: Any,
     levels: np.ndarray,
     sup_edges: np.ndarray,
     n_q: int,
-    floor: float,
+    floors: np.ndarray,
     out_pick: np.ndarray,
     out_len: np.ndarray,
     out_cell: np.ndarray,
@@ -487,11 +503,13 @@ def score(
     cell is split into :data:`NF` fine cells by the token's text class and whether the
     draft crossed a line break before it; ``fine = (succ, tot, codes, strength)`` holds
     their counts, the token codes (:func:`~agentspec_mw.agentspec.token_classes.token_classes`)
-    and the shrinkage weight (:func:`_acceptance`). Written cells are fine cells.
+    and the shrinkage weight (:func:`_acceptance`); request ``r`` reads its scope's row
+    ``cal[r]`` of them and of ``table``. Written cells are fine cells.
     The picked row maximises the expected accepted tokens among its positions whose
-    survival is at least ``floor`` (the step's survival floor: what the budget can admit),
+    survival is at least ``floors[r]`` (the request's survival floor this step: what the
+    budget can admit),
     then the sum of all its survivals; the first source wins ties. Its cells are written
-    out; ``out_ok[r]`` is how many of its leading positions reach ``floor``, and those
+    out; ``out_ok[r]`` is how many of its leading positions reach ``floors[r]``, and those
     positions' survivals, request after request, fill ``out_flat`` (their count is
     returned).
     """
@@ -507,6 +525,8 @@ def score(
         best_v = -1.0
         best_w = -1.0
         best_a = 0
+        cs = cal[r]
+        floor = floors[r]
         for a in range(n_src):
             row = a * n_req + r
             v = 0.0
@@ -520,7 +540,7 @@ def score(
                     c = _cell(head, agree if j < ag else 0, j, prob[row, j], n_q)
                     code = codes[tok[row, j]]
                     f = _fine(c, code, crossed, rec[r])
-                    s *= _acceptance(f, table, fine)
+                    s *= _acceptance(f, cs, table, fine)
                     cells[a, j] = f
                     surv[a, j] = s
                     crossed |= code & NEWLINE
@@ -555,13 +575,15 @@ def emit_drafts(
     cells: np.ndarray,
     tok: np.ndarray,
     si: np.ndarray,
+    cal: np.ndarray,
     table: np.ndarray,
     fine: Any,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
     """The step's drafts: request ``r`` drafts the first ``counts[r]`` tokens of its
     picked row (``C_DSENT`` records the count for the rejection ledger). Returns the
     drafting requests, where each one's tokens end in the flat arrays, and the flat
-    tokens and their calibrated acceptances (:func:`_acceptance` of their cells)."""
+    tokens and their calibrated acceptances (:func:`_acceptance` of their cells in
+    their scope rows ``cal``)."""
     n_rows = 0
     total = 0
     for r in range(counts.shape[0]):
@@ -582,7 +604,7 @@ def emit_drafts(
         row = pick[r]
         for j in range(c):
             flat_tok[t] = tok[row, j]
-            flat_p[t] = _acceptance(cells[r, j], table, fine)
+            flat_p[t] = _acceptance(cells[r, j], cal[r], table, fine)
             t += 1
         rows[q] = r
         ends[q] = t

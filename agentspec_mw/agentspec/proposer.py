@@ -66,10 +66,11 @@ from typing import Any
 import numpy as np
 
 from agentspec_mw.agentspec import kernels as K
-from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec, current
+from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec, GrammarTable, current
 from agentspec_mw.agentspec.budget import allocate
 from agentspec_mw.agentspec.config import AgentSpecConfig
 from agentspec_mw.agentspec.ngram_index import LEVELS, MAX_N, NgramIndex
+from agentspec_mw.agentspec.scopes import FROZEN, ScopeStates
 from agentspec_mw.agentspec.slots import SlotTable
 from agentspec_mw.agentspec.token_classes import token_classes
 from agentspec_mw.costmodel import StepTimeFn, get_cost_model
@@ -81,6 +82,7 @@ __all__ = ["MAX_GRAMMARS", "SOURCES", "AgentSpecProposer", "redundancy_score"]
 logger = logging.getLogger(__name__)
 MAX_GRAMMARS = 64
 """Block grammars a proposer keeps (the default and 63 sets of delimiters from tags)."""
+_MAX_BAD_BLOCKS = 256  # delimiter sets remembered as failing (not rebuilt each request)
 
 SOURCES = ("iso", "agent", "scope", "local")
 _Q = 10  # buckets of c/n
@@ -176,9 +178,13 @@ class AgentSpecProposer:
             else get_cost_model(cfg.budget_cost_model)
         )
         default = BlockGrammar([BlockSpec(*b) for b in cfg.blocks], self.token_bytes)
-        self._grammars: list[BlockGrammar] = [default]
+        self._grammars = GrammarTable(default)
         self._grammar_ids: dict[tuple[tuple[str, str], ...] | None, int] = {None: 0}
-        self._warned_grammars = False
+        self._bad_blocks: OrderedDict[Any, None] = OrderedDict()  # failed to build, LRU
+        self._warned_grammars = self._warned_bad_blocks = False
+        self.grammar_fallbacks = 0
+        """Requests whose tags' blocks could not be used (they failed to build, or the
+        grammar table was full): they got the default grammar."""
         self._index = NgramIndex(capacity=cfg.index_max_tokens)
         self._out_seq = self._index.new_seq()  # sequences used to insert finished outputs
         self._out_gseq = self._index.new_seq()
@@ -199,31 +205,24 @@ class AgentSpecProposer:
         prior = np.broadcast_to(base, shape).copy()
         prior[:, 1] = np.minimum(1.0, prior[:, 1] * 1.1)  # sources agree: more trust
         self._prior = prior.reshape(-1)
-        self._succ = np.zeros_like(self._prior)
-        self._tot = np.zeros_like(self._prior)
-        self._table = self._prior.copy()
-        # each cell split by token text class x line break crossed (kernels.score)
-        self._fsucc = np.zeros(len(self._prior) * K.NF)
-        self._ftot = np.zeros(len(self._prior) * K.NF)
+        # what verified drafts teach, per isolation scope (each cell split by token text
+        # class x line break crossed x record, kernels.score): calibration, the moving
+        # floor, its ledger, the cap's running counts and the drafts' predictions
+        self._scopes = ScopeStates(
+            self._prior, len(self._prior) * K.NF, cfg.budget_floor, cfg.calib_max_scopes
+        )
+        self._default_row = self._scopes.acquire("default")  # tag-free traffic: kept for good
         codes = token_classes(self.token_bytes)
         if not cfg.calib_token_classes:
             codes = np.zeros_like(codes)
-        strength = cfg.calib_prior_strength if cfg.calib_token_classes else 0.0
-        self._fine = (self._fsucc, self._ftot, codes, strength)
-        self._floor = cfg.budget_floor
-        # verified drafts: accepted, drafted; and the rejections the drafting steps allowed
-        self._ledger = np.zeros(3, dtype=np.float64)
-        # the running (decayed) accepted and drafted counts behind budget_rejection_cap
-        self._total = np.zeros(2, dtype=np.float64)
-        # and what the drafts' own survivals predicted (read before a window is verified)
-        self._predicted = np.zeros(2, dtype=np.float64)
+        self._codes = codes
+        self._strength = cfg.calib_prior_strength if cfg.calib_token_classes else 0.0
         self._busy_batch = _busy_batch(cfg)
         self._busy_step = -(1 << 62)  # last step with _busy_batch requests or more
         self._overhead_s = 0.0
         self.stats: dict[str, int] = {"steps": 0, "offered": 0, "drafted": 0}
         self._ws: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}  # see _workspace
         self._ws_cap = 0
-        self._calib = (self._succ, self._tot, self._table, self._prior, self._fsucc, self._ftot)
         self._off_sources = [
             h for h, name in enumerate(SOURCES[: K.N_HIST]) if name not in cfg.sources
         ]
@@ -296,26 +295,86 @@ class AgentSpecProposer:
         return ws
 
     # -- identity and keys ---------------------------------------------------------------
+    @property
+    def _fine(self) -> tuple[Any, ...]:
+        """The fine cells' counts (every scope row), token codes and shrinkage weight."""
+        sc = self._scopes
+        return (sc.fsucc, sc.ftot, self._codes, self._strength)
+
+    # the default scope's row (tag-free traffic and tags without a scope)
+    @property
+    def _ledger(self) -> np.ndarray:
+        return self._scopes.ledger[self._default_row]
+
+    @property
+    def _total(self) -> np.ndarray:
+        return self._scopes.total[self._default_row]
+
+    @property
+    def _predicted(self) -> np.ndarray:
+        return self._scopes.predicted[self._default_row]
+
+    @property
+    def _floor(self) -> float:
+        return float(self._scopes.floor[self._default_row])
+
+    # -- identity and keys ---------------------------------------------------------------
     def _grammar_id(self, tags: StructureTags | None) -> int:
-        """The block grammar of the request's tags (0: the default); at most
-        :data:`MAX_GRAMMARS` distinct ones, later new delimiter sets get the default."""
+        """The block grammar of the request's tags (0: the default).
+
+        A new delimiter set is built and checked first and only then recorded, so a set
+        that cannot be built never gets an id: that request gets the default grammar
+        (logged once, counted in :attr:`grammar_fallbacks`; the set is remembered as
+        failing, bounded), and so does every request once :data:`MAX_GRAMMARS` sets are
+        recorded. Never raises.
+        """
         blocks = None if tags is None else tags.blocks
-        gid = self._grammar_ids.get(blocks)
-        if gid is None:
-            assert blocks is not None
-            if len(self._grammars) >= MAX_GRAMMARS:
-                if not self._warned_grammars:
-                    self._warned_grammars = True
-                    logger.warning(
-                        "agentspec: more than %d distinct block delimiter sets in tags; "
-                        "further new ones use the default blocks",
-                        MAX_GRAMMARS - 1,
-                    )
-                return 0
-            specs = [BlockSpec(f"b{i}:{s}", s, e) for i, (s, e) in enumerate(blocks)]
-            gid = self._grammar_ids[blocks] = len(self._grammars)
-            self._grammars.append(BlockGrammar(specs, self.token_bytes))
+        if blocks is None:
+            return 0
+        try:
+            key = tuple((s, e) for s, e in blocks)
+            gid = self._grammar_ids.get(key)
+        except Exception as exc:  # not pairs, or unhashable (tags built without checks)
+            self._grammar_failed(repr(blocks)[:200], exc)
+            return 0
+        if gid is not None:
+            return gid
+        if key in self._bad_blocks:
+            self._bad_blocks.move_to_end(key)
+            self.grammar_fallbacks += 1
+            return 0
+        if len(self._grammars) >= MAX_GRAMMARS:
+            self.grammar_fallbacks += 1
+            if not self._warned_grammars:
+                self._warned_grammars = True
+                logger.warning(
+                    "agentspec: more than %d distinct block delimiter sets in tags; "
+                    "further new ones use the default blocks",
+                    MAX_GRAMMARS - 1,
+                )
+            return 0
+        try:
+            specs = [BlockSpec(f"b{i}:{s}", s, e) for i, (s, e) in enumerate(key)]
+            grammar = BlockGrammar(specs, self.token_bytes)
+        except Exception as exc:
+            self._bad_blocks[key] = None
+            while len(self._bad_blocks) > _MAX_BAD_BLOCKS:
+                self._bad_blocks.popitem(last=False)
+            self._grammar_failed(repr(key)[:200], exc)
+            return 0
+        gid = self._grammar_ids[key] = self._grammars.add(grammar)
         return gid
+
+    def _grammar_failed(self, what: str, exc: Exception) -> None:
+        self.grammar_fallbacks += 1
+        if not self._warned_bad_blocks:
+            self._warned_bad_blocks = True
+            logger.warning(
+                "agentspec: block delimiters from tags cannot be used (%r), the request "
+                "uses the default blocks (logged once; counted in grammar_fallbacks): %s",
+                exc,
+                what,
+            )
 
     def _key_base(self, key: tuple[str, ...]) -> int:
         """Id of a key base (index key = base * NB + block id); least recently used go."""
@@ -331,22 +390,23 @@ class AgentSpecProposer:
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, req_id: str, prompt_ids: TokenIds, tags: StructureTags | None = None) -> None:
-        """Register a request: its identity (tags, or derived from the prompt) and block."""
+        """Register a request: its identity (tags, or derived from the prompt) and block.
+
+        Scope-only tags (no ``agent_id``/``query_id``) get the tag-free identity inside
+        their scope. Nothing in ``tags`` makes this raise: unusable block delimiters fall
+        back to the default grammar (:meth:`_grammar_id`).
+        """
         if req_id in self._reqs:
             self.stop(req_id)
-        cfg = self.config
         prompt = np.asarray(prompt_ids, dtype=np.int32).reshape(-1)
-        if tags is not None:
-            scope, agent = tags.scope, tags.agent_id
-            group = f"g:{tags.group_id}" if tags.group_id else f"q:{tags.query_id}"
-        else:
-            scope = "default"
-            agent = "anon:" + _hash_ids(prompt[: cfg.tagfree_agent_tokens])
-            group = "anon:" + _hash_ids(prompt[: cfg.tagfree_query_tokens])
+        cfg = self.config
+        scope, agent, group = self._identity(prompt, tags)
         gid = self._grammar_id(tags)
+        cal = self._scopes.acquire(scope)
         slots = self._slots
         s = slots.acquire(prompt)
         row = slots.si[s]
+        row[K.C_CAL] = cal
         row[K.C_PLEN] = len(prompt)
         row[K.C_SEQ] = self._index.new_seq()
         row[K.C_KBASE] = self._key_base((scope, agent, group, str(gid)))
@@ -362,6 +422,30 @@ class AgentSpecProposer:
             row[K.C_GBASE] = row[K.C_GSEQ] = -1
         self._reqs[req_id] = s
         self._pend_start.append(s)
+
+    def _identity(self, prompt: np.ndarray, tags: StructureTags | None) -> tuple[str, str, str]:
+        """``(scope, agent, group)`` of a request: from its tags; what they leave out
+        (all of it without tags) derived from the prompt — the agent from its first
+        ``tagfree_agent_tokens`` tokens, the query group from its first
+        ``tagfree_query_tokens`` — in scope ``default`` without tags."""
+        cfg = self.config
+        if tags is None:
+            scope = "default"
+            agent_id = query_id = group_id = None
+        else:
+            scope = str(tags.scope)
+            agent_id, query_id, group_id = tags.agent_id, tags.query_id, tags.group_id
+        if agent_id:
+            agent = str(agent_id)
+        else:
+            agent = "anon:" + _hash_ids(prompt[: cfg.tagfree_agent_tokens])
+        if group_id:
+            group = f"g:{group_id}"
+        elif query_id:
+            group = f"q:{query_id}"
+        else:
+            group = "anon:" + _hash_ids(prompt[: cfg.tagfree_query_tokens])
+        return scope, agent, group
 
     def extend(self, req_id: str, token_ids: TokenIds) -> None:
         """Accepted tokens: queued, applied for the whole batch at the next ``propose``.
@@ -390,17 +474,16 @@ class AgentSpecProposer:
         if self._pend_start:
             st = np.array(self._pend_start, dtype=np.int64)
             self._pend_start.clear()
-            for gid, sel in self._by_grammar(st):
-                K.scan_prompts(
-                    sel,
-                    self.config.tagfree_scan_tokens,
-                    slots.si,
-                    slots.stack,
-                    slots.tail,
-                    slots.bst,
-                    slots.ctx,
-                    self._grammars[gid].arrays,
-                )
+            K.scan_prompts(
+                st,
+                self.config.tagfree_scan_tokens,
+                slots.si,
+                slots.stack,
+                slots.tail,
+                slots.bst,
+                slots.ctx,
+                self._grammars.arrays,
+            )
         if self._pend_ids:
             sl = np.array(self._pend_slot, dtype=np.int64)
             lens = np.fromiter(map(len, self._pend_ids), np.int64, len(self._pend_ids))
@@ -410,35 +493,24 @@ class AgentSpecProposer:
             short, extra, off = K.room_needed(sl, lens, slots.si)
             if len(short):
                 slots.reserve(short, extra)
-            strength = float(self.config.calib_prior_strength)
-            for gid, sel in self._by_grammar(sl, items=True):
-                if sel is None:
-                    s_sel, o_sel, t_sel = sl, off, toks
-                else:
-                    l_sel = lens[sel]
-                    s_sel = sl[sel]
-                    t_sel = np.concatenate(
-                        [toks[e - n : e] for e, n in zip(off[1:][sel], l_sel, strict=True)]
-                    )
-                    o_sel = np.concatenate(([0], np.cumsum(l_sel)))
-                K.apply_extends(
-                    s_sel,
-                    o_sel,
-                    t_sel,
-                    slots.si,
-                    slots.stack,
-                    slots.tail,
-                    slots.bst,
-                    slots.dtok,
-                    slots.dcell,
-                    slots.ctx,
-                    self._grammars[gid].arrays,
-                    ix,
-                    self._calib,
-                    strength,
-                    self.config.index_agent_live,
-                    self._ledger,
-                )
+            K.apply_extends(
+                sl,
+                off,
+                toks,
+                slots.si,
+                slots.stack,
+                slots.tail,
+                slots.bst,
+                slots.dtok,
+                slots.dcell,
+                slots.ctx,
+                self._grammars.arrays,
+                ix,
+                self._scopes.calib,
+                float(self.config.calib_prior_strength),
+                self.config.index_agent_live,
+                self._scopes.ledger,
+            )
         if self._pend_stop:
             done = self._pend_stop
             self._pend_stop = []
@@ -446,22 +518,11 @@ class AgentSpecProposer:
                 dn = np.array(done, dtype=np.int64)
                 K.insert_outputs(dn, self._out_seq, slots.si, slots.ctx, ix, K.C_ABASE)
                 K.insert_outputs(dn, self._out_gseq, slots.si, slots.ctx, ix, K.C_GBASE)
-            seqs = K.release_rows(np.array(done, dtype=np.int64), slots.si, self._ledger)
+            dn = np.array(done, dtype=np.int64)
+            seqs = K.release_rows(dn, slots.si, self._scopes.ledger)
             self._index.end_seqs(seqs)
+            self._scopes.release(slots.si[dn, K.C_CAL])
             slots.release(done)
-
-    def _by_grammar(
-        self, sl: np.ndarray, items: bool = False
-    ) -> list[tuple[int, np.ndarray | None]]:
-        """Split rows by block grammar: ``(grammar id, selection)`` (``None``: all rows)."""
-        if len(self._grammars) == 1:
-            return [(0, None if items else sl)]
-        gids = self._slots.si[sl, K.C_GID]
-        out: list[tuple[int, np.ndarray | None]] = []
-        for gid in np.unique(gids).tolist():
-            sel = np.flatnonzero(gids == gid)
-            out.append((gid, sel if items else sl[sel]))
-        return out
 
     def block_of(self, req_id: str) -> str | None:
         """The block kind request ``req_id`` is in (for per-block metrics), if it is live."""
@@ -484,18 +545,34 @@ class AgentSpecProposer:
         if n_req == 0 or k <= 0:
             return [EMPTY_DRAFT] * n_req
         cfg = self.config
-        theta = self._update_floor()
-        if step.batch_size >= self._busy_batch:
-            self._busy_step = self.stats["steps"]
-        scale = min(1.0, math.log2(max(step.batch_size, 1)) / math.log2(cfg.budget_floor_batch))
-        if not self._busy_lately():
-            scale **= cfg.budget_floor_power  # a gentler floor
-        if scale < 1.0:
-            # a busy engine's drain: no more rejection than the cap
-            scale += (1.0 - scale) * self._cap_tightness()
-        floor = theta * scale
         sl = np.fromiter(map(self._reqs.__getitem__, req_ids), np.int64, n_req)
         slots = self._slots
+        # each request's scope row; the floor is per scope (its θ and its cap tightness)
+        cal = slots.si[sl, K.C_CAL]
+        single = bool((cal == cal[0]).all())
+        rows = [int(cal[0])] if single else np.unique(cal).tolist()
+        thetas = [self._update_floor(r) for r in rows]
+        if step.batch_size >= self._busy_batch:
+            self._busy_step = self.stats["steps"]
+        base = min(1.0, math.log2(max(step.batch_size, 1)) / math.log2(cfg.budget_floor_batch))
+        if not self._busy_lately():
+            base **= cfg.budget_floor_power  # a gentler floor
+        scales = []
+        for r in rows:
+            scale = base
+            if scale < 1.0:
+                # a busy engine's drain: no more rejection than the cap
+                scale += (1.0 - scale) * self._cap_tightness(r)
+            scales.append(scale)
+        row_floors = [t * sc for t, sc in zip(thetas, scales, strict=True)]
+        if single:
+            floor = row_floors[0]
+            floors = np.full(n_req, max(floor, 1e-12))
+        else:
+            by_row = np.zeros(self._scopes.rows)
+            by_row[rows] = row_floors
+            floors = np.maximum(by_row[cal], 1e-12)
+            floor = min(row_floors)
         kk = max(k, 1)
         # index rows: iso, agent, scope (n_req each); then local. Rows are written by the
         # lookup (index rows) and local_drafts (local rows).
@@ -527,12 +604,13 @@ class AgentSpecProposer:
             match,
             support,
             rec,
-            self._table,
+            cal,
+            self._scopes.table,
             self._fine,
             LEVELS,
             _SUPPORT_EDGES,
             _Q,
-            max(floor, 1e-12),
+            floors,
             pick,
             sel_len,
             sel_cell,
@@ -560,57 +638,111 @@ class AgentSpecProposer:
         drafts: list[Draft] = [EMPTY_DRAFT] * n_req
         used = alloc.used
         if used:
-            _decay_add(self._predicted, alloc.expected - step.batch_size, used)
-            if cfg.budget_max_rejection is not None:
-                # a step under budget_floor_batch may reject more (its floor is lower)
-                t = cfg.budget_max_rejection
-                self._ledger[2] += used * (min(1.0, t / scale) if scale > 0 else 1.0)
-            rows, ends, flat_tok, flat_p = K.emit_drafts(
-                sl, alloc.count_array, pick, sel_cell, tok, slots.si, self._table, self._fine
+            if single:
+                self._account(rows[0], scales[0], alloc.expected - step.batch_size, used)
+            else:
+                self._account_rows(rows, scales, cal, alloc.count_array, n_ok, flat[:n_flat])
+            d_rows, ends, flat_tok, flat_p = K.emit_drafts(
+                sl,
+                alloc.count_array,
+                pick,
+                sel_cell,
+                tok,
+                slots.si,
+                cal,
+                self._scopes.table,
+                self._fine,
             )
             # Draft.probs are per-token (given the earlier tokens): each cell's acceptance;
             # slices of one tuple are tuples (no per-draft conversion)
             all_tok = tuple(flat_tok.tolist())
             all_p = tuple(flat_p.tolist())
             a = 0
-            for i, b in zip(rows.tolist(), ends.tolist(), strict=True):
+            for i, b in zip(d_rows.tolist(), ends.tolist(), strict=True):
                 drafts[i] = Draft(all_tok[a:b], all_p[a:b])
                 a = b
         self._finish_step(t0, alloc.offered, used)
         return drafts
 
-    def acceptance(self, cells: np.ndarray) -> np.ndarray:
-        """Calibrated acceptance of fine calibration cells, in numpy (the drafts' probs
-        come from ``kernels._acceptance``, the same formula; this is the readable form the
-        tests check them against)."""
-        fsucc, ftot, _codes, strength = self._fine
-        coarse = self._table[cells // K.NF]
+    def _account(self, row: int, scale: float, expected: float, used: int) -> None:
+        """A step's drafts of scope row ``row``: ``used`` tokens whose survivals sum to
+        ``expected``, drafted at floor scale ``scale``, join the row's predictions and the
+        rejections its ledger allows (nothing for the frozen row)."""
+        if row == FROZEN:
+            return
+        sc = self._scopes
+        _decay_add(sc.predicted[row], expected, used)
+        t = self.config.budget_max_rejection
+        if t is not None:
+            # a step under budget_floor_batch may reject more (its floor is lower)
+            sc.ledger[row, 2] += used * (min(1.0, t / scale) if scale > 0 else 1.0)
+
+    def _account_rows(
+        self,
+        rows: list[int],
+        scales: list[float],
+        cal: np.ndarray,
+        counts: np.ndarray,
+        n_ok: np.ndarray,
+        flat: np.ndarray,
+    ) -> None:
+        """:meth:`_account` for a step with several scopes: each one's drafted tokens
+        and their survivals (request ``r``'s first ``counts[r]`` of its ``n_ok[r]``
+        entries of ``flat``)."""
+        n_rows = self._scopes.rows
+        req = np.repeat(np.arange(len(n_ok)), n_ok)
+        pos = np.arange(len(flat)) - (np.cumsum(n_ok) - n_ok)[req]
+        admitted = pos < counts[req]
+        used = np.bincount(cal, weights=counts, minlength=n_rows)
+        expected = np.bincount(cal[req[admitted]], weights=flat[admitted], minlength=n_rows)
+        for r, scale in zip(rows, scales, strict=True):
+            if used[r] > 0:
+                self._account(r, scale, float(expected[r]), int(used[r]))
+
+    def acceptance(self, cells: np.ndarray, row: int | None = None) -> np.ndarray:
+        """Calibrated acceptance of fine calibration cells of scope row ``row`` (default:
+        the ``default`` scope's), in numpy (the drafts' probs come from
+        ``kernels._acceptance``, the same formula; this is the readable form the tests
+        check them against)."""
+        row = self._default_row if row is None else row
+        sc = self._scopes
+        coarse: np.ndarray = sc.table[row, cells // K.NF]
+        strength = self._strength
         if strength <= 0.0:
             return coarse
-        return (fsucc[cells] + strength * coarse) / (ftot[cells] + strength)
+        out: np.ndarray = (sc.fsucc[row, cells] + strength * coarse) / (
+            sc.ftot[row, cells] + strength
+        )
+        return out
 
-    def _update_floor(self) -> float:
-        """The survival floor at full scale: fixed (``budget_max_rejection=None``) or
-        moved by the rejection the verified drafts had, once a window of them is in.
-        Each window also joins the running counts :meth:`_cap_tightness` reads."""
+    def _update_floor(self, row: int | None = None) -> float:
+        """The survival floor at full scale of scope row ``row`` (default: the
+        ``default`` scope's): fixed (``budget_max_rejection=None``; the frozen row's
+        ledger stays empty, so its floor stays ``budget_floor``) or moved by the rejection
+        the scope's verified drafts had, once a window of them is in. Each window also
+        joins the running counts :meth:`_cap_tightness` reads."""
+        row = self._default_row if row is None else row
         cfg = self.config
         target = cfg.budget_max_rejection
-        if self._ledger[1] >= _LEDGER_WINDOW:
-            acc, dr, allowed = self._ledger.tolist()
-            _decay_add(self._total, acc, dr)
+        sc = self._scopes
+        ledger = sc.ledger[row]
+        if ledger[1] >= _LEDGER_WINDOW:
+            acc, dr, allowed = ledger.tolist()
+            _decay_add(sc.total[row], acc, dr)
             if target is not None:
                 # token-weighted: a window that ran long moves the floor in proportion
                 err = ((dr - acc) - allowed) / _LEDGER_WINDOW
-                self._floor = min(_FLOOR_MAX, max(_FLOOR_MIN, self._floor + _FLOOR_GAIN * err))
-            self._ledger[:] = 0.0
-        return cfg.budget_floor if target is None else self._floor
+                floor = float(sc.floor[row]) + _FLOOR_GAIN * err
+                sc.floor[row] = min(_FLOOR_MAX, max(_FLOOR_MIN, floor))
+            ledger[:] = 0.0
+        return cfg.budget_floor if target is None else float(sc.floor[row])
 
     def _busy_lately(self) -> bool:
         """Whether a step had :func:`_busy_batch` requests or more within the last
         ``_CAP_MEMORY_STEPS`` steps (the cap applies; small steps keep the linear scale)."""
         return self.stats["steps"] - self._busy_step <= _CAP_MEMORY_STEPS
 
-    def _cap_tightness(self) -> float:
+    def _cap_tightness(self, row: int | None = None) -> float:
         """How far small steps' floor is raised toward the full one, from 0 (their lower
         floor) to 1 (the full ``θ``). It is 0 unless the engine had :func:`_busy_batch`
         requests or more in one step within the last ``_CAP_MEMORY_STEPS`` steps; then it
@@ -619,16 +751,20 @@ class AgentSpecProposer:
         the rejection their survivals predicted) from 0 at ``budget_rejection_cap -
         budget_cap_band`` to 1 at the cap and over it (``budget_cap_band = 0``: a switch
         at the cap). An engine that serves few requests all along keeps the lower floor
-        (a rejected token costs it almost nothing)."""
+        (a rejected token costs it almost nothing). The rejection read is scope row
+        ``row``'s (default: the ``default`` scope's); whether the engine was busy is the
+        engine's, all scopes together."""
         cfg = self.config
         cap = cfg.budget_rejection_cap
         if cap is None or not self._busy_lately():
             return 0.0
+        row = self._default_row if row is None else row
+        sc = self._scopes
         # the folded windows and the window being filled (verified, not yet folded)
-        acc = float(self._total[0] + self._ledger[0])
-        dr = float(self._total[1] + self._ledger[1])
+        acc = float(sc.total[row, 0] + sc.ledger[row, 0])
+        dr = float(sc.total[row, 1] + sc.ledger[row, 1])
         if dr < _LEDGER_WINDOW:  # too few verified yet: what the drafts predicted
-            acc, dr = self._predicted.tolist()
+            acc, dr = sc.predicted[row].tolist()
         if dr <= 0:
             return 0.0
         over = (dr - acc) / dr - cap  # <= 0 under the cap

@@ -1,0 +1,155 @@
+"""Per-scope learned state of the AgentSpec proposer: calibration and the moving floor.
+
+Everything the proposer *learns* from verified drafts — the calibration counts and
+tables (:mod:`.kernels`, ``apply_extends``), the moving survival floor and its rejection
+ledger, the running counts behind the rejection cap and the drafts' predicted acceptance
+— is kept per isolation scope, as one row of each array here. A request reads and
+updates only its scope's row (slot column ``C_CAL``), so one tenant's traffic, however
+badly it is rejected, never moves another tenant's drafting. Every row starts from the
+same *fixed* prior (the paper's redundancy score), never from other scopes' counts.
+
+Memory is bounded: at most ``max_scopes`` scopes have a row (about 3.4 MB each with the
+default calibration split; rows are allocated as scopes arrive, doubling). When a new
+scope arrives and every row is taken, the least recently started scope with no live
+request loses its row (its learned state is forgotten; it starts again from the prior if
+it comes back). If every row's scope has live requests, the newcomer gets row
+:data:`FROZEN`: the fixed prior, which learns nothing (its requests draft with the
+prior's calibration and the configured floor until a row frees up for their scope's
+next request).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+__all__ = ["FROZEN", "ScopeStates"]
+
+FROZEN = 0
+"""Row of the fixed prior: read by overflow scopes, never updated."""
+
+
+class ScopeStates:
+    """Rows of per-scope learned state (see the module docstring).
+
+    Arrays (row = scope): ``succ``/``tot``/``table`` (calibration cells), ``fsucc``/
+    ``ftot`` (fine cells), ``floor`` (the moving floor θ), ``ledger`` (accepted, drafted,
+    rejections allowed: the window being filled), ``total`` (decayed accepted, drafted:
+    the rejection cap's reading) and ``predicted`` (the same, as the drafts' survivals
+    predicted). ``prior`` (one row) is shared and fixed.
+    """
+
+    succ: np.ndarray
+    tot: np.ndarray
+    table: np.ndarray
+    fsucc: np.ndarray
+    ftot: np.ndarray
+    floor: np.ndarray
+    ledger: np.ndarray
+    total: np.ndarray
+    predicted: np.ndarray
+    live: np.ndarray
+
+    def __init__(self, prior: np.ndarray, n_fine: int, floor: float, max_scopes: int) -> None:
+        if max_scopes < 1:
+            raise ValueError(f"max_scopes={max_scopes} must be >= 1")
+        self.prior = prior
+        self.n_fine = n_fine
+        self.floor0 = floor
+        self.max_scopes = max_scopes
+        self._rows: OrderedDict[str, int] = OrderedDict()  # scope -> row, least recent first
+        self.overflows = 0
+        """Requests that got :data:`FROZEN` because every row was in use."""
+        self._free: list[int] = []  # allocated rows without a scope (popped lowest first)
+        self._alloc(2)
+
+    def _alloc(self, rows: int) -> None:
+        """(Re)allocate ``rows`` rows, keeping the existing ones; new rows are free."""
+        n_old = self.rows if hasattr(self, "succ") else 0
+        n = len(self.prior)
+        shapes = {
+            "succ": (n,),
+            "tot": (n,),
+            "table": (n,),
+            "fsucc": (self.n_fine,),
+            "ftot": (self.n_fine,),
+            "floor": (),
+            "ledger": (3,),
+            "total": (2,),
+            "predicted": (2,),
+        }
+        for name, shape in shapes.items():
+            out = np.zeros((rows, *shape), dtype=np.float64)
+            if n_old:
+                out[:n_old] = getattr(self, name)
+            setattr(self, name, out)
+        self.table[n_old:] = self.prior
+        self.floor[n_old:] = self.floor0
+        live = np.zeros(rows, dtype=np.int64)
+        live[:n_old] = self.live if n_old else 0
+        self.live = live
+        """Live requests per row (a row with live requests is never given away)."""
+        self._free.extend(range(rows - 1, max(n_old, FROZEN + 1) - 1, -1))
+
+    @property
+    def calib(self) -> tuple[np.ndarray, ...]:
+        """What the kernels take: ``(succ, tot, table, prior, fsucc, ftot)``."""
+        return (self.succ, self.tot, self.table, self.prior, self.fsucc, self.ftot)
+
+    @property
+    def rows(self) -> int:
+        """Rows allocated (:data:`FROZEN` included)."""
+        return len(self.succ)
+
+    def row_of(self, scope: str) -> int | None:
+        """The scope's row, if it has one (no LRU update)."""
+        return self._rows.get(scope)
+
+    def acquire(self, scope: str) -> int:
+        """The row of ``scope`` for one more live request (see the module docstring)."""
+        row = self._rows.get(scope)
+        if row is None:
+            row = self._new_row()
+            if row == FROZEN:
+                self.overflows += 1
+                return FROZEN
+            self._rows[scope] = row
+        else:
+            self._rows.move_to_end(scope)
+        self.live[row] += 1
+        return row
+
+    def release(self, rows: np.ndarray) -> None:
+        """The live requests of ``rows`` (one entry per request) stopped."""
+        rows = rows[rows != FROZEN]
+        if len(rows):
+            np.subtract.at(self.live, rows, 1)
+
+    def _new_row(self) -> int:
+        if not self._free and self.rows - 1 < self.max_scopes:
+            self._alloc(min(2 * self.rows, self.max_scopes + 1))
+        if self._free:
+            return self._free.pop()
+        for scope, row in self._rows.items():  # least recently started first
+            if self.live[row] == 0:
+                del self._rows[scope]
+                self._reset(row)
+                return row
+        return FROZEN
+
+    def _reset(self, row: int) -> None:
+        self.succ[row] = 0.0
+        self.tot[row] = 0.0
+        self.table[row] = self.prior
+        self.fsucc[row] = 0.0
+        self.ftot[row] = 0.0
+        self.floor[row] = self.floor0
+        self.ledger[row] = 0.0
+        self.total[row] = 0.0
+        self.predicted[row] = 0.0
+
+    def nbytes(self) -> int:
+        """Bytes held by the rows' arrays."""
+        arrays = (*self.calib[:3], *self.calib[4:], self.floor, self.ledger, self.total)
+        return int(sum(a.nbytes for a in (*arrays, self.predicted, self.live)))

@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     print(result["messages"][-1].content)
     handler = get_handler(app)
     assert handler is not None
-    print(f"{handler.stats.tagged_calls} tagged LLM calls sent to {args.base_url}")
+    stats = handler.stats
+    print(f"{stats.tags_delivered}/{stats.llm_calls} LLM calls sent to {args.base_url} with tags")
     return 0
 
 

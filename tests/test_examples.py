@@ -1,6 +1,7 @@
 """The examples run: every notebook top to bottom (as ``pytest --nbmake examples/`` would),
-the ``create_agent`` script on the embedded engine, and the remote-server script against a
-fake OpenAI endpoint (the tags reach the request bodies as ``vllm_xargs``)."""
+the ``create_agent`` script on the embedded engine, and the remote-server and middleware
+scripts against a fake OpenAI endpoint (the tags reach the request bodies as
+``vllm_xargs``)."""
 
 from __future__ import annotations
 
@@ -71,6 +72,28 @@ def test_remote_server_script_tags_requests() -> None:
     assert len(bodies) >= 2  # the tool call, then the answer
     agents = {b["vllm_xargs"]["agentspec_agent"] for b in bodies}
     assert agents == {"model"}
+
+
+def test_agent_middleware_script_tags_requests() -> None:
+    import httpx
+
+    server = FakeOpenAI()
+    script = _load("agent_middleware")
+    agent, tagging = script.build_agent(
+        "http://vllm.test:8000/v1",
+        "served-model",
+        scope="tenant-a",
+        http_client=httpx.Client(transport=server.transport),
+        max_retries=0,
+    )
+    result = agent.invoke({"messages": script.conversation("What is the weather in Paris?")})
+    assert [m.type for m in result["messages"][4:]] == ["human", "ai", "tool", "ai"]
+    bodies = server.bodies
+    assert len(bodies) == 2  # the tool call, then the answer
+    assert {
+        (b["vllm_xargs"]["agentspec_agent"], b["vllm_xargs"]["agentspec_scope"]) for b in bodies
+    } == {("model", "tenant-a")}
+    assert (tagging.stats.model_calls, tagging.stats.tags_delivered) == (2, 2)
 
 
 @pytest.mark.engine

@@ -29,9 +29,10 @@ TARGET = ROOT / "docs" / "configuration.md"
 MODELS: list[tuple[str, str, str]] = [
     (
         "LangGraph adapter",
-        "agentspec_mw_langgraph.config:AgentSpecConfig",
-        "`with_agentspec(graph, config=AgentSpecConfig(...))` — how a graph's calls are tagged "
-        "(import: `from agentspec_mw_langgraph import AgentSpecConfig`).",
+        "agentspec_mw_langgraph.config:TaggingConfig",
+        "`with_agentspec(graph, config=TaggingConfig(...))` or `AgentSpecMiddleware(TaggingConfig"
+        "(...))` — how a graph's calls are tagged (import: `from agentspec_mw_langgraph import "
+        "TaggingConfig`; `AgentSpecConfig` is its deprecated former name).",
     ),
     (
         "AgentSpec proposer",

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 from agentspec_mw.tags import tags_from_wire
 from agentspec_mw_vllm.metrics import DrafterMetrics
-from agentspec_mw_vllm.middleware import AgentSpecMiddleware
+from agentspec_mw_vllm.middleware import RequestGuard
 from agentspec_mw_vllm.tenancy import (
     SCOPE_HEADER_ENV,
     SCOPE_KEYS_ENV,
@@ -50,7 +50,7 @@ class _Echo:
 
 def _client(config: TenancyConfig) -> tuple[TestClient, _Echo]:
     echo = _Echo()
-    return TestClient(AgentSpecMiddleware(echo, config)), echo
+    return TestClient(RequestGuard(echo, config)), echo
 
 
 def _post(

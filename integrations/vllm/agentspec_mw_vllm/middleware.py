@@ -16,7 +16,8 @@ app is built (a bad key table stops the server from starting). Per request:
    vLLM sees it. Other bodies pass unchanged, unless scopes are bound:
 3. **Scope binding**: the body must be a JSON object (HTTP 400; a form or binary body gets
    415), and :func:`~agentspec_mw_vllm.tenancy.bind_body` writes the bound scope into its
-   ``vllm_xargs`` (HTTP 403 for a claimed foreign scope).
+   ``vllm_xargs`` (HTTP 403 for a claimed foreign scope). WebSocket connections are
+   closed before they open (code 1008): their messages cannot be bound to a scope.
 
 Error bodies have OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
 """
@@ -48,6 +49,9 @@ class RequestGuard:
         self.config = config if config is not None else TenancyConfig.from_env()
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket" and self.config.bound:
+            await _refuse_websocket(receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -143,6 +147,19 @@ class _Disconnected(Exception):
 _NOT_JSON = object()
 
 
+async def _refuse_websocket(receive: Any, send: Any) -> None:
+    """Close a WebSocket before it opens: its messages cannot be bound to a scope."""
+    message = await receive()
+    if message["type"] == "websocket.connect":
+        await send(
+            {
+                "type": "websocket.close",
+                "code": 1008,
+                "reason": "this server binds tenants' scopes: WebSocket endpoints are off",
+            }
+        )
+
+
 def _headers(scope: Scope) -> dict[str, str]:
     """Request headers, lower-case names, latin-1 decoded (as HTTP sends them)."""
     out: dict[str, str] = {}
@@ -182,14 +199,11 @@ def _replay(body: bytes, receive: Any) -> Any:
 
 async def _answer(send: Any, refusal: Refusal) -> None:
     payload = json.dumps(refusal.body()).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": refusal.status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(payload)).encode()),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+    ]
+    if refusal.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})

@@ -188,3 +188,26 @@ def test_with_agentspec_puts_the_tags_in_traced_runs(mode: str, strict: TaggingC
     ]
     assert traced == [b["vllm_xargs"] for b in server.bodies]
     assert get_handler(app).stats.tags_delivered == 2  # type: ignore[union-attr]
+
+
+def test_a_tagging_failure_leaves_the_call_untagged(monkeypatch: pytest.MonkeyPatch) -> None:
+    from langchain.agents import create_agent
+
+    def broken(self: Any, request: Any) -> StructureTags:
+        raise ValueError("boom")
+
+    monkeypatch.setattr(AgentSpecMiddleware, "tags_for", broken)
+    server = FakeOpenAI()
+    middleware = AgentSpecMiddleware()
+    out = create_agent(chat_openai(server), [], middleware=[middleware]).invoke(
+        {"messages": [HumanMessage("q")]}
+    )
+    assert out["messages"][-1].content == "answer: q"  # the agent ran on
+    assert "vllm_xargs" not in server.bodies[0]
+    stats = middleware.stats
+    assert (stats.model_calls, stats.tags_derived, stats.adapter_errors) == (1, 0, 1)
+    strict = AgentSpecMiddleware(TaggingConfig(adapter_raise_errors=True))
+    with pytest.raises(ValueError, match="boom"):
+        create_agent(chat_openai(server), [], middleware=[strict]).invoke(
+            {"messages": [HumanMessage("q")]}
+        )

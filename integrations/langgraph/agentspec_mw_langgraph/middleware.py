@@ -28,6 +28,9 @@ the per-call ContextVar that the engine-backed ``ChatAgentSpecVLLM`` sends as
 ``extra_args`` (:mod:`~agentspec_mw_langgraph.context`). The tags also go into the model
 run's metadata (``agentspec_*`` keys), so tracers such as LangSmith show them.
 
+A failure while tagging means that call goes out untagged, a logged warning and
+``stats.adapter_errors += 1`` (``TaggingConfig(adapter_raise_errors=True)``: it raises).
+
 Use the middleware or ``with_agentspec``, not both on one agent: with both, the OpenAI
 request carries the middleware's tags and the engine-backed model the handler's. Unlike
 ``with_agentspec`` it keeps no redundancy graph and records no traces.
@@ -35,6 +38,7 @@ request carries the middleware's tags and the engine-backed model the handler's.
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -68,6 +72,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 __all__ = ["AgentSpecMiddleware", "AgentSpecState", "MiddlewareStats"]
 
+_log = logging.getLogger(__name__)
 _MODEL_NODE = "model"  # create_agent's model node
 
 
@@ -88,6 +93,8 @@ class MiddlewareStats:
     tags_delivered: int = 0
     """Model calls whose tags were attached to the request (OpenAI ``extra_body``, or
     sent by the engine-backed chat model)."""
+    adapter_errors: int = 0
+    """Failures while tagging (each meant a call without tags and a logged warning)."""
 
 
 def _is_openai(model: Any) -> bool:
@@ -186,31 +193,57 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
         )
 
     def _attach(self, request: ModelRequest[Any], tags: StructureTags) -> ModelRequest[Any]:
+        """The request with the tags in its OpenAI ``extra_body`` (other models: as is)."""
         if not _is_openai(request.model):
             return request
         wire = tags_to_wire(tags)
         settings = request.model_settings
         extra = settings.get("extra_body") or getattr(request.model, "extra_body", None) or {}
-        xargs = extra.get("vllm_xargs") if isinstance(extra, Mapping) else None
+        if not isinstance(extra, Mapping):
+            raise TypeError(f"extra_body is {type(extra).__name__}, not a dict")
+        xargs = extra.get("vllm_xargs")
         merged = {**wire, **(xargs if isinstance(xargs, Mapping) else {})}
         body = {**extra, "vllm_xargs": merged}
+        attached = request.override(model_settings={**settings, "extra_body": body})
         self._count("tags_delivered")
-        return request.override(model_settings={**settings, "extra_body": body})
+        return attached
+
+    def _prepare(self, request: ModelRequest[Any]) -> tuple[ModelRequest[Any], StructureTags]:
+        """The request with its tags attached, and the tags.
+
+        Raises:
+            Exception: whatever tagging raised, when ``adapter_raise_errors`` is set.
+        """
+        tags = self.tags_for(request)
+        return self._attach(request, tags), tags
 
     @contextmanager
     def _tagged(self, request: ModelRequest[Any]) -> Iterator[ModelRequest[Any]]:
         self._count("model_calls")
-        tags = self.tags_for(request)
+        try:
+            tagged, tags = self._prepare(request)
+        except Exception as exc:  # noqa: BLE001 - the error policy: this call goes untagged
+            if self.config.adapter_raise_errors:
+                raise
+            self._count("adapter_errors")
+            _log.warning(
+                "agentspec: tagging a model call failed (%s: %s); continuing without tags",
+                type(exc).__name__,
+                exc,
+            )
+            tagged, tags = request, None
+        if tags is None:
+            yield request
+            return
         self._count("tags_derived")
-        request = self._attach(request, tags)
-        ticket = None if _is_openai(request.model) else CallTicket(None, self._delivered)
+        ticket = None if _is_openai(tagged.model) else CallTicket(None, self._delivered)
         config = var_child_runnable_config.get() or {}
         metadata = {**(config.get("metadata") or {}), **tags_to_wire(tags)}
         config_token = var_child_runnable_config.set({**config, "metadata": metadata})
         previous = (current_tags(), current_ticket())
         set_current_tags(tags, ticket)
         try:
-            yield request
+            yield tagged
         finally:
             set_current_tags(*previous)
             var_child_runnable_config.reset(config_token)

@@ -122,6 +122,9 @@ class FakeStepEngine:
             self.aborted.append(rid)
             self.running.pop(rid, None)
 
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running)
+
 
 class FakeLLM:
     """A ``vllm.LLM`` stand-in: ``llm_engine`` is a :class:`FakeStepEngine`."""

@@ -88,6 +88,23 @@ def test_a_bad_request_fails_alone_and_a_failing_engine_fails_everyone() -> None
         loop.submit(_prompt(), None, lambda out: None)
 
 
+def test_a_request_the_engine_dropped_fails_instead_of_hanging() -> None:
+    engine = FakeStepEngine()
+    loop = EngineLoop(engine)
+    original = engine.add_request
+
+    def add_then_lose(request_id: str, prompt: Any, params: Any) -> str:
+        original(request_id, prompt, params)
+        engine.running.clear()  # e.g. someone else's llm.generate took its outputs
+        return request_id
+
+    engine.add_request = add_then_lose  # type: ignore[method-assign]
+    (err,) = _collect(loop, _prompt())
+    assert isinstance(err, RuntimeError) and "without a final output" in str(err)
+    assert loop.steps == 1  # failed at once, no spinning
+    loop.close()
+
+
 def test_a_consumer_that_stops_aborts_its_request(tiny_tokenizer: Any) -> None:
     engine = FakeStepEngine(lambda ids: "y" * 200, step_s=0.002)
     backend = VLLMBackend(FakeLLM(tiny_tokenizer, engine))

@@ -156,6 +156,9 @@ class _LLMEngineInputs:
     def abort_request(self, request_ids: list[str]) -> None:
         self.engine.abort_request(request_ids)
 
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.engine.has_unfinished_requests())
+
 
 class VLLMBackend:
     """An :class:`EngineBackend` over an in-process ``vllm.LLM`` (see the module doc).

@@ -50,6 +50,8 @@ class StepEngine(Protocol):
 
     def abort_request(self, request_ids: list[str]) -> None: ...
 
+    def has_unfinished_requests(self) -> bool: ...
+
 
 @dataclass(frozen=True)
 class _Add:
@@ -161,6 +163,9 @@ class EngineLoop:
                 self.max_in_flight = max(self.max_in_flight, len(self._sinks))
                 outputs = self.engine.step()
                 self.steps += 1
+                if not outputs and not self.engine.has_unfinished_requests():
+                    self._drop_lost()
+                    continue
                 for out in outputs:
                     if getattr(out, "finished", False):
                         sink = self._sinks.pop(out.request_id, None)
@@ -185,6 +190,19 @@ class EngineLoop:
                         pending.append(command.sink)
             for sink in pending:
                 _deliver(sink, exc)
+
+    def _drop_lost(self) -> None:
+        """The engine holds none of the requests still waiting here: fail them (no spin)."""
+        lost, self._sinks = self._sinks, {}
+        for request_id, sink in lost.items():
+            _deliver(
+                sink,
+                RuntimeError(
+                    f"the engine finished request {request_id} without a final output "
+                    "(was it aborted or stepped by someone else, e.g. llm.generate on the "
+                    "same engine?)"
+                ),
+            )
 
 
 def _deliver(sink: Sink, item: Any) -> bool:

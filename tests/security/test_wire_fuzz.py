@@ -170,3 +170,18 @@ def test_valid_tags_round_trip() -> None:
 def test_the_reported_poisoning_blocks_are_rejected(blocks: str) -> None:
     with pytest.raises(TagError):
         tags_from_wire({"agentspec_v": 1, "agentspec_blocks": blocks})
+
+
+@pytest.mark.parametrize(
+    "blocks",
+    [(), (("ü" * 40, "x"),), (("\ud800", "x"),), (("", "x"),)],
+    ids=["empty", "80-bytes", "surrogate", "empty-delimiter"],
+)
+def test_langgraph_tagging_config_checks_blocks_like_the_wire(blocks: Any) -> None:
+    """A LangGraph app cannot configure delimiters its own tags would then fail on."""
+    from pydantic import ValidationError
+
+    from agentspec_mw_langgraph import TaggingConfig
+
+    with pytest.raises(ValidationError, match="tags_blocks"):
+        TaggingConfig(tags_blocks=blocks)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agentspec_mw.tags import MAX_DELIM_CHARS, Segment
+from agentspec_mw.tags import Segment, check_blocks
 
 __all__ = ["TaggingConfig"]
 
@@ -48,12 +48,8 @@ class TaggingConfig(BaseModel):
     def _check_blocks(
         cls, v: tuple[tuple[str, str], ...] | None
     ) -> tuple[tuple[str, str], ...] | None:
-        for start, end in v or ():
-            if not start or not end or len(start) > MAX_DELIM_CHARS or len(end) > MAX_DELIM_CHARS:
-                raise ValueError(
-                    f"tags_blocks entry {(start, end)!r} must be two non-empty strings of "
-                    f"at most {MAX_DELIM_CHARS} chars"
-                )
+        if v is not None:
+            check_blocks(v)  # what the wire and the proposer's block grammar accept
         return v
 
 

@@ -60,8 +60,6 @@ MAX_BLOCKS = 32
 """Block kinds per tag set."""
 MAX_DELIM_BYTES = 64
 """Longest block delimiter in UTF-8 bytes (the proposer's ``blocks.MAX_DELIM``)."""
-MAX_DELIM_CHARS = MAX_DELIM_BYTES
-"""Upper bound in characters (a delimiter this long may still be over the byte limit)."""
 MAX_WIRE_CHARS = 8192
 """Characters of all ``agentspec_`` keys and values of one request together."""
 MAX_BLOCKS_DEPTH = 2

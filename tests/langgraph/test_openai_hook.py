@@ -217,3 +217,15 @@ def test_tagging_transport_counts_as_delivered_without_warning(
 def test_engine_must_be_a_url() -> None:
     with pytest.raises(ValueError, match="http"):
         with_agentspec(one_node_graph(), engine="localhost:8000")
+
+
+def test_the_openai_api_itself_is_not_warned_about(
+    strict: TaggingConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = FakeOpenAI()
+    llm = plain_chat_openai(server, "https://api.openai.com/v1")
+    app = with_agentspec(one_node_graph(llm), config=strict)  # e.g. only to record traces
+    with caplog.at_level(logging.WARNING):
+        app.invoke({"messages": [("user", "x")]})
+    assert "vllm_xargs" not in server.bodies[0]
+    assert _warnings(caplog) == []

@@ -82,6 +82,8 @@ def _fuzz_bodies() -> list[bytes]:
         b"[" * 100_000,
         b"\xff\xfe\x00",
         b'{"prompt": "\\ud800", "model": "x"}',
+        b'{"prompt": "\xed\xa0\x80", "model": "x", "max_tokens": 2}',  # a raw surrogate
+        json.dumps(completion("x", 2)).encode("utf-16"),
         json.dumps(completion("x", 2)).encode()[:-3],
     ]
     return bodies

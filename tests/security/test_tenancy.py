@@ -94,7 +94,8 @@ def test_single_tenant_passes_bodies_unchanged() -> None:
     assert _post(client, raw).status_code == 200
     assert echo.bodies[-1]["vllm_xargs"]["agentspec_scope"] == "x"  # the client's claim holds
     assert _post(client, "not json").status_code == 200  # vLLM answers that itself
-    assert _post(client, b"\xff\xfe", path="/v1/x").status_code == 400  # not UTF-8
+    assert _post(client, b'{"prompt": "\xed\xa0\x80"}').status_code == 400  # raw surrogate
+    assert _post(client, b"\xff\x00\x00").status_code == 200  # not text: vLLM answers it
     assert client.get("/metrics").status_code == 200
 
 

@@ -11,9 +11,10 @@ app is built (a bad key table stops the server from starting). Per request:
    else HTTP 401. ``/health``, ``/metrics`` and other ``GET`` paths stay open.
 2. **Body checks** (always, for ``POST``/``PUT``/``PATCH``): the body is buffered up to
    ``max_body_bytes`` (HTTP 413 above). A JSON body with text that cannot be encoded as
-   UTF-8 (a lone surrogate such as ``"\\ud800"`` in ``messages``, ``prompt``, ``stop`` or
-   ``vllm_xargs``), or that is not UTF-8 at all, gets HTTP 400 naming the field, before
-   vLLM sees it. Other bodies pass unchanged, unless scopes are bound:
+   UTF-8 (a lone surrogate, escaped as ``"\\ud800"`` or raw, in ``messages``, ``prompt``,
+   ``stop`` or ``vllm_xargs``) gets HTTP 400 naming the field, before vLLM sees it; so
+   does JSON nested too deeply to parse. Other bodies pass unchanged, unless scopes are
+   bound:
 3. **Scope binding**: the body must be a JSON object (HTTP 400; a form or binary body gets
    415), and :func:`~agentspec_mw_vllm.tenancy.bind_body` writes the bound scope into its
    ``vllm_xargs`` (HTTP 403 for a claimed foreign scope). WebSocket connections are
@@ -107,16 +108,13 @@ class RequestGuard:
             if bound is not None and json_type:
                 raise Refusal(400, "empty request body: send a JSON object")
             return None
-        try:
-            obj = json.loads(body.decode("utf-8"))
-        except UnicodeDecodeError:
-            if json_type:
-                raise Refusal(400, "request body is not valid UTF-8") from None
-            obj = _NOT_JSON
-        except ValueError:  # not JSON (RecursionError is not a ValueError: handled below)
-            obj = _NOT_JSON
+        try:  # parsed as vLLM parses it (Starlette: json.loads of the bytes, which detects
+            # UTF-8/16/32 and lets encoded surrogates through)
+            obj = json.loads(body)
         except RecursionError:
             raise Refusal(400, "request body nests JSON too deeply") from None
+        except ValueError:  # not JSON, or not text: vLLM answers it (unless bound, below)
+            obj = _NOT_JSON
         if obj is not _NOT_JSON:
             where = find_unencodable(obj)
             if where is not None:

@@ -32,6 +32,23 @@ from agentspec_mw.tags import StructureTags
 N_BLOCKS = 32  # the most a request's tags may carry
 
 
+def space_blocks(text: str, seed: int) -> tuple[tuple[str, str], ...]:
+    """32 delimiter pairs of 63-64 bytes ending in a space, each a run of spaces with one
+    other byte at a different place: inside indentation every space byte compares each
+    of the 64 delimiters up to that byte (~32 bytes each)."""
+    other = chr(33 + seed % 90)
+    blocks = []
+    for i in range(N_BLOCKS):
+        a, b = 2 * i, 2 * i + 1
+        blocks.append(
+            (
+                " " * a + other + " " * (MAX_DELIM - 2 - a),
+                " " * b + other + " " * (MAX_DELIM - 2 - b),
+            )
+        )
+    return tuple(blocks)
+
+
 def hostile_blocks(text: str, seed: int) -> tuple[tuple[str, str], ...]:
     """32 delimiter pairs from ``text`` (see the module docstring)."""
     rng = random.Random(seed)
@@ -48,7 +65,7 @@ def hostile_blocks(text: str, seed: int) -> tuple[tuple[str, str], ...]:
     return tuple(blocks)
 
 
-def with_hostile_tags(calls: list[ReplayCall], text: str) -> list[ReplayCall]:
+def with_hostile_tags(calls: list[ReplayCall], text: str, kind: str) -> list[ReplayCall]:
     """Each run gets grammar ``run index mod (MAX_GRAMMARS - 1)``: every live request of a
     full batch of 64 has its own."""
     runs: dict[str, int] = {}
@@ -56,7 +73,8 @@ def with_hostile_tags(calls: list[ReplayCall], text: str) -> list[ReplayCall]:
     for c in calls:
         g = runs.setdefault(c.run_id, len(runs)) % (MAX_GRAMMARS - 1)
         tags = c.tags or StructureTags(agent_id=f"agent-{c.run_id}", query_id=c.run_id)
-        out.append(replace(c, tags=tags.model_copy(update={"blocks": hostile_blocks(text, g)})))
+        blocks = (space_blocks if kind == "spaces" else hostile_blocks)(text, g)
+        out.append(replace(c, tags=tags.model_copy(update={"blocks": blocks})))
     return out
 
 
@@ -73,6 +91,13 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--max-calls", type=int, default=600)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--kind",
+        choices=("windows", "spaces"),
+        default="windows",
+        help="windows: near misses of the text's own 63-byte windows; spaces: runs of "
+        "spaces with one other byte (indentation compares every delimiter deeply)",
+    )
     args = ap.parse_args()
     setup = load_workloads(args.traces, args.tokenizer, max_k=args.k, max_calls=args.max_calls)
     tb = setup.env.token_bytes
@@ -82,7 +107,7 @@ def main() -> None:
         text = b"".join(tb[t] for c in calls[:200] for t in c.output.tolist()).decode(
             "utf-8", errors="ignore"
         )
-        hostile = with_hostile_tags(list(calls), text)
+        hostile = with_hostile_tags(list(calls), text, args.kind)
         med = {"benign": [], "hostile": []}
         n_steps = 0
         t0 = time.perf_counter()

@@ -10,7 +10,8 @@ that the proposer calls for a whole batch inside its per-step kernel and
 
 * a start delimiter pushes its block; the matching end delimiter pops it (for blocks whose
   start and end are the same, e.g. fenced code, a second occurrence closes);
-* delimiters may be split across tokens (the last :data:`MAX_DELIM` bytes are kept);
+* delimiters may be split across tokens (the automaton keeps rolling hashes of the last
+  :data:`MAX_DELIM` bytes);
 * nesting is capped (:data:`MAX_DEPTH`); an unterminated block stays open until the request
   stops;
 * a token is attributed to the block that was open *before* it: an opening delimiter
@@ -20,11 +21,20 @@ that the proposer calls for a whole batch inside its per-step kernel and
   closes a code block does not reopen one).
 
 Per token there is no tokenizer call: token bytes come from a flat table built once per
-token table, and at each byte only the delimiters ending in that byte are compared.
+token table, and at each byte only the delimiters ending in that byte are checked, each
+in constant time: the automaton keeps the 64-bit polynomial hash of every prefix of the
+bytes it has seen (a ring of the last ``2 × MAX_DELIM``), so the hash of the last ``ln``
+bytes is one multiply and one subtraction, compared with the delimiter's hash. A byte
+therefore costs at most one check per delimiter of the grammar, whatever the delimiters'
+lengths and however much of them the text repeats (byte-by-byte comparison cost up to
+``64 × 64`` per byte under hostile delimiters). The hash base is drawn at random per
+process (:data:`HASH_BASE`), so a client cannot craft delimiters that collide; a false
+match has probability ``2^-64`` per check.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +46,7 @@ __all__ = [
     "DEFAULT_BLOCKS",
     "MAX_DELIM",
     "MAX_DEPTH",
+    "HASH_RING",
     "ROOT",
     "BlockGrammar",
     "BlockSpec",
@@ -48,10 +59,16 @@ __all__ = [
 ROOT = "text"
 MAX_DEPTH = 8
 MAX_DELIM = 64
-"""Longest delimiter, in UTF-8 bytes (a power of two: the byte ring's size)."""
-_RING = MAX_DELIM - 1  # mask of an automaton's ring of its last MAX_DELIM bytes
+"""Longest delimiter, in UTF-8 bytes (a power of two: half the hash ring's size)."""
+_RING = 2 * MAX_DELIM - 1  # mask of an automaton's ring of prefix hashes (>= MAX_DELIM + 1)
+HASH_BASE = secrets.randbits(64) | 1
+"""Base of the delimiters' polynomial hashes (odd, drawn per process)."""
+_MASK = (1 << 64) - 1
+_POW = np.array([pow(HASH_BASE, i, 1 << 64) for i in range(MAX_DELIM + 1)], dtype=np.uint64)
 MAX_BLOCKS = 63
 """Block kinds per grammar (block id 0 is :data:`ROOT`)."""
+HASH_RING = _RING + 1
+"""Prefix hashes an automaton keeps (its ``tail`` row, uint64)."""
 DEPTH, TAILN = 0, 1  # columns of an automaton's int64 state row (TAILN: bytes seen)
 
 
@@ -92,6 +109,15 @@ def _flat_bytes(token_bytes: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return off, data
 
 
+def _delim_hash(d: bytes) -> int:
+    """The polynomial hash :func:`advance` computes over a delimiter's bytes (each byte
+    counted as ``byte + 1``), modulo 2^64."""
+    h = 0
+    for b in d:
+        h = (h * HASH_BASE + b + 1) & _MASK
+    return h
+
+
 class BlockGrammar:
     """Compiled delimiters for one token table (shared by all requests that use them).
 
@@ -117,12 +143,10 @@ class BlockGrammar:
                 if d not in delims:
                     delims.append(d)
         n_d = len(delims)
-        d_bytes = np.zeros((n_d, MAX_DELIM), dtype=np.uint8)
+        d_hash = np.array([_delim_hash(d) for d in delims], dtype=np.uint64)
         d_len = np.array([len(d) for d in delims], dtype=np.int64)
         d_start = np.full(n_d, -1, dtype=np.int64)  # the first block a delimiter opens
         b_end = np.full(MAX_BLOCKS + 1, -1, dtype=np.int64)  # the delimiter closing a block
-        for i, d in enumerate(delims):
-            d_bytes[i, : len(d)] = np.frombuffer(d, dtype=np.uint8)
         for b, s in enumerate(specs, start=1):
             di = delims.index(s.start.encode())
             if d_start[di] < 0:
@@ -135,7 +159,7 @@ class BlockGrammar:
         last_ptr = np.zeros(257, dtype=np.int64)
         np.cumsum([len(x) for x in by_last], out=last_ptr[1:])
         last_list = np.array([i for x in by_last for i in x], dtype=np.int64)
-        self.parts = (d_bytes, d_len, d_start, b_end, last_ptr, last_list)
+        self.parts = (d_hash, d_len, d_start, b_end, last_ptr, last_list)
         """This grammar's tables (delimiter indices local to it); :func:`_concat` joins
         several."""
         self.arrays: tuple[np.ndarray, ...] = _concat([self.parts], token_bytes)
@@ -157,7 +181,8 @@ def _concat(
     return (
         tb_off,
         tb_data,
-        np.concatenate([p[0] for p in parts]),  # d_bytes
+        _POW,
+        np.concatenate([p[0] for p in parts]),  # d_hash
         np.concatenate([p[1] for p in parts]),  # d_len
         np.concatenate([p[2] for p in parts]),  # d_start (block ids local to the grammar)
         b_end,
@@ -201,26 +226,25 @@ def advance(
     tok: int, stack: np.ndarray, tail: np.ndarray, st: np.ndarray, g: Any, gi: int
 ) -> None:  # pragma: no cover
     """Feed one token's bytes to one automaton (``stack``/``tail``/``st`` rows) of
-    grammar ``gi`` of table ``g`` (:attr:`GrammarTable.arrays`)."""
-    tb_off, tb_data, d_bytes, d_len, d_start, b_end, last_ptr, last_list = g
+    grammar ``gi`` of table ``g`` (:attr:`GrammarTable.arrays`). ``tail[i & _RING]``
+    is the hash of the first ``i`` bytes seen (``tail[0] = 0`` at a fresh start)."""
+    tb_off, tb_data, pw, d_hash, d_len, d_start, b_end, last_ptr, last_list = g
     if tok < 0 or tok + 1 >= tb_off.shape[0]:
         return
+    base = pw[1]
+    one = np.uint64(1)
+    n = st[TAILN]  # bytes seen
+    h = tail[n & _RING]
+    st[TAILN] = n + tb_off[tok + 1] - tb_off[tok]
     for p in range(tb_off[tok], tb_off[tok + 1]):
         c = tb_data[p]
-        n = st[TAILN] + 1  # bytes seen; the tail is a ring of the last MAX_DELIM of them
-        st[TAILN] = n
-        tail[(n - 1) & _RING] = c
+        n += 1
+        h = h * base + np.uint64(c) + one
+        tail[n & _RING] = h
         for j in range(last_ptr[gi, c], last_ptr[gi, c + 1]):
             d = last_list[j]
             ln = d_len[d]
-            if ln > n:
-                continue
-            ok = True
-            for q in range(ln - 1):  # the last byte is c
-                if tail[(n - ln + q) & _RING] != d_bytes[d, q]:
-                    ok = False
-                    break
-            if not ok:
+            if ln > n or h - tail[(n - ln) & _RING] * pw[ln] != d_hash[d]:
                 continue
             depth = st[DEPTH]
             if depth > 0 and b_end[gi, stack[depth - 1]] == d:
@@ -247,7 +271,7 @@ class BlockState:
     def __init__(self, grammar: BlockGrammar) -> None:
         self.grammar = grammar
         self._stack = np.zeros(MAX_DEPTH, dtype=np.int64)
-        self._tail = np.zeros(MAX_DELIM, dtype=np.uint8)
+        self._tail = np.zeros(_RING + 1, dtype=np.uint64)
         self._st = np.zeros(2, dtype=np.int64)
 
     @property

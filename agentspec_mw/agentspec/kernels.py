@@ -92,6 +92,7 @@ def scan_prompts(
         s = slots[i]
         bst[s, 0] = 0
         bst[s, 1] = 0
+        tail[s, 0] = 0  # the hash of no bytes
         a = si[s, C_CSTART]
         n = si[s, C_CLEN]
         for p in range(a + max(0, n - n_scan), a + n):

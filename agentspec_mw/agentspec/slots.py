@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from agentspec_mw.agentspec.blocks import MAX_DELIM, MAX_DEPTH
+from agentspec_mw.agentspec.blocks import HASH_RING, MAX_DEPTH
 from agentspec_mw.agentspec.kernels import C_CCAP, C_CLEN, C_CSTART, N_COLS
 
 __all__ = ["SlotTable"]
@@ -28,7 +28,7 @@ class SlotTable:
     def __init__(self, rows: int = 64, draft_width: int = 16, arena: int = 1 << 16) -> None:
         self.si = np.zeros((rows, N_COLS), dtype=np.int64)
         self.stack = np.zeros((rows, MAX_DEPTH), dtype=np.int64)
-        self.tail = np.zeros((rows, MAX_DELIM), dtype=np.uint8)
+        self.tail = np.zeros((rows, HASH_RING), dtype=np.uint64)
         self.bst = np.zeros((rows, 2), dtype=np.int64)
         self.dtok = np.zeros((rows, draft_width), dtype=np.int32)
         self.dcell = np.zeros((rows, draft_width), dtype=np.int64)

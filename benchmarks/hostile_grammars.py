@@ -80,7 +80,9 @@ def with_hostile_tags(calls: list[ReplayCall], text: str, kind: str) -> list[Rep
 
 def step_times(calls: list[ReplayCall], setup, batch: int, k: int) -> np.ndarray:  # type: ignore[no-untyped-def]
     """Per-step proposer time (us) over the steps with ``batch`` calls in flight."""
-    proposer = make_proposer("agentspec", setup.env)
+    # one scope may take every grammar row (the default lets one scope hold 16 of 63):
+    # the worst a deployment allows
+    proposer = make_proposer("agentspec", setup.env, blocks_max_per_scope=MAX_GRAMMARS)
     r = replay_workload(calls, proposer, batch=batch, k=k, cost_model=setup.cost)
     return np.asarray(r.propose_us)[np.asarray(r.step_batch) >= batch]
 

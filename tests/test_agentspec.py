@@ -925,7 +925,7 @@ def test_agentspec_drafts_do_not_depend_on_slot_or_arena_layout(tiny_tokenizer, 
 def test_agentspec_caps_distinct_block_grammars(tb, caplog) -> None:  # type: ignore[no-untyped-def]
     from agentspec_mw.agentspec.proposer import MAX_GRAMMARS
 
-    p = _prop(tb)
+    p = _prop(tb, blocks_max_per_scope=MAX_GRAMMARS)  # one scope may fill the table
     for i in range(MAX_GRAMMARS + 5):
         tags = StructureTags(agent_id="a", query_id="q", blocks=[(f"<b{i}>", f"</b{i}>")])
         p.start(f"r{i}", [1, 2, 3], tags)

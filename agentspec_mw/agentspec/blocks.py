@@ -1,9 +1,9 @@
 """Block tracking: which kind of block (code, tool call, thought, ...) a request is in.
 
 A :class:`BlockGrammar` is compiled once per delimiter set and token table into flat
-arrays; a :class:`GrammarTable` concatenates several grammars' arrays so one kernel call
-advances requests of different grammars together (the grammar is an index into the
-table, not a separate call). The state of one request is a small pushdown automaton (a
+arrays; a :class:`GrammarTable` holds several grammars as rows of one set of arrays, so
+one kernel call advances requests of different grammars together (the grammar is a row
+index, not a separate call). The state of one request is a small pushdown automaton (a
 stack of open blocks and the last bytes seen) advanced by a numba kernel, :func:`advance`,
 that the proposer calls for a whole batch inside its per-step kernel and
 :class:`BlockState` calls for one request:
@@ -160,58 +160,75 @@ class BlockGrammar:
         np.cumsum([len(x) for x in by_last], out=last_ptr[1:])
         last_list = np.array([i for x in by_last for i in x], dtype=np.int64)
         self.parts = (d_hash, d_len, d_start, b_end, last_ptr, last_list)
-        """This grammar's tables (delimiter indices local to it); :func:`_concat` joins
-        several."""
-        self.arrays: tuple[np.ndarray, ...] = _concat([self.parts], token_bytes)
+        """This grammar's tables (delimiter indices local to it), for a table row
+        (:func:`_fill`)."""
+        self.arrays: tuple[np.ndarray, ...] = _table(1, token_bytes)
+        _fill(self.arrays, 0, self.parts)
         """The one-grammar table :func:`advance` takes (grammar index 0)."""
 
 
-def _concat(
-    parts: Sequence[tuple[np.ndarray, ...]], token_bytes: Sequence[bytes]
-) -> tuple[np.ndarray, ...]:
-    """Several grammars' tables as one: delimiters numbered across grammars, and per
-    grammar ``gi`` its row ``b_end[gi]`` (block -> closing delimiter) and ``last_ptr[gi]``
-    (byte -> its delimiters in ``last_list``)."""
-    d_off = np.cumsum([0] + [len(p[1]) for p in parts])
-    l_off = np.cumsum([0] + [len(p[5]) for p in parts])
-    b_end = np.stack([np.where(p[3] >= 0, p[3] + d_off[g], -1) for g, p in enumerate(parts)])
-    last_ptr = np.stack([p[4] + l_off[g] for g, p in enumerate(parts)])
-    last_list = np.concatenate([p[5] + d_off[g] for g, p in enumerate(parts)])
+_DPG = 2 * (MAX_BLOCKS + 1)  # delimiter slots per grammar row of a table (2 per block)
+
+
+def _table(capacity: int, token_bytes: Sequence[bytes]) -> tuple[np.ndarray, ...]:
+    """An empty table of ``capacity`` grammar rows: grammar ``gi``'s delimiters are
+    ``gi * _DPG + i`` (hash, length, the block each opens), ``b_end[gi]`` maps its
+    blocks to their closing delimiters and ``last_ptr[gi]`` each byte to its span of
+    ``last_list`` (the delimiters ending in that byte, longest first)."""
     tb_off, tb_data = _flat_bytes(token_bytes)
+    n = capacity * _DPG
     return (
         tb_off,
         tb_data,
         _POW,
-        np.concatenate([p[0] for p in parts]),  # d_hash
-        np.concatenate([p[1] for p in parts]),  # d_len
-        np.concatenate([p[2] for p in parts]),  # d_start (block ids local to the grammar)
-        b_end,
-        last_ptr,
-        last_list.astype(np.int64),
+        np.zeros(n, dtype=np.uint64),  # d_hash
+        np.zeros(n, dtype=np.int64),  # d_len
+        np.full(n, -1, dtype=np.int64),  # d_start (block ids local to the grammar)
+        np.full((capacity, MAX_BLOCKS + 1), -1, dtype=np.int64),  # b_end
+        np.zeros((capacity, 257), dtype=np.int64),  # last_ptr
+        np.zeros(n, dtype=np.int64),  # last_list
     )
 
 
-class GrammarTable:
-    """The grammars a proposer uses, in one table: grammar ``i`` is row ``i`` of
-    :attr:`arrays` (what :func:`advance` takes with ``gi = i``). Rebuilt on each
-    :meth:`add` (a few kB per grammar; grammars are added rarely and capped by the
-    caller)."""
+def _fill(arrays: tuple[np.ndarray, ...], gi: int, parts: tuple[np.ndarray, ...]) -> None:
+    """Write a grammar's tables into row ``gi`` of a :func:`_table` (in place)."""
+    d_hash, d_len, d_start, b_end, last_ptr, last_list = parts
+    base = gi * _DPG
+    n = len(d_hash)
+    arrays[3][base : base + n] = d_hash
+    arrays[4][base : base + n] = d_len
+    arrays[5][base : base + n] = d_start
+    arrays[6][gi] = np.where(b_end >= 0, b_end + base, -1)
+    arrays[7][gi] = last_ptr + base
+    arrays[8][base : base + n] = last_list + base
 
-    def __init__(self, default: BlockGrammar) -> None:
-        self.grammars: list[BlockGrammar] = [default]
-        self.arrays: tuple[np.ndarray, ...] = default.arrays
+
+class GrammarTable:
+    """The grammars a proposer uses, in one fixed table of ``capacity`` rows: grammar
+    ``gi`` is row ``gi`` of :attr:`arrays` (what :func:`advance` takes with that ``gi``).
+    Row 0 holds the default grammar; :meth:`set` writes another row in place (no other
+    row moves, so requests of other grammars are not disturbed). About 5 kB per row."""
+
+    def __init__(self, default: BlockGrammar, capacity: int) -> None:
+        self.grammars: list[BlockGrammar | None] = [default] + [None] * (capacity - 1)
+        self.arrays: tuple[np.ndarray, ...] = _table(capacity, default.token_bytes)
+        _fill(self.arrays, 0, default.parts)
 
     def __len__(self) -> int:
-        return len(self.grammars)
+        """Rows holding a grammar."""
+        return sum(g is not None for g in self.grammars)
 
     def __getitem__(self, gi: int) -> BlockGrammar:
-        return self.grammars[gi]
+        grammar = self.grammars[gi]
+        assert grammar is not None, f"grammar row {gi} is empty"
+        return grammar
 
-    def add(self, grammar: BlockGrammar) -> int:
-        """Append a grammar (same token table) and return its index."""
-        self.grammars.append(grammar)
-        self.arrays = _concat([g.parts for g in self.grammars], self.grammars[0].token_bytes)
-        return len(self.grammars) - 1
+    def set(self, gi: int, grammar: BlockGrammar) -> None:
+        """Put ``grammar`` (same token table) in row ``gi`` (1 ..), replacing any."""
+        if not 0 < gi < len(self.grammars):
+            raise ValueError(f"grammar row {gi} is not in 1..{len(self.grammars) - 1}")
+        self.grammars[gi] = grammar
+        _fill(self.arrays, gi, grammar.parts)
 
 
 @njit(cache=True, nogil=True, inline="always")

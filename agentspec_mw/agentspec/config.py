@@ -25,6 +25,12 @@ class AgentSpecConfig(BaseModel):
         (b.name, b.start, b.end) for b in DEFAULT_BLOCKS
     )
     """Block kinds ``(name, start, end)`` used when a request's tags name none."""
+    blocks_max_per_scope: int = Field(default=16, ge=1)
+    """Grammar rows (distinct block delimiter sets from tags) one isolation scope may
+    hold of the proposer's 63; past this, its least recently started set no live request
+    uses is replaced, or its request uses the default blocks
+    (:mod:`~agentspec_mw.agentspec.grammars`). Keeps one tenant's delimiter sets from
+    locking the others' out."""
     sources: tuple[Literal["iso", "agent", "scope", "local"], ...] = (
         "iso",
         "agent",

@@ -66,9 +66,10 @@ from typing import Any
 import numpy as np
 
 from agentspec_mw.agentspec import kernels as K
-from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec, GrammarTable, current
+from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec, current
 from agentspec_mw.agentspec.budget import allocate
 from agentspec_mw.agentspec.config import AgentSpecConfig
+from agentspec_mw.agentspec.grammars import MAX_GRAMMARS, GrammarRegistry
 from agentspec_mw.agentspec.ngram_index import LEVELS, MAX_N, NgramIndex
 from agentspec_mw.agentspec.scopes import FROZEN, ScopeStates
 from agentspec_mw.agentspec.slots import SlotTable
@@ -80,9 +81,6 @@ from agentspec_mw.tags import StructureTags
 __all__ = ["MAX_GRAMMARS", "SOURCES", "AgentSpecProposer", "redundancy_score"]
 
 logger = logging.getLogger(__name__)
-MAX_GRAMMARS = 64
-"""Block grammars a proposer keeps (the default and 63 sets of delimiters from tags)."""
-_MAX_BAD_BLOCKS = 256  # delimiter sets remembered as failing (not rebuilt each request)
 
 SOURCES = ("iso", "agent", "scope", "local")
 _Q = 10  # buckets of c/n
@@ -178,13 +176,7 @@ class AgentSpecProposer:
             else get_cost_model(cfg.budget_cost_model)
         )
         default = BlockGrammar([BlockSpec(*b) for b in cfg.blocks], self.token_bytes)
-        self._grammars = GrammarTable(default)
-        self._grammar_ids: dict[tuple[tuple[str, str], ...] | None, int] = {None: 0}
-        self._bad_blocks: OrderedDict[Any, None] = OrderedDict()  # failed to build, LRU
-        self._warned_grammars = self._warned_bad_blocks = False
-        self.grammar_fallbacks = 0
-        """Requests whose tags' blocks could not be used (they failed to build, or the
-        grammar table was full): they got the default grammar."""
+        self._grammars = GrammarRegistry(default, self.token_bytes, cfg.blocks_max_per_scope)
         self._index = NgramIndex(capacity=cfg.index_max_tokens)
         self._out_seq = self._index.new_seq()  # sequences used to insert finished outputs
         self._out_gseq = self._index.new_seq()
@@ -294,7 +286,13 @@ class AgentSpecProposer:
         self._ws[(n_req, kk)] = ws
         return ws
 
-    # -- identity and keys ---------------------------------------------------------------
+    @property
+    def grammar_fallbacks(self) -> int:
+        """Requests whose tags named block delimiters they did not get (the delimiters
+        failed to build, or no grammar row was free): they used the default blocks
+        (:mod:`.grammars`)."""
+        return self._grammars.fallbacks
+
     @property
     def _fine(self) -> tuple[Any, ...]:
         """The fine cells' counts (every scope row), token codes and shrinkage weight."""
@@ -319,63 +317,6 @@ class AgentSpecProposer:
         return float(self._scopes.floor[self._default_row])
 
     # -- identity and keys ---------------------------------------------------------------
-    def _grammar_id(self, tags: StructureTags | None) -> int:
-        """The block grammar of the request's tags (0: the default).
-
-        A new delimiter set is built and checked first and only then recorded, so a set
-        that cannot be built never gets an id: that request gets the default grammar
-        (logged once, counted in :attr:`grammar_fallbacks`; the set is remembered as
-        failing, bounded), and so does every request once :data:`MAX_GRAMMARS` sets are
-        recorded. Never raises.
-        """
-        blocks = None if tags is None else tags.blocks
-        if blocks is None:
-            return 0
-        try:
-            key = tuple((s, e) for s, e in blocks)
-            gid = self._grammar_ids.get(key)
-        except Exception as exc:  # not pairs, or unhashable (tags built without checks)
-            self._grammar_failed(repr(blocks)[:200], exc)
-            return 0
-        if gid is not None:
-            return gid
-        if key in self._bad_blocks:
-            self._bad_blocks.move_to_end(key)
-            self.grammar_fallbacks += 1
-            return 0
-        if len(self._grammars) >= MAX_GRAMMARS:
-            self.grammar_fallbacks += 1
-            if not self._warned_grammars:
-                self._warned_grammars = True
-                logger.warning(
-                    "agentspec: more than %d distinct block delimiter sets in tags; "
-                    "further new ones use the default blocks",
-                    MAX_GRAMMARS - 1,
-                )
-            return 0
-        try:
-            specs = [BlockSpec(f"b{i}:{s}", s, e) for i, (s, e) in enumerate(key)]
-            grammar = BlockGrammar(specs, self.token_bytes)
-        except Exception as exc:
-            self._bad_blocks[key] = None
-            while len(self._bad_blocks) > _MAX_BAD_BLOCKS:
-                self._bad_blocks.popitem(last=False)
-            self._grammar_failed(repr(key)[:200], exc)
-            return 0
-        gid = self._grammar_ids[key] = self._grammars.add(grammar)
-        return gid
-
-    def _grammar_failed(self, what: str, exc: Exception) -> None:
-        self.grammar_fallbacks += 1
-        if not self._warned_bad_blocks:
-            self._warned_bad_blocks = True
-            logger.warning(
-                "agentspec: block delimiters from tags cannot be used (%r), the request "
-                "uses the default blocks (logged once; counted in grammar_fallbacks): %s",
-                exc,
-                what,
-            )
-
     def _key_base(self, key: tuple[str, ...]) -> int:
         """Id of a key base (index key = base * NB + block id); least recently used go."""
         kid = self._keys.get(key)
@@ -394,14 +335,14 @@ class AgentSpecProposer:
 
         Scope-only tags (no ``agent_id``/``query_id``) get the tag-free identity inside
         their scope. Nothing in ``tags`` makes this raise: unusable block delimiters fall
-        back to the default grammar (:meth:`_grammar_id`).
+        back to the default grammar (:mod:`.grammars`).
         """
         if req_id in self._reqs:
             self.stop(req_id)
         prompt = np.asarray(prompt_ids, dtype=np.int32).reshape(-1)
         cfg = self.config
         scope, agent, group = self._identity(prompt, tags)
-        gid = self._grammar_id(tags)
+        gid, glabel = self._grammars.acquire(None if tags is None else tags.blocks, scope)
         cal = self._scopes.acquire(scope)
         slots = self._slots
         s = slots.acquire(prompt)
@@ -409,7 +350,7 @@ class AgentSpecProposer:
         row[K.C_CAL] = cal
         row[K.C_PLEN] = len(prompt)
         row[K.C_SEQ] = self._index.new_seq()
-        row[K.C_KBASE] = self._key_base((scope, agent, group, str(gid)))
+        row[K.C_KBASE] = self._key_base((scope, agent, group, glabel))
         row[K.C_ABASE] = self._key_base(("agent", scope, agent))
         row[K.C_GID] = gid
         row[K.C_SEQBLK] = -1
@@ -482,7 +423,7 @@ class AgentSpecProposer:
                 slots.tail,
                 slots.bst,
                 slots.ctx,
-                self._grammars.arrays,
+                self._grammars.table.arrays,
             )
         if self._pend_ids:
             sl = np.array(self._pend_slot, dtype=np.int64)
@@ -504,7 +445,7 @@ class AgentSpecProposer:
                 slots.dtok,
                 slots.dcell,
                 slots.ctx,
-                self._grammars.arrays,
+                self._grammars.table.arrays,
                 ix,
                 self._scopes.calib,
                 float(self.config.calib_prior_strength),
@@ -522,6 +463,7 @@ class AgentSpecProposer:
             seqs = K.release_rows(dn, slots.si, self._scopes.ledger)
             self._index.end_seqs(seqs)
             self._scopes.release(slots.si[dn, K.C_CAL])
+            self._grammars.release(slots.si[dn, K.C_GID])
             slots.release(done)
 
     def block_of(self, req_id: str) -> str | None:
@@ -532,7 +474,7 @@ class AgentSpecProposer:
         self._flush()
         slots = self._slots
         blk = current(slots.stack[s], slots.bst[s])
-        return self._grammars[int(slots.si[s, K.C_GID])].names[blk]
+        return self._grammars.table[int(slots.si[s, K.C_GID])].names[blk]
 
     # -- drafting ------------------------------------------------------------------------
     def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 from agentspec_mw.agentspec import proposer as P
-from agentspec_mw.agentspec.proposer import MAX_GRAMMARS, AgentSpecProposer
+from agentspec_mw.agentspec.grammars import MAX_BAD_BLOCKS, MAX_GRAMMARS
+from agentspec_mw.agentspec.kernels import C_GID
+from agentspec_mw.agentspec.proposer import AgentSpecProposer
 from agentspec_mw.costmodel import get_cost_model
 from agentspec_mw.proposer import ProposerEnv, StepContext
 from agentspec_mw.tags import StructureTags
@@ -204,8 +206,36 @@ def test_bad_blocks_never_get_an_id_and_the_next_good_ones_do() -> None:
     good = StructureTags(agent_id="a", query_id="q", blocks=(("<a>", "</a>"),))
     p.start("ok", [1, 2, 3], good)
     p.propose([f"r{i}" for i in range(2 * len(POISON_BLOCKS))] + ["ok"], 4, StepContext(4))
-    assert len(p._grammars) == 2 and p._grammar_ids[good.blocks] == 1
+    assert len(p._grammars) == 2 and p._grammars._rows[good.blocks] == 1
     assert p.block_of("ok") == "text"
+
+
+def _blocks(i: int) -> tuple[tuple[str, str], ...]:
+    return ((f"<t{i}>", f"</t{i}>"),)
+
+
+def test_one_scope_cannot_lock_others_out_of_block_grammars() -> None:
+    """A scope holds at most ``blocks_max_per_scope`` grammar rows; rows whose requests
+    stopped are reused; another scope's new delimiters still get a row."""
+    p = _prop(blocks_max_per_scope=4)
+    tags = [
+        StructureTags(scope="N", agent_id="a", query_id="q", blocks=_blocks(i)) for i in range(40)
+    ]
+    for i, t in enumerate(tags[:6]):  # six live sets: four rows, then the default
+        p.start(f"n{i}", [1, 2], t)
+    assert [int(p._slots.si[p._reqs[f"n{i}"], C_GID]) for i in range(6)] == [1, 2, 3, 4, 0, 0]
+    v = StructureTags(scope="V", agent_id="a", query_id="q", blocks=(("<v>", "</v>"),))
+    p.start("v", [1, 2], v)
+    assert int(p._slots.si[p._reqs["v"], C_GID]) == 5  # V is not locked out
+    for i in range(6):
+        p.stop(f"n{i}")
+    p.propose(["v"], 4, StepContext(1))  # applies the stops
+    for i, t in enumerate(tags[6:40], start=6):  # N cycles through 34 more sets
+        p.start(f"n{i}", [1, 2], t)
+        p.stop(f"n{i}")
+        p.propose(["v"], 4, StepContext(1))
+    assert len(p._grammars) <= 1 + 4 + 1 and p._grammars._owned["N"] <= 4
+    assert p.block_of("v") == "text" and p._grammars._rows[v.blocks] == 5
 
 
 # -- per-scope calibration ---------------------------------------------------------------
@@ -288,5 +318,6 @@ def test_state_returns_to_baseline_after_10k_hostile_requests() -> None:
     assert sum(p._scopes.live) == 1  # only the default scope's pinned reference
     assert p._scopes.rows <= 4 + 1  # calib_max_scopes rows and the frozen prior
     assert len(p._keys) <= 500
-    assert len(p._grammars) <= MAX_GRAMMARS and len(p._bad_blocks) <= P._MAX_BAD_BLOCKS
+    assert len(p._grammars) <= MAX_GRAMMARS and len(p._grammars._bad) <= MAX_BAD_BLOCKS
+    assert sum(p._grammars.live) == 0
     assert index_bytes[0] == index_bytes[1]

@@ -135,3 +135,19 @@ def test_fanout_streams_per_step_in_shared_steps(default_chat: ChatAgentSpecVLLM
         first, last = texted[0], chunks[-1]
         # the first text arrived steps (and time) before the generation ended
         assert first[1] < last[1] and first[2] < last[2]
+
+
+#: Greedy calls at batch 1 whose outputs differ with and without speculation when the
+#: engine runs in bfloat16 on this CPU (2 of 8 prompts tried, 2026-12-02; float32: 0 of 8):
+#: this test fails if the default dtype goes back to bfloat16.
+TIE_PRONE = ("Write three sentences about ritual of tea.", "List five steps to brew oolong tea.")
+
+
+def test_default_engine_equals_no_speculation_at_batch_one(
+    default_chat: ChatAgentSpecVLLM, plain_llm: Any
+) -> None:
+    longer = ChatAgentSpecVLLM(max_tokens=64)  # same engine settings: the same engine
+    assert longer.backend is default_chat.backend
+    plain = ChatAgentSpecVLLM(engine=plain_llm, max_tokens=64)
+    for prompt in TIE_PRONE:
+        assert longer.invoke(prompt).content == plain.invoke(prompt).content

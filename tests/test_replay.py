@@ -233,7 +233,23 @@ def test_cli_end_to_end(
         "speedup",
         "max_in_flight",
     }
-    assert all(keys == set(r) for r in report["results"])
+    added = {
+        "effective_batch",
+        "batch_filled",
+        "throughput_tok_s",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "tpot_p50_s",
+        "tpot_p99_s",
+        "prefill_tokens",
+        "prefix_hit_rate",
+        "preemptions",
+        "kv_waits",
+        "sim_time_s",
+    }
+    assert all(keys | added == set(r) for r in report["results"])  # old fields kept
+    assert report["limits"]["max_num_batched_tokens"] == 8192
+    assert "eff_batch" in printed and "ttft_p50" in printed
     rows = {(r["proposer"], r["workload"], r["batch"]): r for r in report["results"]}
     assert rows[("none", "ALL", 1)]["mat"] == 1.0 and rows[("none", "ALL", 4)]["speedup"] == 1.0
     # the sample's workloads have 2 and 3 runs: "batch 4" never has 4 calls in flight
@@ -241,6 +257,9 @@ def test_cli_end_to_end(
     assert rows[("suffix", "sample_react", 4)]["max_in_flight"] == 2
     assert rows[("suffix", "sample_tool_agent", 4)]["max_in_flight"] == 3
     assert rows[("suffix", "ALL", 4)]["max_in_flight"] == 3
+    assert rows[("suffix", "sample_react", 4)]["batch_filled"] is False  # at most 2 of 4
+    assert rows[("suffix", "sample_react", 1)]["batch_filled"] is True
+    assert "* effective batch under 80 % of the batch" in printed
     assert "note: sample_react: at batch 4 at most 2 calls were in flight" in printed
     assert "note: sample_tool_agent: at batch 4 at most 3 calls were in flight" in printed
     assert rows[("suffix", "ALL", 1)]["mat"] > 1.0

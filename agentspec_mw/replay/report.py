@@ -25,13 +25,41 @@ _COLS = [
     ("propose_us_p50", "{:.1f}"),
     ("propose_us_p99", "{:.1f}"),
     ("speedup", "{:.3f}"),
+    ("effective_batch", "{:.1f}"),
+    ("throughput_tok_s", "{:.1f}"),
+    ("ttft_p50_s", "{:.3f}"),
+    ("ttft_p99_s", "{:.3f}"),
+    ("tpot_p50_s", "{:.4f}"),
+    ("tpot_p99_s", "{:.4f}"),
+    ("prefill_tokens", "{}"),
+    ("prefix_hit_rate", "{:.3f}"),
 ]
+_SHORT = {
+    "effective_batch": "eff_batch",
+    "throughput_tok_s": "tok/s",
+    "ttft_p50_s": "ttft_p50",
+    "ttft_p99_s": "ttft_p99",
+    "tpot_p50_s": "tpot_p50",
+    "tpot_p99_s": "tpot_p99",
+    "prefill_tokens": "prefill_tok",
+    "prefix_hit_rate": "hit_rate",
+}
+#: Marks an effective batch under 80 % of the nominal batch (``batch_filled`` false).
+UNFILLED_MARK = "*"
+
+
+def _cell(row: ResultRow, col: str, fmt: str) -> str:
+    text = fmt.format(getattr(row, col))
+    if col == "effective_batch" and not row.batch_filled:
+        text += UNFILLED_MARK
+    return text
 
 
 def format_table(rows: Sequence[ResultRow]) -> str:
-    """A fixed-width table with one line per row."""
-    header = [c for c, _ in _COLS]
-    body = [[fmt.format(getattr(r, c)) for c, fmt in _COLS] for r in rows]
+    """A fixed-width table with one line per row; times in seconds. An effective batch
+    marked ``*`` is under 80 % of the row's batch (``batch_filled`` is false)."""
+    header = [_SHORT.get(c, c) for c, _ in _COLS]
+    body = [[_cell(r, c, fmt) for c, fmt in _COLS] for r in rows]
     widths = [
         max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)
     ]

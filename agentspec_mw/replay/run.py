@@ -31,6 +31,8 @@ __all__ = [
 ]
 
 ALL = "ALL"
+#: A row whose effective batch is under this share of its nominal batch is marked.
+FILLED = 0.8
 
 
 class ReplayConfig(BaseModel):
@@ -112,12 +114,37 @@ class ResultRow(BaseModel):
     max_in_flight: int = 0
     """Most calls in flight in one engine step: below ``batch`` when the workload has
     fewer runs than that (its "batch" row is then a replay at this smaller batch)."""
+    effective_batch: float = 0.0
+    """Mean requests emitting tokens per engine step (fewer than ``batch`` when the
+    workload has fewer runs, while prompts prefill, or when the KV cache holds fewer)."""
+    batch_filled: bool = True
+    """``effective_batch >= 0.8 * batch``: otherwise the row is not a replay at ``batch``."""
+    throughput_tok_s: float = 0.0
+    """Output tokens per simulated second (all calls, first arrival to last end)."""
+    ttft_p50_s: float = 0.0
+    """Median time from a call's arrival to its first token (queueing + prefill), s."""
+    ttft_p99_s: float = 0.0
+    tpot_p50_s: float = 0.0
+    """Median per-call time per output token after the first, s."""
+    tpot_p99_s: float = 0.0
+    prefill_tokens: int = 0
+    """Prompt tokens computed (not found in the prefix cache; recomputation included)."""
+    prefix_hit_rate: float = 0.0
+    """Prompt tokens found in the prefix cache / prompt tokens."""
+    preemptions: int = 0
+    """Requests preempted for KV space (recomputed later)."""
+    kv_waits: int = 0
+    """Engine steps in which the next waiting call did not fit in the KV cache."""
+    sim_time_s: float = 0.0
+    """Simulated seconds of the whole workload."""
 
 
 class ReplayReport(BaseModel):
-    """The ``--json`` output."""
+    """The ``--json`` output (version 1; fields are only ever added)."""
 
     version: int = 1
+    limits: dict[str, Any] = Field(default_factory=dict)
+    """The cost model's serving limits the replay enforced (token budget, KV capacity...)."""
     config: ReplayConfig
     results: list[ResultRow]
     load: dict[str, Any] = Field(default_factory=dict)
@@ -208,6 +235,9 @@ def _row(
     proposer: str, workload: str, batch: int, k: int, r: WorkloadRun, base: float
 ) -> ResultRow:
     us = np.asarray(r.propose_us) if r.propose_us else np.zeros(1)
+    ttft = np.asarray(r.ttft_s) if r.ttft_s else np.zeros(1)
+    tpot = np.asarray(r.tpot_s) if r.tpot_s else np.zeros(1)
+    eff = r.effective_batch
     return ResultRow(
         proposer=proposer,
         workload=workload,
@@ -223,6 +253,18 @@ def _row(
         propose_us_p99=round(float(np.percentile(us, 99)), 3),
         speedup=round(base / r.sim_time_s, 6) if r.sim_time_s > 0 else math.nan,
         max_in_flight=max(r.step_batch, default=0),
+        effective_batch=round(eff, 4),
+        batch_filled=eff >= FILLED * batch,
+        throughput_tok_s=round(r.throughput, 4),
+        ttft_p50_s=round(float(np.percentile(ttft, 50)), 6),
+        ttft_p99_s=round(float(np.percentile(ttft, 99)), 6),
+        tpot_p50_s=round(float(np.percentile(tpot, 50)), 6),
+        tpot_p99_s=round(float(np.percentile(tpot, 99)), 6),
+        prefill_tokens=r.prefill_tokens,
+        prefix_hit_rate=round(r.prefix_hit_rate, 6),
+        preemptions=r.preemptions,
+        kv_waits=r.kv_waits,
+        sim_time_s=round(r.sim_time_s, 6),
     )
 
 
@@ -239,6 +281,14 @@ def _merge(runs: Sequence[WorkloadRun]) -> WorkloadRun:
         out.proposer_time_s += r.proposer_time_s
         out.propose_us.extend(r.propose_us)
         out.step_batch.extend(r.step_batch)
+        out.step_decoding.extend(r.step_decoding)
+        out.ttft_s.extend(r.ttft_s)
+        out.tpot_s.extend(r.tpot_s)
+        out.prompt_tokens += r.prompt_tokens
+        out.cached_tokens += r.cached_tokens
+        out.prefill_tokens += r.prefill_tokens
+        out.preemptions += r.preemptions
+        out.kv_waits += r.kv_waits
     return out
 
 

@@ -1,20 +1,43 @@
-"""Greedy-oracle replay of agent traces through a proposer (one workload, one batch size).
+"""Greedy-oracle replay of agent traces through a proposer on a model of vLLM's V1 scheduler.
 
-The recorded output of each call is what the target model emits. Calls of one run are
-sequential; ``batch`` runs are in flight at once, each holding its slot until its calls
-are done (the agent continues after its tool returns), after which the next run in file
-order takes the slot. One engine *step* advances every call in flight:
+The recorded output of each call is what the target model emits; a draft is verified
+against it (accepted = the longest common prefix with the remaining truth; the call
+advances ``accepted + 1`` tokens). ``batch`` runs are in flight at once: each run's
+calls are sequential (its next call arrives when the previous one finishes, with no
+think time), and when a run ends the next run in file order arrives.
 
-* a call's first step is its prefill: it emits output token 0 and drafts nothing; the
-  proposer sees ``start(prompt, tags)`` then ``extend([token 0])``;
-* every later step is a verification: the proposer drafts up to ``k`` tokens (one batched
-  ``propose`` call for all decoding calls); accepted = longest common prefix of draft and
-  the remaining truth; the call advances ``accepted + 1`` tokens (capped at its end).
+Each engine step is scheduled as vLLM 0.32's ``Scheduler.schedule`` does
+(``vllm/v1/core/sched/scheduler.py``), with the limits of the cost model's hardware
+(:class:`agentspec_mw.costmodel.ServingLimits`):
 
-So ``none`` gives exactly 1.0 token per step, and a perfect proposer ``k + 1`` until the
-tail. The simulated time of a step comes from the step-time model with
-``N_batched = Σ (1 + len(draft))`` and ``N_kv = Σ (prompt + emitted)`` over the calls in
-flight; prompt processing is left out (it is the same with and without speculation).
+1. **Running requests first**, in the order they were admitted: a decoding request asks
+   for ``1 + len(draft)`` tokens, a request still prefilling for the rest of its prompt;
+   each gets ``min(asked, budget left)``, so drafts are trimmed from the tail when the
+   budget runs out (and a request is skipped once it is 0). Its KV blocks must fit; when
+   they do not, the most recently admitted running request is preempted (its blocks
+   freed, its progress recomputed later, first in the waiting queue) until they do.
+2. **Then waiting requests** in arrival order (FCFS), unless a request was preempted in
+   this step: each first looks up its prefix in the cache (whole blocks; at most all but
+   its last token), then gets ``min(uncached tokens, budget left)`` — chunked prefill — if
+   its blocks fit and fewer than ``max_num_seqs`` requests run; the first that does not
+   fit stops admission for this step (a *KV wait*).
+3. The step takes ``cost_model.step_time(N_batched, N_kv)`` with ``N_batched`` every token
+   scheduled (prefill chunks + decodes + drafts) and ``N_kv`` the context the scheduled
+   requests hold after it. A request whose prompt is fully computed samples its first
+   token (TTFT ends); a decoding request advances by its accepted drafts + 1.
+
+Simplified from vLLM: one KV group; no ``long_prefill_token_threshold`` (off by default),
+no async scheduling, no structured output, encoder or connector paths; a call's whole
+output is known, so stop strings and max_tokens are its recorded end. Drafts are proposed
+at the start of the step they are verified in, for every decoding request (vLLM proposes
+them at the end of the previous step — the same inputs); a draft is counted as drafted
+only for the tokens the scheduler kept. Prefix caching: :mod:`agentspec_mw.replay.kvcache`.
+
+``none`` therefore gives exactly 1.0 token per call-step, and a perfect proposer ``k + 1``
+until a call's tail (while the budget allows). The proposer sees ``start(prompt, tags)``
+and ``extend([token 0])`` when a call's prefill completes, ``propose`` once per step for
+all decoding calls with a :class:`StepContext` of what the scheduler knows, ``extend``
+with each step's advanced tokens and ``stop`` at the end of a call.
 """
 
 from __future__ import annotations
@@ -26,8 +49,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentspec_mw.costmodel import StepTimeFn
+from agentspec_mw.costmodel import ServingLimits, StepTimeFn
 from agentspec_mw.proposer import Proposer, StepContext
+from agentspec_mw.replay.kvcache import BlockHashes, PrefixKVCache, block_hashes
 from agentspec_mw.tags import StructureTags
 
 __all__ = ["ReplayCall", "WorkloadRun", "accepted_length", "replay_workload"]
@@ -51,14 +75,32 @@ class WorkloadRun:
     calls: int = 0
     output_tokens: int = 0
     steps: int = 0
+    """Call-steps that emitted tokens (a prefill chunk that does not finish the prompt
+    emits none and is not counted)."""
     drafted: int = 0
     accepted: int = 0
     engine_steps: int = 0
     sim_time_s: float = 0.0
+    """Simulated time from the first arrival to the last call's end."""
     proposer_time_s: float = 0.0
     propose_us: list[float] = field(default_factory=list)
     step_batch: list[int] = field(default_factory=list)
-    """Calls in flight at each engine step (aligned with ``propose_us``)."""
+    """Requests running at each engine step (aligned with ``propose_us``)."""
+    step_decoding: list[int] = field(default_factory=list)
+    """Requests that emitted tokens at each engine step."""
+    ttft_s: list[float] = field(default_factory=list)
+    """Per call: arrival to first token."""
+    tpot_s: list[float] = field(default_factory=list)
+    """Per call with more than one output token: (end - first token) / (tokens - 1)."""
+    prompt_tokens: int = 0
+    """Prompt tokens of the calls (each counted once)."""
+    cached_tokens: int = 0
+    """Prompt tokens found in the prefix cache when a call was first admitted."""
+    prefill_tokens: int = 0
+    """Tokens prefilled (prompt tokens not cached, and recomputation after preemption)."""
+    preemptions: int = 0
+    kv_waits: int = 0
+    """Steps in which the next waiting call did not fit in the KV cache."""
 
     @property
     def mat(self) -> float:
@@ -75,6 +117,21 @@ class WorkloadRun:
         """Drafted tokens per call-step."""
         return self.drafted / self.steps if self.steps else 0.0
 
+    @property
+    def effective_batch(self) -> float:
+        """Mean requests emitting tokens per engine step."""
+        return float(np.mean(self.step_decoding)) if self.step_decoding else 0.0
+
+    @property
+    def throughput(self) -> float:
+        """Output tokens per simulated second."""
+        return self.output_tokens / self.sim_time_s if self.sim_time_s > 0 else 0.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Cached prompt tokens / prompt tokens."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
 
 def accepted_length(draft: Sequence[int] | np.ndarray, truth: np.ndarray) -> int:
     """Tokens of ``draft`` a greedy verifier accepts: its common prefix with ``truth``."""
@@ -85,12 +142,43 @@ def accepted_length(draft: Sequence[int] | np.ndarray, truth: np.ndarray) -> int
     return i
 
 
-class _Slot:
-    __slots__ = ("call", "pos")
+class _Req:
+    """One call in the engine: its progress, KV blocks and pending draft."""
 
-    def __init__(self, call: ReplayCall) -> None:
+    __slots__ = (
+        "arrival",
+        "call",
+        "computed",
+        "draft",
+        "emitted",
+        "first_token_s",
+        "hashes",
+        "hit_at_arrival",
+        "prompt_len",
+        "run",
+        "seen_cache",
+    )
+
+    def __init__(self, call: ReplayCall, run: deque[ReplayCall], arrival: float, bs: int):
         self.call = call
-        self.pos = 0
+        self.run = run
+        self.arrival = arrival
+        self.prompt_len = len(call.prompt)
+        self.computed = 0
+        self.emitted = 0
+        self.draft: tuple[int, ...] = ()
+        self.first_token_s = 0.0
+        self.seen_cache = False
+        self.hit_at_arrival = 0
+        self.hashes: BlockHashes = block_hashes(np.concatenate([call.prompt, call.output]), bs)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.emitted
+
+    @property
+    def decoding(self) -> bool:
+        return self.emitted > 0 and self.computed == self.num_tokens - 1
 
 
 def _runs_in_order(calls: Sequence[ReplayCall]) -> deque[deque[ReplayCall]]:
@@ -107,103 +195,214 @@ def replay_workload(
     batch: int,
     k: int,
     cost_model: StepTimeFn,
+    limits: ServingLimits | None = None,
     add_proposer_time: bool = False,
     on_tokens: Callable[[int], None] | None = None,
 ) -> WorkloadRun:
-    """Replay ``calls`` (in file order) at ``batch`` runs in flight; see the module doc."""
+    """Replay ``calls`` (in file order) at ``batch`` runs in flight; see the module doc.
+
+    ``limits`` default to the cost model's (``cost_model.limits``), else
+    :class:`ServingLimits`' defaults.
+
+    Raises:
+        ValueError: ``batch < 1`` or ``k < 0``, or a call that cannot fit in the KV cache
+            even alone.
+    """
     if batch < 1 or k < 0:
         raise ValueError(f"batch={batch} must be >= 1 and k={k} >= 0")
+    lim = limits or getattr(cost_model, "limits", None) or ServingLimits()
+    bs = lim.block_size
+    cap_blocks = None if lim.kv_capacity_tokens is None else lim.kv_capacity_tokens // bs
+    kv = PrefixKVCache(bs, cap_blocks)
     res = WorkloadRun(calls=len(calls))
-    pending = _runs_in_order(c for c in calls if len(c.output) > 0)  # type: ignore[arg-type]
     res.output_tokens = int(sum(len(c.output) for c in calls))
-    slots: list[tuple[deque[ReplayCall], _Slot]] = []
+    pending = _runs_in_order([c for c in calls if len(c.output) > 0])
+    waiting: deque[_Req] = deque()
+    running: list[_Req] = []
+    now = 0.0
+
+    def arrive(run: deque[ReplayCall]) -> None:
+        req = _Req(run.popleft(), run, now, bs)
+        need = req.prompt_len + len(req.call.output) + k
+        if cap_blocks is not None and -(-need // bs) > cap_blocks:
+            raise ValueError(
+                f"call {req.call.req_id} needs {need} tokens of KV cache (prompt + output + "
+                f"k), more than the {lim.kv_capacity_tokens} the cost model's hardware holds:"
+                " pick a preset with more KV capacity or leave such calls out"
+            )
+        res.prompt_tokens += req.prompt_len
+        req.hit_at_arrival = kv.peek_hit(req.hashes, req.num_tokens)
+        waiting.append(req)
+
+    for _ in range(min(batch, len(pending))):
+        arrive(pending.popleft())
     clock = time.perf_counter_ns
     step_index = 0
-    while pending or slots:
-        while len(slots) < batch and pending:
-            run = pending.popleft()
-            slots.append((run, _Slot(run.popleft())))
-        t_admit = 0
-        decoding: list[_Slot] = []
-        for _, slot in slots:
-            c = slot.call
-            if slot.pos == 0:
-                first = c.output[:1]
-                ta = clock()
-                proposer.start(c.req_id, c.prompt, c.tags)
-                proposer.extend(c.req_id, first)
-                t_admit += clock() - ta
-            else:
-                decoding.append(slot)
-        drafts = []
-        if decoding:
-            ctx_lens = [len(s.call.prompt) + s.pos for s in decoding]
-            req_ids = [s.call.req_id for s in decoding]
+    while waiting or running:
+        # drafts for the decoding requests (vLLM: proposed after the previous step)
+        t_prop = 0
+        decoding = [r for r in running if r.decoding]
+        if decoding and k > 0:
+            ctx_lens = [r.num_tokens for r in decoding]
+            prefill_left = sum(r.num_tokens - r.computed for r in running if not r.decoding)
+            prefill_left += sum(r.num_tokens - r.hit_at_arrival for r in waiting)
+            free = kv.free_blocks
             ctx = StepContext(
-                batch_size=len(slots),
+                batch_size=len(decoding),
                 num_kv_tokens=int(sum(ctx_lens)),
+                max_num_batched_tokens=lim.max_num_batched_tokens,
                 step_index=step_index,
                 context_lens=ctx_lens,
+                num_decode_tokens=len(decoding),
+                num_prefill_tokens=prefill_left,
+                kv_capacity_tokens=lim.kv_capacity_tokens,
+                num_free_kv_tokens=None if free is None else free * bs,
             )
             t0 = clock()
-            drafts = proposer.propose(req_ids, k, ctx)
-            t2 = clock()
+            drafts = proposer.propose([r.call.req_id for r in decoding], k, ctx)
+            t_prop += clock() - t0
             if len(drafts) != len(decoding):
                 raise RuntimeError(
                     f"{proposer.name}.propose returned {len(drafts)} drafts for "
                     f"{len(decoding)} requests"
                 )
-        else:
-            t0 = t2 = 0
-        in_flight = num_batched = len(slots)
-        num_kv = 0
-        for _, slot in slots:
-            num_kv += len(slot.call.prompt) + slot.pos
-        advanced_total = 0
-        # the step's extend calls, timed as one block after the verification (a clock
-        # pair around each call would add ~0.15 µs per request to the proposer's time)
+            for r, draft in zip(decoding, drafts, strict=True):
+                if len(draft.token_ids) > k:
+                    raise RuntimeError(
+                        f"{proposer.name} drafted {len(draft.token_ids)} > k={k} tokens"
+                    )
+                r.draft = tuple(draft.token_ids)
+
+        scheduled = _schedule(running, waiting, kv, lim, res)
+        if not scheduled:  # every running request was preempted: admit next step
+            assert running or kv.used_blocks == 0, "an empty step with blocks held"
+            continue
+
+        num_batched = sum(scheduled.values())
+        num_kv = sum(r.computed + n for r, n in scheduled.items())
+        step_s = cost_model.step_time(num_batched, num_kv)
+
+        # verify, advance, finish
+        emitting = advanced_total = 0
         extends: list[tuple[str, np.ndarray]] = []
-        for slot, draft in zip(decoding, drafts, strict=True):
-            ids = draft.token_ids
-            if len(ids) > k:
-                raise RuntimeError(f"{proposer.name} drafted {len(ids)} > k={k} tokens")
-            out = slot.call.output
-            acc = accepted_length(ids, out[slot.pos :])
-            adv = min(acc + 1, len(out) - slot.pos)
-            res.drafted += len(ids)
-            res.accepted += acc
-            num_batched += len(ids)
-            extends.append((slot.call.req_id, out[slot.pos : slot.pos + adv]))
-            slot.pos += adv
-            advanced_total += adv
-        ta = clock()
-        for req_id, accepted_ids in extends:
-            proposer.extend(req_id, accepted_ids)
-        t_extra = clock() - ta
-        still: list[tuple[deque[ReplayCall], _Slot]] = []
-        for run, slot in slots:
-            if slot.pos == 0:
-                slot.pos = 1
-                advanced_total += 1
-            res.steps += 1
-            if slot.pos >= len(slot.call.output):
-                ta = clock()
-                proposer.stop(slot.call.req_id)
-                t_extra += clock() - ta
-                if run:
-                    still.append((run, _Slot(run.popleft())))
+        t_extra = 0
+        finished: list[_Req] = []
+        now_after = now + step_s
+        for r, n in scheduled.items():
+            out = r.call.output
+            if r.decoding:
+                d = r.draft[: n - 1]
+                acc = accepted_length(d, out[r.emitted :])
+                adv = min(acc + 1, len(out) - r.emitted)
+                res.drafted += len(d)
+                res.accepted += acc
+                extends.append((r.call.req_id, out[r.emitted : r.emitted + adv]))
+                r.emitted += adv
+                r.computed = r.num_tokens - 1
             else:
-                still.append((run, slot))
-        slots = still
-        prop_s = ((t2 - t0) + t_admit + t_extra) * 1e-9
+                r.computed += n
+                res.prefill_tokens += n
+                if r.computed < r.num_tokens:
+                    r.draft = ()
+                    kv.register(r.call.req_id, r.hashes, r.computed)
+                    continue
+                adv = 1
+                if r.emitted == 0:  # first token
+                    ta = clock()
+                    proposer.start(r.call.req_id, r.call.prompt, r.call.tags)
+                    t_extra += clock() - ta
+                    r.first_token_s = now_after
+                    res.ttft_s.append(now_after - r.arrival)
+                extends.append((r.call.req_id, out[r.emitted : r.emitted + 1]))
+                r.emitted += 1
+            r.draft = ()
+            emitting += 1
+            advanced_total += adv
+            res.steps += 1
+            kv.register(r.call.req_id, r.hashes, r.computed)
+            if r.emitted >= len(out):
+                finished.append(r)
+        ta = clock()
+        for req_id, ids in extends:
+            proposer.extend(req_id, ids)
+        for r in finished:
+            proposer.stop(r.call.req_id)
+        t_extra += clock() - ta
+        prop_s = (t_prop + t_extra) * 1e-9
+        now = now_after + (prop_s if add_proposer_time else 0.0)
+        for r in finished:
+            kv.release(r.call.req_id)
+            running.remove(r)
+            n_out = len(r.call.output)
+            if n_out > 1:
+                res.tpot_s.append((now_after - r.first_token_s) / (n_out - 1))
+            if r.run:
+                arrive(r.run)
+            elif pending:
+                arrive(pending.popleft())
         res.propose_us.append(prop_s * 1e6)
-        res.step_batch.append(in_flight)
+        res.step_batch.append(len(running) + len(finished))
+        res.step_decoding.append(emitting)
         res.proposer_time_s += prop_s
-        res.sim_time_s += cost_model.step_time(num_batched, num_kv)
-        if add_proposer_time:
-            res.sim_time_s += prop_s
         res.engine_steps += 1
         step_index += 1
         if on_tokens is not None:
             on_tokens(advanced_total)
+    res.sim_time_s = now
     return res
+
+
+def _schedule(
+    running: list[_Req],
+    waiting: deque[_Req],
+    kv: PrefixKVCache,
+    lim: ServingLimits,
+    res: WorkloadRun,
+) -> dict[_Req, int]:
+    """One step of vLLM's ``Scheduler.schedule``: tokens per scheduled request, in order.
+    Moves admitted requests into ``running`` and preempted ones to the front of
+    ``waiting``."""
+    budget = lim.max_num_batched_tokens
+    scheduled: dict[_Req, int] = {}
+    preempted = False
+    i = 0
+    while i < len(running) and budget > 0:
+        r = running[i]
+        want = 1 + len(r.draft) if r.decoding else r.num_tokens - r.computed
+        n = min(want, budget)
+        ok = kv.allocate(r.call.req_id, r.computed + n)
+        while not ok:
+            victim = running.pop()
+            budget += scheduled.pop(victim, 0)
+            kv.release(victim.call.req_id)
+            victim.computed = 0
+            victim.draft = ()
+            waiting.appendleft(victim)
+            res.preemptions += 1
+            preempted = True
+            if victim is r:
+                break
+            ok = kv.allocate(r.call.req_id, r.computed + n)
+        if not ok:
+            break
+        scheduled[r] = n
+        budget -= n
+        i += 1
+    if preempted:  # vLLM admits no waiting request in a step that preempted
+        return scheduled
+    while budget > 0 and waiting and len(running) < lim.max_num_seqs:
+        r = waiting[0]
+        hit = kv.peek_hit(r.hashes, r.num_tokens)
+        n = min(r.num_tokens - hit, budget)
+        if not kv.admit(r.call.req_id, r.hashes, hit, hit + n):
+            res.kv_waits += 1
+            break
+        waiting.popleft()
+        if not r.seen_cache:
+            r.seen_cache = True
+            res.cached_tokens += min(hit, r.prompt_len)
+        r.computed = hit
+        running.append(r)
+        scheduled[r] = n
+        budget -= n
+    return scheduled

@@ -14,7 +14,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 
-from agentspec_mw_langgraph import AgentSpecConfig, ChatAgentSpecVLLM, get_handler, with_agentspec
+from agentspec_mw_langgraph import ChatAgentSpecVLLM, TaggingConfig, get_handler, with_agentspec
 
 from . import probe_proposer
 
@@ -99,7 +99,7 @@ def test_identical_outputs_and_tags_reach_the_engine(
 
     probe_proposer.RECEIVED.clear()
     get_metrics().reset()
-    app = with_agentspec(graph, config=AgentSpecConfig(adapter_raise_errors=True))
+    app = with_agentspec(graph, config=TaggingConfig(adapter_raise_errors=True))
     tagged = app.invoke(inp)
     assert tagged == plain  # greedy outputs do not depend on the tags
     assert tagged["final"]
@@ -114,7 +114,7 @@ def test_identical_outputs_and_tags_reach_the_engine(
     ]
     assert len({t.query_id for t in received}) == 1  # type: ignore[union-attr]
     handler = get_handler(app)
-    assert handler is not None and handler.stats.tagged_calls == 4
+    assert handler is not None and handler.stats.tags_derived == 4
 
     snap = get_metrics().snapshot()
     agents = {key.split("/")[0] for key in snap.drafted}
@@ -122,32 +122,37 @@ def test_identical_outputs_and_tags_reach_the_engine(
     assert all(n > 0 for n in snap.drafted.values())
 
 
-def test_async_engine_streams_and_matches(reference: dict[str, Any]) -> None:
+def test_async_engine_built_inside_a_loop_streams_and_matches(reference: dict[str, Any]) -> None:
+    """An ``AsyncLLM`` built in async code (its output handler binds to the running loop)
+    serves ``ainvoke`` and ``astream`` on that loop and sync nodes in worker threads, and
+    refuses clearly once that loop is gone (it used to hang forever)."""
     import asyncio
 
+    from agentspec_mw_langgraph.async_backend import AsyncEngineLoopError
     from agentspec_mw_vllm.engine import build_async_llm, shutdown
 
     inp = {"topic": "tea", "ideas": [], "final": ""}
-    expected = reference
-    engine = build_async_llm(None, speculative=PROBE, k=2, max_model_len=768, enforce_eager=True)
-    try:
+    engines: list[Any] = []
+
+    async def run() -> tuple[ChatAgentSpecVLLM, dict[str, Any], dict[str, Any], list[str]]:
+        engine = build_async_llm(None, speculative=PROBE, k=2, max_model_len=768)
+        engines.append(engine)
         model = ChatAgentSpecVLLM(engine=engine, max_tokens=MAX_TOKENS)
-        app = with_agentspec(build_graph(model), config=AgentSpecConfig(adapter_raise_errors=True))
+        app = with_agentspec(build_graph(model), config=TaggingConfig(adapter_raise_errors=True))
+        out = await asyncio.wait_for(app.ainvoke(inp), 300)
+        pieces = [str(c.content) async for c in model.astream("Name three teas.")]
+        in_thread = await asyncio.wait_for(asyncio.to_thread(app.invoke, inp), 300)
+        return model, out, in_thread, pieces
 
-        async def run() -> tuple[dict[str, Any], list[str]]:
-            out = await app.ainvoke(inp)
-            pieces = [str(c.content) async for c in model.astream("Name three teas.")]
-            return out, pieces
-
-        out, pieces = asyncio.run(run())
-        assert out == expected  # same greedy outputs as the in-process engine
+    try:
+        model, out, in_thread, pieces = asyncio.run(run())
+        assert out == in_thread == reference  # same greedy outputs as the in-process engine
         assert len([p for p in pieces if p]) > 1  # streamed as the engine produced it
-        assert app.invoke(inp) == expected  # sync calls on the async engine
+        with pytest.raises(AsyncEngineLoopError, match="no longer running"):
+            model.invoke("hi")
     finally:
-        backend = model.backend if "model" in locals() else None
-        if backend is not None and hasattr(backend, "close"):
-            backend.close()
-        shutdown(engine)
+        for engine in engines:
+            shutdown(engine)
 
 
 def test_agentspec_proposer_is_lossless(reference: dict[str, Any]) -> None:
@@ -166,7 +171,7 @@ def test_agentspec_proposer_is_lossless(reference: dict[str, Any]) -> None:
     llm = build_llm(None, speculative="agentspec", k=4, max_model_len=768, enforce_eager=True)
     try:
         graph = build_graph(ChatAgentSpecVLLM(engine=llm, max_tokens=MAX_TOKENS))
-        app = with_agentspec(graph, config=AgentSpecConfig(adapter_raise_errors=True))
+        app = with_agentspec(graph, config=TaggingConfig(adapter_raise_errors=True))
         assert app.invoke({"topic": "tea", "ideas": [], "final": ""}) == reference
     finally:
         shutdown(llm)

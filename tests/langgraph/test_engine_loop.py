@@ -284,3 +284,28 @@ def test_async_engine_built_outside_a_loop_works_everywhere(tiny_tokenizer: Any)
     backend = model.backend
     assert isinstance(backend, AsyncVLLMBackend)
     backend.close()
+
+
+def test_first_async_call_builds_the_engine_off_the_event_loop(
+    tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agentspec_mw_vllm.engine as engine_mod
+
+    built_on: list[int] = []
+
+    def fake_build_llm(model: Any, **kwargs: Any) -> FakeBackend:
+        built_on.append(threading.get_ident())
+        return FakeBackend(tiny_tokenizer, lambda prompt: "built")
+
+    monkeypatch.setattr(engine_mod, "build_llm", fake_build_llm)
+    release_shared_engines()
+    try:
+
+        async def main() -> tuple[str, int]:
+            msg = await ChatAgentSpecVLLM(k=3).ainvoke("hi")
+            return str(msg.content), threading.get_ident()
+
+        content, loop_thread = asyncio.run(main())
+        assert content == "built" and built_on and built_on[0] != loop_thread
+    finally:
+        release_shared_engines()

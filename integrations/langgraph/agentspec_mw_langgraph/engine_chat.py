@@ -29,6 +29,7 @@ Each message's ``response_metadata["speculative_decoding"]`` holds the call's
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
@@ -147,6 +148,13 @@ class ChatAgentSpecVLLM(BaseChatModel):
                 self._backend = backend_for(engine)
             return self._backend
 
+    async def _abackend(self) -> EngineBackend:
+        """:attr:`backend` for async callers: a first-use engine build runs in a worker
+        thread, so the event loop keeps running meanwhile."""
+        if self._backend is not None:
+            return self._backend
+        return await asyncio.to_thread(lambda: self.backend)
+
     def bind_tools(
         self,
         tools: Sequence[Any],
@@ -222,7 +230,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        agenerate = getattr(self.backend, "agenerate", None)
+        agenerate = getattr(await self._abackend(), "agenerate", None)
         if agenerate is None:  # a sync-only backend: a worker thread, with this context
             return await super()._agenerate(messages, stop, run_manager, **kwargs)
         request = self._request(messages, stop, kwargs)
@@ -237,7 +245,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        astream = getattr(self.backend, "astream", None)
+        astream = getattr(await self._abackend(), "astream", None)
         if astream is None:
             async for chunk in super()._astream(messages, stop, run_manager, **kwargs):
                 yield chunk

@@ -287,6 +287,7 @@ class DraftSession:
                     max_num_batched_tokens=ctx.max_num_batched_tokens,
                     step_index=self._step,
                     context_lens=tuple(lens),
+                    num_decode_tokens=len(ask_ids),  # the queue of prefills is not visible here
                 )
                 out = self._propose(ask_ids, ask_rows, caps, context, out)
         except Exception as exc:

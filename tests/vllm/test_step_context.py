@@ -1,0 +1,36 @@
+"""What DraftSession tells a proposer about the step (the StepContext it builds)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agentspec_mw.proposer import EMPTY_DRAFT, Draft, StepContext
+from agentspec_mw_vllm.metrics import DrafterMetrics
+from agentspec_mw_vllm.session import DraftSession
+from tests.vllm.fakes import ProbeProposer
+from tests.vllm.test_session import Batch, step
+
+
+class ContextProbe(ProbeProposer):
+    """Records every StepContext it is given."""
+
+    def __init__(self) -> None:
+        super().__init__(draft_len=0)
+        self.contexts: list[StepContext] = []
+
+    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        self.contexts.append(step)
+        return [EMPTY_DRAFT] * len(req_ids)
+
+
+def test_step_context_carries_the_budget_and_the_decode_tokens() -> None:
+    probe = ContextProbe()
+    session = DraftSession(probe, k=4, metrics=DrafterMetrics(prometheus=False))
+    batch = Batch()
+    batch.add("a", [1, 2, 3])
+    batch.add("b", [7, 8])
+    step(session, batch, {"a": [4], "b": [9]})
+    ctx = probe.contexts[-1]
+    assert ctx.max_num_batched_tokens == 512 and ctx.num_decode_tokens == 2
+    assert ctx.batch_size == 2 and list(ctx.context_lens) == [4, 3]
+    assert ctx.num_prefill_tokens is None  # the runner does not see the waiting queue

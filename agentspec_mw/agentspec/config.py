@@ -135,7 +135,8 @@ class AgentSpecConfig(BaseModel):
     """Requests in one step from which the engine counts as busy for
     ``budget_rejection_cap`` (``None``: ``budget_floor_batch``). 16 also holds the
     rejection of batch jobs of 16–31 agent runs under the cap, their drain included, but
-    makes them 3–35 % slower in the replay (docs/results.md, "Traces with few runs")."""
+    makes them 3–35 % slower in the replay (docs/experiments/budget_experiments.md,
+    "Traces with few runs")."""
     budget_floor_batch: int = Field(default=32, ge=2)
     """Batch size from which the full floor ``θ`` applies (the brief: past ~32
     concurrent requests the state of the art is slower than no speculation)."""

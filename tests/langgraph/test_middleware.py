@@ -93,6 +93,22 @@ def test_create_agent_chat_openai_sync_and_async() -> None:
     assert (stats.model_calls, stats.tags_derived, stats.tags_delivered) == (4, 4, 4)
 
 
+def test_hook_does_not_count_middleware_requests_as_untagged() -> None:
+    from langchain.agents import create_agent
+
+    from agentspec_mw_langgraph.openai_hook import hook_stats, install_openai_hook
+
+    install_openai_hook()
+    server = FakeOpenAI()
+    agent = create_agent(chat_openai(server), [], middleware=[AgentSpecMiddleware()])
+    llm = chat_openai(server)
+    before = hook_stats()
+    agent.invoke({"messages": [HumanMessage("q")]})
+    assert hook_stats().untagged == before.untagged
+    llm.invoke("no tags")
+    assert hook_stats().untagged == before.untagged + 1
+
+
 def test_thread_is_the_query_and_user_xargs_win() -> None:
     from langchain.agents import create_agent
 

@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from agentspec_mw.errors import AgentSpecError
+from agentspec_mw.tags import has_wire_tags
 from agentspec_mw_langgraph.context import current_ticket, current_wire_tags
 from agentspec_mw_langgraph.openai import InjectionStats
 
@@ -83,8 +84,9 @@ def server_key(url: object) -> str:
 
 
 def hook_stats() -> InjectionStats:
-    """Counters of the hook (process-wide): ``injected`` requests carried tags,
-    ``untagged`` completion requests did not (no tagged call, or another server)."""
+    """Counters of the hook (process-wide): ``injected`` requests got tags from it,
+    ``untagged`` completion requests went without (no tagged call, or another server;
+    requests that already carry tags, e.g. from ``AgentSpecMiddleware``, are not counted)."""
     with _lock:
         return InjectionStats(_stats.injected, _stats.untagged, _stats.errors)
 
@@ -98,6 +100,13 @@ def _merge(xargs: Any, wire: Mapping[str, Any]) -> dict[str, Any]:
     return {**wire, **(xargs if isinstance(xargs, Mapping) else {})}
 
 
+def _carries_tags(options: Any) -> bool:
+    for body in (options.json_data, options.extra_json):
+        if isinstance(body, Mapping) and has_wire_tags(body.get("vllm_xargs")):
+            return True
+    return False
+
+
 def _tagged_options(client: Any, options: Any) -> Any:
     if str(getattr(options, "method", "")).lower() != "post":
         return options
@@ -106,7 +115,8 @@ def _tagged_options(client: Any, options: Any) -> Any:
     wire = current_wire_tags()
     ticket = current_ticket()
     if wire is None or ticket is None:  # not inside a wrapped graph's LLM call
-        _count("untagged")
+        if not _carries_tags(options):  # AgentSpecMiddleware puts them in extra_body
+            _count("untagged")
         return options
     base = str(getattr(client, "base_url", "")).rstrip("/")
     try:

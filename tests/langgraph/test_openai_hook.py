@@ -229,3 +229,12 @@ def test_the_openai_api_itself_is_not_warned_about(
         app.invoke({"messages": [("user", "x")]})
     assert "vllm_xargs" not in server.bodies[0]
     assert _warnings(caplog) == []
+
+
+def test_engine_can_be_the_chat_openai_model(strict: TaggingConfig) -> None:
+    server = FakeOpenAI()
+    llm = plain_chat_openai(server, "http://localhost:9/v1")
+    app = with_agentspec(one_node_graph(llm), engine=llm, config=strict)
+    app.invoke({"messages": [("user", "x")]})
+    assert server.bodies[0]["vllm_xargs"]["agentspec_agent"] == "n"
+    assert get_handler(app).engine_url == server_key(URL)  # type: ignore[union-attr]

@@ -132,6 +132,14 @@ def _bounded(text: str) -> str:
     return f"{text[: MAX_ID_CHARS - 17]}~{digest}"
 
 
+def _engine_url(engine: Any) -> str | None:
+    """The server key of ``engine``: a URL string, or an OpenAI chat model's base URL."""
+    if isinstance(engine, str):
+        return server_key(engine)
+    base = getattr(engine, "openai_api_base", None)  # ChatOpenAI(base_url=...)
+    return server_key(base) if isinstance(base, str) and base else None
+
+
 def _push_index(path: Any) -> int | None:
     if isinstance(path, tuple | list) and len(path) >= 2 and path[0] == "__pregel_push":
         return path[1] if isinstance(path[1], int) else None
@@ -154,7 +162,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         self.raise_error = self.config.adapter_raise_errors
         self.engine = engine
         """The engine, chat model or server URL given to ``with_agentspec``."""
-        self.engine_url = server_key(engine) if isinstance(engine, str) else None
+        self.engine_url = _engine_url(engine)
         """The normalised server URL whose OpenAI-SDK requests get tags (``None``: none)."""
         self._warned: set[str] = set()
         self.recorder = TraceRecorder(self.config.trace_path) if self.config.trace_path else None

@@ -95,7 +95,7 @@ def _install_hook(engine: object) -> None:
     use, only so that untagged requests from the graph's clients can be warned about."""
     from agentspec_mw_langgraph.openai_hook import OpenAIHookError, install_openai_hook
 
-    if isinstance(engine, str):
+    if isinstance(engine, str) or getattr(engine, "openai_api_base", None):
         install_openai_hook()
     elif "openai" in sys.modules:
         try:
@@ -126,7 +126,8 @@ def with_agentspec(
             ``127.0.0.1``, a trailing ``/`` or ``/v1`` do not matter) carry the tags as
             ``vllm_xargs``, with no change to the models
             (:mod:`~agentspec_mw_langgraph.openai_hook`); requests to other servers are
-            untouched and warned about once. An embedded engine or chat model: kept as
+            untouched and warned about once. A ``ChatOpenAI`` with a ``base_url``: the
+            same, for its server. An embedded engine or another chat model: kept as
             ``handler.engine`` (the engine-backed chat model sends the tags itself).
             ``None``: no server gets tags; a call that sends an OpenAI request logs a
             warning naming the ``engine=`` to pass.

@@ -30,7 +30,8 @@ contributes at each batch size is decided by calibration and the budget, not by 
 ``iso``, ``agent`` and ``scope`` live in one :class:`~agentspec_mw.agentspec.ngram_index.NgramIndex`
 (keys embed the isolation scope). Each draft token carries ``c / n`` — of the ``n``
 continuations found, ``c`` agree — which is *calibrated* online: every verified draft
-updates an acceptance table bucketed by (source, agreement between sources, match
+updates its isolation scope's acceptance table (:mod:`.scopes`: each scope learns only
+from its own drafts, from a fixed prior) bucketed by (source, agreement between sources, match
 length, support ``n``, draft position, ``c / n``). Each bucket's prior is the paper's
 redundancy score ``g(c, n) = (c/n)·p(n)``; each bucket is split further by the drafted
 token's text class and whether the draft crossed a line break (``calib_token_classes``,
@@ -38,7 +39,7 @@ token's text class and whether the draft crossed a line break (``calib_token_cla
 position's survival probability is the product of the calibrated acceptances of the
 tokens up to it; :func:`~agentspec_mw.agentspec.budget.allocate` turns survivals into the
 step's drafts, admitting only positions whose survival is at least a floor that follows
-the rejection measured on verified drafts
+the rejection measured on the scope's verified drafts
 (``budget_max_rejection``; :meth:`AgentSpecProposer._update_floor`). Small steps get a
 lower floor (drafting is nearly free there) — lower still while the engine has not been
 busy lately (``budget_floor_power``) — unless the engine was busy lately and the

@@ -1,4 +1,5 @@
-"""A fake OpenAI-compatible endpoint (httpx ``MockTransport``) that records request bodies.
+"""A fake OpenAI-compatible endpoint (httpx ``MockTransport``) that records request bodies
+and headers.
 
 It answers ``/v1/chat/completions`` in the OpenAI format, streaming (SSE) or not: with a
 tool call when tools are offered and the conversation does not end with a tool result,
@@ -20,6 +21,7 @@ class FakeOpenAI:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._bodies: list[dict[str, Any]] = []
+        self._headers: list[dict[str, str]] = []
         self.transport = httpx.MockTransport(self._handle)
 
     @property
@@ -27,10 +29,17 @@ class FakeOpenAI:
         with self._lock:
             return list(self._bodies)
 
+    @property
+    def headers(self) -> list[dict[str, str]]:
+        """The headers of each request, lower-case names, in the order of ``bodies``."""
+        with self._lock:
+            return list(self._headers)
+
     def _handle(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.read())
         with self._lock:
             self._bodies.append(body)
+            self._headers.append({k.lower(): v for k, v in request.headers.items()})
         message = self._answer(body)
         if body.get("stream"):
             return httpx.Response(

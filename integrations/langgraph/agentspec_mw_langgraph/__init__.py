@@ -11,6 +11,7 @@ from agentspec_mw_langgraph.context import current_tags, current_wire_tags
 from agentspec_mw_langgraph.handler import AdapterStats, AgentSpecCallbackHandler
 from agentspec_mw_langgraph.recorder import TraceRecorder
 from agentspec_mw_langgraph.redundancy import CallNode, Edge, Group, RedundancyGraph
+from agentspec_mw_langgraph.routing import routing_headers
 from agentspec_mw_langgraph.wrap import get_handler, with_agentspec
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "current_tags",
     "current_wire_tags",
     "get_handler",
+    "routing_headers",
     "with_agentspec",
 ]
 

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentspec_mw.tags import Segment, check_blocks
+from agentspec_mw_langgraph.routing import ROUTING_HEADER, RoutingGranularity, check_header_name
 
 __all__ = ["TaggingConfig"]
 
@@ -42,6 +43,20 @@ class TaggingConfig(BaseModel):
     """Append every LLM call to this JSONL file (the ``TraceRecord`` schema); ``None``: off."""
     trace_workload: str = Field(default="langgraph", min_length=1)
     """The ``workload`` field of recorded traces."""
+    routing_granularity: RoutingGranularity = "query"
+    """Which calls share a replica behind a router (the ``routing_header`` value): ``query``
+    (scope + query: a query's agents, fan-out siblings, retries and repeats draft from one
+    proposer), ``fanout`` (a fan-out group's siblings per group: more balance, less shared
+    history), ``tenant`` (the scope: most shared history, least balance) or ``off``
+    (no header). See :mod:`~agentspec_mw_langgraph.routing`."""
+    routing_header: str = ROUTING_HEADER
+    """The request header that carries the routing key (``x-session-id``: vllm-router's
+    ``consistent_hash``; ``x-dynamo-session-id``: NVIDIA Dynamo)."""
+
+    @field_validator("routing_header")
+    @classmethod
+    def _check_header(cls, v: str) -> str:
+        return check_header_name(v)
 
     @field_validator("tags_blocks")
     @classmethod

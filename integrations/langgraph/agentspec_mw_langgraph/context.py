@@ -16,7 +16,7 @@ handler counts delivered tags apart from derived ones.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 
 from agentspec_mw.tags import StructureTags, tags_to_wire
@@ -38,12 +38,20 @@ class CallTicket:
         engine_url: the normalised base URL of the server this call's tags go to through
             the OpenAI-SDK hook (``None``: no server registered).
         on_first_delivery: called once, when the tags are first attached to a request.
+        headers: request headers a layer that attaches the tags also sends (the routing
+            key of :mod:`~agentspec_mw_langgraph.routing`); a header the request already
+            has wins.
     """
 
     def __init__(
-        self, engine_url: str | None = None, on_first_delivery: Callable[[], None] | None = None
+        self,
+        engine_url: str | None = None,
+        on_first_delivery: Callable[[], None] | None = None,
+        *,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.engine_url = engine_url
+        self.headers: dict[str, str] = dict(headers or {})
         self._on_first_delivery = on_first_delivery
         self._lock = threading.Lock()
         self._delivered = 0

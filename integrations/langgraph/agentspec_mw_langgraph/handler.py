@@ -18,7 +18,9 @@ Derived is not delivered: ``stats.tags_derived`` counts calls that got tags,
 to a server other than the ``engine=`` URL (or with no ``engine=``) and delivered nothing
 logs a warning at its end, once per server, naming the ``engine=`` to pass. The tags are
 also added to the model run's metadata (``agentspec_*`` keys), so tracers such as
-LangSmith show them.
+LangSmith show them. Each call's requests also carry a routing key header
+(``x-session-id`` by default; :mod:`~agentspec_mw_langgraph.routing`), so a router keeps a
+query on one replica.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from agentspec_mw_langgraph.messages import (
 from agentspec_mw_langgraph.openai_hook import server_key
 from agentspec_mw_langgraph.recorder import TraceRecorder
 from agentspec_mw_langgraph.redundancy import CallNode, RedundancyGraph
+from agentspec_mw_langgraph.routing import tags_routing_key
 
 __all__ = ["AdapterStats", "AgentSpecCallbackHandler"]
 
@@ -364,7 +367,9 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                     self._release(run_id)
             self._failed("tagging an LLM call", exc)
             return
-        ticket = CallTicket(self.engine_url, self._count_delivered)
+        key = tags_routing_key(tags, self.config.routing_granularity)
+        headers = {} if key is None else {self.config.routing_header: key}
+        ticket = CallTicket(self.engine_url, self._count_delivered, headers=headers)
         with self._lock:
             live = self._live.get(run_id)
             if live is not None:

@@ -23,7 +23,9 @@ agent's state and runtime and attach them to the request:
 
 Delivery: for an OpenAI chat model (``ChatOpenAI``, any ``BaseChatOpenAI``) the tags go
 into the request's ``extra_body={"vllm_xargs": ...}`` (through ``ModelRequest.
-model_settings``; keys the model's own ``extra_body`` sets win); for any model, also into
+model_settings``; keys the model's own ``extra_body`` sets win), with the routing key
+header (``x-session-id``; :mod:`~agentspec_mw_langgraph.routing`) in ``extra_headers``
+unless the model's headers set it; for any model, also into
 the per-call ContextVar that the engine-backed ``ChatAgentSpecVLLM`` sends as
 ``extra_args`` (:mod:`~agentspec_mw_langgraph.context`). The tags also go into the model
 run's metadata (``agentspec_*`` keys), so tracers such as LangSmith show them.
@@ -61,6 +63,7 @@ from agentspec_mw_langgraph.context import (
     set_current_tags,
 )
 from agentspec_mw_langgraph.handler import _bounded
+from agentspec_mw_langgraph.routing import tags_routing_key
 
 try:
     from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest
@@ -204,7 +207,16 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
         xargs = extra.get("vllm_xargs")
         merged = {**wire, **(xargs if isinstance(xargs, Mapping) else {})}
         body = {**extra, "vllm_xargs": merged}
-        attached = request.override(model_settings={**settings, "extra_body": body})
+        update: dict[str, Any] = {**settings, "extra_body": body}
+        key = tags_routing_key(tags, self.config.routing_granularity)
+        if key is not None:
+            own = dict(settings.get("extra_headers") or {})
+            defaults = getattr(request.model, "default_headers", None) or {}
+            taken = {str(name).lower() for name in (*own, *defaults)}
+            if self.config.routing_header.lower() not in taken:  # the caller's header wins
+                own[self.config.routing_header] = key
+            update["extra_headers"] = own
+        attached = request.override(model_settings=update)
         self._count("tags_delivered")
         return attached
 

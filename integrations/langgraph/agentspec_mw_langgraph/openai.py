@@ -73,7 +73,8 @@ class _Counter:
 def inject_tags(request: httpx.Request) -> httpx.Request | None:
     """A copy of ``request`` with the current tags in ``vllm_xargs``; ``None`` if not tagged.
 
-    The call's :class:`~agentspec_mw_langgraph.context.CallTicket` records the delivery.
+    The call's :class:`~agentspec_mw_langgraph.context.CallTicket` records the delivery;
+    its headers (the routing key) are added where the request does not set them.
 
     Raises:
         ValueError: the body is not a JSON object.
@@ -91,6 +92,8 @@ def inject_tags(request: httpx.Request) -> httpx.Request | None:
     headers["content-length"] = str(len(content))
     ticket = current_ticket()
     if ticket is not None:
+        for name, value in ticket.headers.items():  # the routing key; the client's wins
+            headers.setdefault(name, value)
         ticket.mark_delivered()
     return httpx.Request(
         request.method,

@@ -8,7 +8,9 @@ one built by ``create_agent("openai:...")``) whose ``base_url`` is the same serv
 the call's tags merged into the body of its ``POST .../completions`` and
 ``.../chat/completions`` requests as ``vllm_xargs``. Other clients, requests outside a
 wrapped graph's calls, and graphs wrapped for another server are untouched -- the OpenAI
-API itself rejects unknown body fields.
+API itself rejects unknown body fields. The tagged requests also carry the call's routing
+key header (``x-session-id``; :mod:`~agentspec_mw_langgraph.routing`) unless the client
+already sets that header.
 
 "The same server" compares :func:`server_key`\\ s: scheme, host (``localhost``,
 ``127.0.0.1``, ``[::1]`` and ``0.0.0.0`` are one host), port (default ports filled in) and
@@ -136,6 +138,12 @@ def _tagged_options(client: Any, options: Any) -> Any:
         update["extra_json"] = {**extra, "vllm_xargs": _merge(extra["vllm_xargs"], wire)}
     if not update:
         raise ValueError(f"request body is {type(body).__name__}, not a JSON object")
+    if ticket.headers:  # the routing key, unless the request or the client sets it
+        given = options.headers if isinstance(options.headers, Mapping) else {}
+        defaults = getattr(client, "default_headers", None)
+        taken = {str(n).lower() for n in (*given, *(defaults or {}))}
+        missing = {k: v for k, v in ticket.headers.items() if k.lower() not in taken}
+        update["headers"] = {**given, **missing}
     tagged = options.model_copy(update=update)
     ticket.mark_delivered()
     _count("injected")

@@ -89,3 +89,19 @@ def test_engine_defaults_are_lossless_and_eager_on_cpu(
     assert argv[argv.index("--dtype") + 1] == ("float32" if cpu else "auto")
     argv = server_command(ServeConfig(model="org/model", extra_args=["--dtype", "bfloat16"]))
     assert argv[len(argv) - 1 - argv[::-1].index("--dtype") + 1] == "bfloat16"  # last wins
+
+
+def test_measured_cost_model_is_the_default_with_a_platform_prior(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agentspec_mw_vllm import adapter, engine
+
+    cfg = DrafterConfig()
+    assert cfg.cost_model == "measured" and cfg.cost_prior is None
+    monkeypatch.setattr(engine, "is_cpu_build", lambda: True)
+    assert adapter._prior(cfg) == "cpu-smollm2"
+    monkeypatch.setattr(engine, "is_cpu_build", lambda: False)
+    assert adapter._prior(cfg) == "llama8b-h100"
+    assert adapter._prior(DrafterConfig(cost_prior="llama8b-h200")) == "llama8b-h200"
+    with pytest.raises(ValueError, match="cost_prior='gpu' is not a preset"):
+        DrafterConfig(cost_prior="gpu")

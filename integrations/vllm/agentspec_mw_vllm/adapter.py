@@ -11,8 +11,9 @@ it as ``AgentSpecDrafter(vllm_config)`` in the engine-core process; which propos
 drives comes from :class:`~agentspec_mw_vllm.config.DrafterConfig` (``additional_config``
 or ``AGENTSPEC_*`` environment variables). The proposer gets a
 :class:`~agentspec_mw.proposer.ProposerEnv` built once: the model tokenizer's token-id →
-bytes table, the step-time model (a fixed preset, or with ``cost_model="measured"`` a fit
-to the engine's own timed steps) and ``max_k = k``. The session checks every draft
+bytes table, the step-time model (by default ``cost_model="measured"``: a fit to the
+engine's own timed steps, warm-started from a stored fit, ``cpu-smollm2`` on vLLM's CPU
+build; or a fixed preset) and ``max_k = k``. The session checks every draft
 against the model's vocabulary size (``model_config.get_vocab_size()``) before vLLM sees
 it.
 """
@@ -51,6 +52,15 @@ def _token_bytes(model_config: Any) -> list[bytes]:
     return token_bytes_table(tokenizer)
 
 
+def _prior(config: DrafterConfig) -> str:
+    """The preset the measured model starts from (``cost_prior``, else by platform)."""
+    if config.cost_prior is not None:
+        return config.cost_prior
+    from agentspec_mw_vllm.engine import is_cpu_build
+
+    return "cpu-smollm2" if is_cpu_build() else "llama8b-h100"
+
+
 def _vocab_size(model_config: Any) -> int:
     """The model's vocabulary (its logits' width): every draft id must be under it."""
     return int(model_config.get_vocab_size())
@@ -72,7 +82,7 @@ class AgentSpecDrafter:
         )
         self.step_timer: MeasuredStepTime | None = None
         if self.config.cost_model == MEASURED:
-            self.step_timer = MeasuredStepTime()
+            self.step_timer = MeasuredStepTime(prior=get_cost_model(_prior(self.config)))
             cost_model: object = self.step_timer
         else:
             cost_model = get_cost_model(self.config.cost_model)

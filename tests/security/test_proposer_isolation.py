@@ -21,7 +21,7 @@ from agentspec_mw.agentspec.grammars import MAX_BAD_BLOCKS, MAX_GRAMMARS
 from agentspec_mw.agentspec.kernels import C_GID
 from agentspec_mw.agentspec.proposer import AgentSpecProposer
 from agentspec_mw.costmodel import get_cost_model
-from agentspec_mw.proposer import ProposerEnv, StepContext
+from agentspec_mw.proposer import Draft, ProposerEnv, StepContext
 from agentspec_mw.tags import StructureTags
 from agentspec_mw_vllm.metrics import DrafterMetrics
 from agentspec_mw_vllm.session import DraftSession
@@ -37,9 +37,10 @@ SOURCES = [("iso",), ("agent",), ("scope",), ("local",), ("iso", "agent", "scope
 
 @pytest.fixture(autouse=True)
 def fixed_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The proposer's own step time feeds its budget; a constant clock makes drafts a
-    function of the traffic alone (no timing noise between compared runs)."""
-    monkeypatch.setattr(P, "time", types.SimpleNamespace(perf_counter=lambda: 0.0))
+    """Where the proposer's own step time feeds its budget, a constant clock makes drafts
+    a function of the traffic alone (no timing noise between compared runs)."""
+    clock = types.SimpleNamespace(perf_counter=lambda: 0.0)
+    monkeypatch.setattr(P, "time", clock, raising=False)
     yield
 
 
@@ -54,11 +55,12 @@ def _run(
     reqs: dict[str, tuple[Sequence[int], Sequence[int], StructureTags | None]],
     k: int = 8,
     batch_size: int | None = None,
-) -> dict[str, list[tuple[int, ...]]]:
+) -> dict[str, list[Draft]]:
     """Greedy-oracle the requests together (one step drafts for all live ones, as a step
-    of ``batch_size`` requests if given); return each one's drafts, step by step."""
+    of ``batch_size`` requests if given); return each one's drafts (tokens and their
+    calibrated acceptances), step by step."""
     pos: dict[str, int] = {}
-    drafts: dict[str, list[tuple[int, ...]]] = {rid: [] for rid in reqs}
+    drafts: dict[str, list[Draft]] = {rid: [] for rid in reqs}
     for rid, (prompt, out, tags) in reqs.items():
         p.start(rid, list(prompt), tags)
         p.extend(rid, list(out[:1]))
@@ -69,7 +71,7 @@ def _run(
         ctx = StepContext(batch_size=b, num_kv_tokens=64 * b)
         for rid, d in zip(live, p.propose(live, k, ctx), strict=True):
             out = reqs[rid][1]
-            drafts[rid].append(d.token_ids)
+            drafts[rid].append(d)
             a = 0
             while a < len(d) and pos[rid] + a < len(out) and d.token_ids[a] == out[pos[rid] + a]:
                 a += 1
@@ -95,10 +97,10 @@ def _x_request(tags: StructureTags | None) -> tuple[list[int], list[int], Struct
     return X_ONLY[:20], X_ONLY[20:30] + COMMON + X_ONLY[30:60], tags
 
 
-def _foreign(drafts: dict[str, list[tuple[int, ...]]], rid: str) -> int:
+def _foreign(drafts: dict[str, list[Draft]], rid: str) -> int:
     """Draft tokens of ``rid`` that only Y's text holds."""
     y = set(Y_ONLY)
-    return sum(t in y for d in drafts[rid] for t in d)
+    return sum(t in y for d in drafts[rid] for t in d.token_ids)
 
 
 def _isolation_run(sources: tuple[str, ...], x_tags: StructureTags, y_tags: StructureTags) -> int:
@@ -239,9 +241,7 @@ def test_one_scope_cannot_lock_others_out_of_block_grammars() -> None:
 
 
 # -- per-scope calibration ---------------------------------------------------------------
-def _victim_sequence(
-    p: AgentSpecProposer, noisy: bool, n_scope: str = "N"
-) -> list[list[tuple[int, ...]]]:
+def _victim_sequence(p: AgentSpecProposer, noisy: bool, n_scope: str = "N") -> list[list[Draft]]:
     """Tenant V's fixed sequence of requests; with ``noisy``, tenant N's badly rejected
     traffic (its prompts repeat a phrase its outputs never follow: most drafts fail) runs
     between them, in steps of its own, in scope ``n_scope``. Steps count as 32 requests
@@ -276,8 +276,9 @@ def test_another_tenants_rejected_traffic_does_not_move_a_tenants_drafts() -> No
     assert sum(len(d) for req in alone for d in req) > 100
     n_row = p._scopes.row_of("N")
     assert n_row is not None and p._scopes.tot[n_row].sum() > 500  # N's drafts were verified
-    # the check is sensitive: the same traffic in V's own scope moves V's drafts
-    # (its agent and queries differ from V's: only what V's scope learns is shared)
+    # the check is sensitive: the same traffic in V's own scope moves V's drafts (their
+    # calibrated acceptances at least; N's agent and queries differ from V's, so only
+    # what V's scope learns is shared)
     assert _victim_sequence(_prop(), noisy=True, n_scope="V") != alone
 
 
@@ -321,3 +322,24 @@ def test_state_returns_to_baseline_after_10k_hostile_requests() -> None:
     assert len(p._grammars) <= MAX_GRAMMARS and len(p._grammars._bad) <= MAX_BAD_BLOCKS
     assert sum(p._grammars.live) == 0
     assert index_bytes[0] == index_bytes[1]
+
+
+def test_scope_rows_are_bounded_and_overflow_learns_nothing() -> None:
+    """Past ``calib_max_scopes`` kept scopes, a scope whose row is taken by live requests
+    drafts with the fixed prior (row 0), which no verified draft changes; a scope with no
+    live request gives its row away."""
+    from agentspec_mw.agentspec.scopes import FROZEN
+
+    p = _prop(calib_max_scopes=2)  # "default" (kept for good) and one more
+    out = (COMMON + X_ONLY[:10]) * 6
+    a = StructureTags(scope="A", agent_id="a", query_id="q")
+    b = StructureTags(scope="B", agent_id="a", query_id="q")
+    drafts = _run(p, {"a": (X_ONLY[:20], out, a), "b": (X_ONLY[:20], out, b)})
+    assert p._scopes.row_of("A") == 2 and p._scopes.row_of("B") is None
+    assert p._scopes.overflows == 1 and sum(map(len, drafts["b"])) > 0
+    assert p._scopes.tot[FROZEN].sum() == 0 and p._scopes.ledger[FROZEN].sum() == 0
+    assert p._scopes.tot[2].sum() > 0  # A learned
+    _run(p, {"b2": (X_ONLY[:20], out, b)})  # A has no live request now: B takes its row
+    assert p._scopes.row_of("B") == 2 and p._scopes.row_of("A") is None
+    p.propose([], 8, StepContext(1))  # applies the stops
+    assert p._scopes.rows == 3 and sum(p._scopes.live) == 1

@@ -1,4 +1,5 @@
-"""``agentspec demo`` (added to the ``agentspec`` command by :func:`add_commands`)."""
+"""``agentspec demo`` and ``agentspec bench`` (added to the ``agentspec`` command by
+:func:`add_commands`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ __all__ = ["add_commands"]
 
 
 def add_commands(sub: Any) -> None:
-    """Add the ``demo`` subcommand to the ``agentspec`` parser's subparsers."""
+    """Add the ``demo`` and ``bench`` subcommands to the ``agentspec`` parser's subparsers."""
     p = sub.add_parser(
         "demo",
         help="run the multi-agent LangGraph demo without speculation, with SuffixDecoding "
@@ -43,6 +44,7 @@ def add_commands(sub: Any) -> None:
         "--out", default="out/demo", help="writes OUT.png and OUT.txt (default out/demo)"
     )
     p.set_defaults(func=_cmd_demo)
+    _add_bench(sub)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -68,3 +70,85 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         dtype=args.dtype,
     )
     return 0 if outputs_identical(runs) else 1
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected integers, e.g. 1,4,16") from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _add_bench(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="N concurrent multi-agent LangGraph workflows per speculation method, on the "
+        "embedded engine: throughput, TPOT, latency, acceptance, identical outputs",
+        description=(
+            "Runs N concurrent LangGraph workflows (demo: planner, fan-out, critic, writer; "
+            "tool_loop: create_agent with local tools; reflect: a review/revise loop) on "
+            "one warmed engine per method (none, ngram, suffix, agentspec, "
+            "agentspec-untagged), repeats interleaved across methods; prints medians and "
+            "ratios to none, writes OUT.txt and OUT.png (and --json). Exit code 1 if any "
+            "output differs from none's."
+        ),
+    )
+    p.add_argument("--n", type=_ints, default=None, help="concurrent workflows (1,4,16,32,64)")
+    p.add_argument("--methods", type=_names, default=None, help="comma list (all five)")
+    p.add_argument("--apps", type=_names, default=None, help="demo,tool_loop,reflect")
+    p.add_argument("--repeats", type=int, default=None, help="runs per cell (3)")
+    p.add_argument("--k", type=int, default=None, help="draft tokens per step (8)")
+    p.add_argument("--max-tokens", type=int, default=None, help="per LLM call (48)")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="engine batch limit (64)")
+    p.add_argument("--model", default=None, help="HF model id or folder (default model)")
+    p.add_argument(
+        "--preload",
+        choices=("on", "off", "both"),
+        default=None,
+        help="vLLM's CPU preload (tcmalloc, Intel OpenMP) in the engine processes; both: "
+        "each method also runs without it, interleaved (default on)",
+    )
+    p.add_argument("--quick", action="store_true", help="a tiny run for CI (N=2, demo app)")
+    p.add_argument("--json", default=None, help="write the report as JSON here")
+    p.add_argument("--out", default="out/bench", help="writes OUT.txt, OUT.png (out/bench)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from agentspec_mw_langgraph.bench import (
+        BenchConfig,
+        BenchMismatchError,
+        quick_config,
+        run_bench,
+    )
+
+    given = {
+        "ns": args.n,
+        "methods": args.methods,
+        "apps": args.apps,
+        "repeats": args.repeats,
+        "k": args.k,
+        "max_tokens": args.max_tokens,
+        "max_num_seqs": args.max_num_seqs,
+        "model": args.model,
+        "preload": args.preload,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
+    config = quick_config(**given) if args.quick else BenchConfig(**given)
+    try:
+        run_bench(
+            config,
+            out=args.out,
+            json_path=args.json,
+            progress=not args.no_progress,
+            echo=lambda msg: print(msg, flush=True),
+        )
+    except BenchMismatchError as exc:
+        print(f"agentspec bench: {exc}", flush=True)
+        return 1
+    return 0

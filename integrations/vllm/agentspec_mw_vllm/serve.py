@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from agentspec_mw_vllm.config import ADDITIONAL_CONFIG_KEY, DrafterConfig
 from agentspec_mw_vllm.engine import ADAPTER_PATH, VLLM_METHODS, default_dtype, env_defaults
 from agentspec_mw_vllm.metrics import LABELS_ENV, parse_labels
+from agentspec_mw_vllm.preload import preload_env
 from agentspec_mw_vllm.tenancy import (
     DEFAULT_MAX_BODY_BYTES,
     MAX_BODY_ENV,
@@ -153,11 +154,16 @@ def server_env(
     base: dict[str, str] | None = None, cfg: ServeConfig | None = None
 ) -> dict[str, str]:
     """The server's environment: ``base`` (default ``os.environ``) plus the CPU defaults
-    (:func:`~agentspec_mw_vllm.engine.env_defaults`) and ``cfg``'s middleware and metrics
-    settings (:mod:`agentspec_mw_vllm.tenancy`, :mod:`agentspec_mw_vllm.metrics`)."""
+    (:func:`~agentspec_mw_vllm.engine.env_defaults`), vLLM's CPU preload in ``LD_PRELOAD``
+    (:func:`~agentspec_mw_vllm.preload.preload_env`; ``AGENTSPEC_PRELOAD=0``: none) and
+    ``cfg``'s middleware and metrics settings (:mod:`agentspec_mw_vllm.tenancy`,
+    :mod:`agentspec_mw_vllm.metrics`)."""
     env = dict(os.environ if base is None else base)
     for key, value in env_defaults().items():
         env.setdefault(key, value)
+    preload = preload_env(env)  # vLLM's CPU guide: tcmalloc + Intel OpenMP (CPU build only)
+    if preload:
+        env["LD_PRELOAD"] = preload
     if cfg is not None:
         for key in (SCOPE_KEYS_ENV, SCOPE_HEADER_ENV):
             env.pop(key, None)  # only what this command line says binds scopes

@@ -1,0 +1,596 @@
+"""``agentspec bench``: N concurrent multi-agent LangGraph workflows on the embedded engine,
+per speculation method, with throughput, latency, acceptance and an identical-output check.
+
+Each method gets one engine in its own process (:mod:`.bench_worker`), started once and
+warmed up; the engine is vLLM's in-process ``LLM`` driven by the adapter's engine loop,
+which batches continuously (a request joins the running batch at the next step). The
+parent runs the sweep: for each workflow shape, each N and each repeat, the same N
+topics go to every method in turn (the order rotates with the repeat, so no method
+always runs first on a machine whose load drifts), each repeat with topics no earlier
+run used. Methods:
+
+* ``none`` — no speculation (the baseline of every ratio);
+* ``ngram``, ``suffix`` — vLLM's n-gram kernel and SuffixDecoding (arctic-inference);
+* ``agentspec`` — our proposer, the graphs wrapped with ``with_agentspec`` (tags);
+* ``agentspec-untagged`` — our proposer, graphs not wrapped (no tags reach the engine).
+
+Per (method, shape, N), over the repeats: workflow throughput (output tokens / wall time;
+the median, and the median of the per-repeat ratios to ``none``), TPOT p50/p99 (per
+request: time from its first to its last token / (tokens − 1)), workflow latency p50,
+acceptance and rejection from vLLM's spec-decode counters, the drafter's milliseconds
+per draft call, the step-time fit's prediction error (AgentSpec with the measured cost
+model), per-agent acceptance (per-request metrics, by the agent tag) and AgentSpec's
+per-agent/per-block counters. Every output (final states and every request's token
+ids) must equal ``none``'s; a mismatch fails the run (:class:`BenchMismatchError`, after
+the report is written).
+
+With ``preload="both"`` every method also runs without vLLM's CPU preload
+(:mod:`agentspec_mw_vllm.preload`) as ``<method>/no-preload``, interleaved the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agentspec_mw.errors import AgentSpecError
+from agentspec_mw_langgraph.bench_apps import APPS, bench_topics
+from agentspec_mw_langgraph.bench_worker import MARK, RunResult, WorkerSpec
+
+__all__ = [
+    "METHODS",
+    "BenchConfig",
+    "BenchError",
+    "BenchMismatchError",
+    "BenchReport",
+    "BenchRow",
+    "format_report",
+    "plot_report",
+    "quick_config",
+    "run_bench",
+    "summarize",
+]
+
+#: method -> (``build_llm(speculative=...)``, graphs tagged).
+METHODS: dict[str, tuple[str | None, bool]] = {
+    "none": (None, True),
+    "ngram": ("ngram", True),
+    "suffix": ("suffix", True),
+    "agentspec": ("agentspec", True),
+    "agentspec-untagged": ("agentspec", False),
+}
+_PEERS = ("ngram", "suffix")
+_NO_PRELOAD = "/no-preload"
+
+
+class BenchError(AgentSpecError, RuntimeError):
+    """An engine process failed to start or to run a workflow."""
+
+
+class BenchMismatchError(BenchError):
+    """A method's outputs differ from no speculation's (speculation must be lossless)."""
+
+
+class BenchConfig(BaseModel):
+    """What ``agentspec bench`` runs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ns: tuple[int, ...] = (1, 4, 16, 32, 64)
+    """Concurrent workflows per run."""
+    methods: tuple[str, ...] = tuple(METHODS)
+    """Methods to compare (``none`` is always run: it is every ratio's baseline)."""
+    apps: tuple[str, ...] = ("demo", "tool_loop", "reflect")
+    """Workflow shapes (:data:`~agentspec_mw_langgraph.bench_apps.APPS`)."""
+    repeats: int = Field(default=3, ge=1)
+    """Runs per (shape, N, method); medians over them."""
+    k: int = Field(default=8, ge=1)
+    """Draft tokens per request per step."""
+    max_tokens: int = Field(default=48, ge=1)
+    """Tokens per LLM call at most."""
+    max_num_seqs: int = Field(default=64, ge=1)
+    """The engine's concurrent requests at most."""
+    kv_cache_mib: int = Field(default=1024, ge=64)
+    """KV cache per engine (MiB)."""
+    model: str | None = None
+    """Model (``None``: the default model)."""
+    preload: Literal["on", "off", "both"] = "on"
+    """vLLM's CPU preload (tcmalloc, Intel OpenMP) in the engine processes."""
+
+    @field_validator("ns")
+    @classmethod
+    def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or min(v) < 1:
+            raise ValueError(f"ns={list(v)} must be a non-empty list of N >= 1")
+        return v
+
+    @field_validator("methods")
+    @classmethod
+    def _known_methods(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [m for m in v if m not in METHODS]
+        if unknown:
+            raise ValueError(f"methods {unknown} unknown; choose from {list(METHODS)}")
+        return ("none", *[m for m in v if m != "none"])
+
+    @field_validator("apps")
+    @classmethod
+    def _known_apps(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [a for a in v if a not in APPS]
+        if unknown or not v:
+            raise ValueError(f"apps {unknown or '[]'} unknown; choose from {list(APPS)}")
+        return v
+
+    def labels(self) -> list[str]:
+        """The engine processes' labels (method, and ``/no-preload`` variants)."""
+        variants = {"on": [""], "off": [_NO_PRELOAD], "both": ["", _NO_PRELOAD]}[self.preload]
+        return [m + v for v in variants for m in self.methods]
+
+
+def quick_config(**overrides: Any) -> BenchConfig:
+    """The CI-sized run: two workflows of the demo app, none and AgentSpec, 8 tokens a call
+    (two engine processes: three took 108 s on 2 loaded cores)."""
+    base: dict[str, Any] = {
+        "ns": (2,),
+        "methods": ("none", "agentspec"),
+        "apps": ("demo",),
+        "repeats": 1,
+        "k": 4,
+        "max_tokens": 8,
+        "max_num_seqs": 8,
+        "kv_cache_mib": 256,
+    }
+    base.update(overrides)
+    return BenchConfig(**base)
+
+
+class BenchRow(BaseModel):
+    """One (method, shape, N): medians and pooled percentiles over the repeats."""
+
+    label: str
+    app: str
+    n: int
+    repeats: int
+    tokens_per_s: float
+    ratio_to_none: float
+    tpot_p50_ms: float | None
+    tpot_p99_ms: float | None
+    latency_p50_s: float
+    drafted: int
+    accepted: int
+    acceptance: float | None
+    rejection: float | None
+    proposer_ms_per_step: float | None
+    fit_error_median: float | None
+    """Median |predicted − measured| / measured of the step-time fit (measured model)."""
+    fit_error_mean: float | None
+    """Mean signed relative error (> 0: the fit predicts slower steps than measured)."""
+    fit_steps: int
+    per_agent_acceptance: dict[str, float | None]
+    per_agent_tokens: dict[str, list[int]] = {}
+    """``agent -> [drafted, accepted]`` summed over the repeats (per-request metrics)."""
+    per_block: dict[str, list[int]]
+    """AgentSpec's ``"agent/block" -> [drafted, accepted]``."""
+    identical_to_none: bool
+    load_avg: float
+    """Mean 1-minute load average at the start of this row's runs."""
+
+
+class BenchReport(BaseModel):
+    """Everything ``agentspec bench`` measured."""
+
+    config: BenchConfig
+    date: str
+    cpus: int
+    load_before: list[float]
+    load_after: list[float]
+    engine_start_s: dict[str, float]
+    rows: list[BenchRow]
+    mismatches: list[str]
+    sample_output: str = ""
+
+
+class _Engine:
+    """One engine process (see :mod:`.bench_worker`)."""
+
+    def __init__(self, spec: WorkerSpec, env: dict[str, str], log: Path) -> None:
+        self.spec = spec
+        self.log = log
+        self._log_file = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agentspec_mw_langgraph.bench_worker", spec.model_dump_json()],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log_file,
+            env=env,
+            text=True,
+        )
+        self.start_s = 0.0
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(MARK):
+                msg: dict[str, Any] = json.loads(line[len(MARK) :])
+                if msg["kind"] == "error":
+                    raise BenchError(f"[{self.spec.label}] {msg['error']} (log: {self.log})")
+                return msg
+        tail = self.log.read_text()[-2000:] if self.log.exists() else ""
+        raise BenchError(
+            f"[{self.spec.label}] the engine process exited (code {self.proc.wait()}); "
+            f"its log ({self.log}) ends:\n{tail}"
+        )
+
+    def wait_ready(self) -> float:
+        self.start_s = float(self._read()["start_s"])
+        return self.start_s
+
+    def run(self, app: str, topics: list[str]) -> RunResult:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"cmd": "run", "app": app, "topics": topics}) + "\n")
+        self.proc.stdin.flush()
+        msg = self._read()
+        msg.pop("kind")
+        return RunResult(**msg)
+
+    def close(self) -> None:
+        if self.proc.poll() is None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.write('{"cmd": "stop"}\n')
+                self.proc.stdin.close()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self._log_file.close()
+
+
+def _engine_env(label: str) -> dict[str, str]:
+    from agentspec_mw_vllm.engine import env_defaults
+    from agentspec_mw_vllm.preload import PRELOAD_ENV, with_preload
+
+    env = dict(os.environ)
+    for key, value in env_defaults().items():
+        env.setdefault(key, value)
+    env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if label.endswith(_NO_PRELOAD):
+        env[PRELOAD_ENV] = "0"
+        return env
+    return with_preload(env)
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def summarize(
+    results: dict[tuple[str, str, int, int], RunResult],
+    loads: dict[tuple[str, str, int, int], float],
+    config: BenchConfig,
+) -> tuple[list[BenchRow], list[str]]:
+    """Rows per (label, app, N) from the runs ``(label, app, n, repeat) -> result``, and
+    the mismatches against each label's ``none`` (same preload variant)."""
+    rows: list[BenchRow] = []
+    mismatches: list[str] = []
+    for app in config.apps:
+        for n in config.ns:
+            for label in config.labels():
+                base = "none" + (_NO_PRELOAD if label.endswith(_NO_PRELOAD) else "")
+                runs = [results[(label, app, n, r)] for r in range(config.repeats)]
+                bases = [results[(base, app, n, r)] for r in range(config.repeats)]
+                tput = [x.output_tokens / x.wall_s for x in runs]
+                ratios = [
+                    (x.output_tokens / x.wall_s) / (b.output_tokens / b.wall_s)
+                    for x, b in zip(runs, bases, strict=True)
+                ]
+                identical = True
+                for r, (x, b) in enumerate(zip(runs, bases, strict=True)):
+                    if x.views != b.views or x.token_hashes != b.token_hashes:
+                        identical = False
+                        mismatches.append(f"{label} {app} N={n} repeat {r}: outputs differ")
+                tpots = [t for x in runs for t in x.tpot_s]
+                lats = [t for x in runs for t in x.workflow_latency_s]
+                drafted = sum(x.drafted for x in runs)
+                accepted = sum(x.accepted for x in runs)
+                calls = sum(x.proposer_calls for x in runs)
+                errs = [e for x in runs for e in x.fit_errors]
+                agents: dict[str, list[int]] = {}
+                blocks: dict[str, list[int]] = {}
+                for x in runs:
+                    for agent, v in x.per_agent.items():
+                        acc = agents.setdefault(agent, [0, 0])
+                        acc[0] += v[2]
+                        acc[1] += v[3]
+                    for block, v in x.per_block.items():
+                        acc = blocks.setdefault(block, [0, 0])
+                        acc[0] += v[0]
+                        acc[1] += v[1]
+                tpot50, tpot99 = _pct(tpots, 50), _pct(tpots, 99)
+                rows.append(
+                    BenchRow(
+                        label=label,
+                        app=app,
+                        n=n,
+                        repeats=len(runs),
+                        tokens_per_s=float(np.median(tput)),
+                        ratio_to_none=float(np.median(ratios)),
+                        tpot_p50_ms=None if tpot50 is None else 1e3 * tpot50,
+                        tpot_p99_ms=None if tpot99 is None else 1e3 * tpot99,
+                        latency_p50_s=float(np.median(lats)),
+                        drafted=drafted,
+                        accepted=accepted,
+                        acceptance=accepted / drafted if drafted else None,
+                        rejection=1 - accepted / drafted if drafted else None,
+                        proposer_ms_per_step=(
+                            1e3 * sum(x.proposer_s for x in runs) / calls if calls else None
+                        ),
+                        fit_error_median=float(np.median(np.abs(errs))) if errs else None,
+                        fit_error_mean=float(np.mean(errs)) if errs else None,
+                        fit_steps=len(errs),
+                        per_agent_acceptance={
+                            a: (v[1] / v[0] if v[0] else None) for a, v in sorted(agents.items())
+                        },
+                        per_agent_tokens=dict(sorted(agents.items())),
+                        per_block=dict(sorted(blocks.items())),
+                        identical_to_none=identical,
+                        load_avg=float(
+                            np.mean([loads[(label, app, n, r)] for r in range(len(runs))])
+                        ),
+                    )
+                )
+    return rows, mismatches
+
+
+def _f(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def verdict_lines(rows: Sequence[BenchRow]) -> list[str]:
+    """Plain sentences: per (shape, N), which method is fastest, and AgentSpec against
+    the better of n-gram and SuffixDecoding."""
+    lines = []
+    keys = sorted({(r.app, r.n) for r in rows}, key=lambda k: (k[0], k[1]))
+    for app, n in keys:
+        group = {r.label: r for r in rows if (r.app, r.n) == (app, n)}
+        best = max(group.values(), key=lambda r: r.tokens_per_s)
+        text = (
+            f"{app} N={n}: fastest is {best.label} "
+            f"({best.tokens_per_s:.0f} tok/s, {best.ratio_to_none:.2f}x none)"
+        )
+        peers = [group[p] for p in _PEERS if p in group]
+        if "agentspec" in group and peers:
+            peer = max(peers, key=lambda r: r.ratio_to_none)
+            ours = group["agentspec"]
+            rel = ours.ratio_to_none / peer.ratio_to_none
+            word = "ahead of" if rel >= 1.0 else "behind"
+            text += (
+                f"; agentspec {ours.ratio_to_none:.2f}x none is {rel:.2f}x {peer.label} "
+                f"({word} the better peer)"
+            )
+        if "agentspec" in group and "agentspec-untagged" in group:
+            t, u = group["agentspec"], group["agentspec-untagged"]
+            text += (
+                f"; tags: {_f(t.acceptance, '.1%')} vs {_f(u.acceptance, '.1%')} accepted, "
+                f"{t.ratio_to_none:.2f}x vs {u.ratio_to_none:.2f}x untagged"
+            )
+        lines.append(text)
+    return lines
+
+
+def format_report(report: BenchReport) -> str:
+    """The table (one line per shape, N and method), per-agent acceptance at the
+    largest N, and the verdicts."""
+    head = (
+        f"{'app':<9} {'N':>3} {'method':<24} {'tok/s':>7} {'x none':>6} {'TPOT50':>7} "
+        f"{'TPOT99':>7} {'lat50':>6} {'accept':>6} {'reject':>6} {'prop ms':>7} "
+        f"{'fit err':>7} {'same':>4} {'load':>4}"
+    )
+    lines = [
+        f"agentspec bench, {report.date}, {report.cpus} CPUs, load {report.load_before[0]:.2f} "
+        f"before / {report.load_after[0]:.2f} after; medians of {report.config.repeats} "
+        f"repeat(s), ratios to none in the same run; TPOT in ms, latency (lat50) in s",
+        head,
+        "-" * len(head),
+    ]
+    for r in report.rows:
+        lines.append(
+            f"{r.app:<9} {r.n:>3} {r.label:<24} {r.tokens_per_s:>7.1f} "
+            f"{r.ratio_to_none:>5.2f}x {_f(r.tpot_p50_ms, '.1f'):>7} "
+            f"{_f(r.tpot_p99_ms, '.1f'):>7} {r.latency_p50_s:>6.1f} "
+            f"{_f(r.acceptance, '.1%'):>6} {_f(r.rejection, '.1%'):>6} "
+            f"{_f(r.proposer_ms_per_step, '.3f'):>7} {_f(r.fit_error_median, '.1%'):>7} "
+            f"{'yes' if r.identical_to_none else 'NO':>4} {r.load_avg:>4.1f}"
+        )
+    top = max(report.config.ns)
+    for app in report.config.apps:
+        group = [r for r in report.rows if r.app == app and r.n == top and r.drafted]
+        agents = sorted({a for r in group for a in r.per_agent_acceptance})
+        if not group or not agents:
+            continue
+        lines.append(f"\nacceptance per agent (accepted / drafted tokens), {app} N={top}:")
+        lines.append(f"{'agent':<14}" + "".join(f" {r.label:>22}" for r in group))
+        for a in agents:
+            vals = []
+            for r in group:
+                d, acc = r.per_agent_tokens.get(a, [0, 0])
+                vals.append(f"{_f(r.per_agent_acceptance.get(a), '.1%')} ({acc}/{d})")
+            lines.append(f"{a:<14}" + "".join(f" {v:>22}" for v in vals))
+        for r in group:
+            if r.per_block:
+                cells = [
+                    f"{k} {v[1]}/{v[0]}"
+                    for k, v in sorted(r.per_block.items(), key=lambda kv: -kv[1][0])
+                ]
+                lines.append(f"{r.label} per agent/block (accepted/drafted): " + ", ".join(cells))
+    fits = [r for r in report.rows if r.fit_steps]
+    if fits:
+        lines.append(
+            "\nstep-time fit (measured cost model), prediction error per step: "
+            + "; ".join(
+                f"{r.label} {r.app} N={r.n}: median |err| {r.fit_error_median:.1%}, "
+                f"mean {r.fit_error_mean:+.1%} ({r.fit_steps} steps)"
+                for r in fits
+                if r.fit_error_median is not None and r.fit_error_mean is not None
+            )
+        )
+    lines.append("")
+    lines += verdict_lines(report.rows)
+    verdict = "yes" if not report.mismatches else "NO: " + "; ".join(report.mismatches)
+    lines.append(f"outputs identical to none in every run: {verdict}")
+    return "\n".join(lines)
+
+
+def plot_report(report: BenchReport, path: str | Path) -> Path:
+    """A PNG: per shape, throughput and speedup over none vs N, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    apps = list(report.config.apps)
+    fig, axes = plt.subplots(len(apps), 2, figsize=(11, 3.6 * len(apps)), squeeze=False)
+    for i, app in enumerate(apps):
+        ax1, ax2 = axes[i]
+        for j, label in enumerate(report.config.labels()):
+            rows = sorted(
+                (r for r in report.rows if r.app == app and r.label == label), key=lambda r: r.n
+            )
+            ns = [r.n for r in rows]
+            style = "--" if label.endswith(_NO_PRELOAD) else "-"
+            ax1.plot(
+                ns, [r.tokens_per_s for r in rows], style, marker="o", label=label, color=f"C{j}"
+            )
+            ax2.plot(
+                ns, [r.ratio_to_none for r in rows], style, marker="o", label=label, color=f"C{j}"
+            )
+        for ax in (ax1, ax2):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrent workflows N")
+        ax1.set_ylabel("output tokens/s")
+        ax1.set_title(f"{app}: throughput")
+        ax2.set_ylabel("speedup over none")
+        ax2.axhline(1.0, color="grey", lw=0.8)
+        ax2.set_title(f"{app}: speedup (median of per-repeat ratios)")
+        ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _sample_output(results: dict[tuple[str, str, int, int], RunResult], config: BenchConfig) -> str:
+    """One agent's output, so a person sees what the agents did (none, first shape, top N)."""
+    app, n = config.apps[0], max(config.ns)
+    run = results[("none" if config.preload != "off" else "none" + _NO_PRELOAD, app, n, 0)]
+    view = run.views[0] if run.views else {}
+    if app == "demo" and isinstance(view, dict):
+        return f"writer's answer (demo, N={n}, first query):\n{view.get('answer', '')}"
+    if app == "reflect" and isinstance(view, dict):
+        return f"final draft after review (reflect, N={n}, first query):\n{view.get('draft', '')}"
+    messages = view.get("messages", []) if isinstance(view, dict) else []
+    last = messages[-1].get("content", "") if messages else view
+    return f"the agent's last message (tool_loop, N={n}, first query):\n{last}"
+
+
+def run_bench(
+    config: BenchConfig,
+    *,
+    out: str | Path = "out/bench",
+    json_path: str | Path | None = None,
+    progress: bool = True,
+    echo: Callable[[str], None] = print,
+) -> BenchReport:
+    """Run the sweep, print the table, write ``<out>.txt``, ``<out>.png`` and (with
+    ``json_path``) the report as JSON; return the report.
+
+    Raises:
+        BenchError: an engine process failed.
+        BenchMismatchError: some output differed from no speculation's (after writing
+            the report).
+    """
+    from tqdm import tqdm
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    load_before = list(os.getloadavg())
+    labels = config.labels()
+    engines: dict[str, _Engine] = {}
+    results: dict[tuple[str, str, int, int], RunResult] = {}
+    loads: dict[tuple[str, str, int, int], float] = {}
+    try:
+        echo(f"starting {len(labels)} engines ({', '.join(labels)}); logs in {out}.<method>.log")
+        for label in labels:
+            method = label.removesuffix(_NO_PRELOAD)
+            speculative, tagged = METHODS[method]
+            spec = WorkerSpec(
+                label=label,
+                speculative=speculative,
+                tagged=tagged,
+                model=config.model,
+                k=config.k,
+                max_tokens=config.max_tokens,
+                max_num_seqs=config.max_num_seqs,
+                kv_cache_mib=config.kv_cache_mib,
+                apps=config.apps,
+            )
+            log = out.parent / f"{out.name}.{label.replace('/', '_')}.log"
+            engines[label] = _Engine(spec, _engine_env(label), log)
+        starts = {label: e.wait_ready() for label, e in engines.items()}
+        echo("engines ready: " + ", ".join(f"{k} {v:.0f} s" for k, v in starts.items()))
+        total = len(config.apps) * len(config.ns) * config.repeats * len(labels)
+        bar = tqdm(total=total, desc="bench", unit="run", disable=not progress, file=sys.stderr)
+        offset = 0
+        for app in config.apps:
+            for n in config.ns:
+                for r in range(config.repeats):
+                    topics = bench_topics(offset, n)
+                    offset += n
+                    order = labels[r % len(labels) :] + labels[: r % len(labels)]
+                    for label in order:
+                        bar.set_postfix_str(f"{app} N={n} r{r} {label}")
+                        loads[(label, app, n, r)] = os.getloadavg()[0]
+                        results[(label, app, n, r)] = engines[label].run(app, topics)
+                        bar.update(1)
+        bar.close()
+    finally:
+        for engine in engines.values():
+            engine.close()
+    rows, mismatches = summarize(results, loads, config)
+    report = BenchReport(
+        config=config,
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        cpus=os.cpu_count() or 0,
+        load_before=load_before,
+        load_after=list(os.getloadavg()),
+        engine_start_s=starts,
+        rows=rows,
+        mismatches=mismatches,
+        sample_output=_sample_output(results, config),
+    )
+    text = format_report(report)
+    echo(text)
+    echo("\n" + report.sample_output)
+    out.with_suffix(".txt").write_text(text + "\n\n" + report.sample_output + "\n")
+    png = plot_report(report, out.with_suffix(".png"))
+    written = [str(png), str(out.with_suffix(".txt"))]
+    if json_path is not None:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(report.model_dump_json(indent=1))
+        written.append(str(json_path))
+    echo("wrote " + ", ".join(written))
+    if mismatches:
+        raise BenchMismatchError(
+            f"{len(mismatches)} run(s) differ from no speculation: {mismatches[:3]}"
+        )
+    return report

@@ -1,0 +1,217 @@
+"""The workflow shapes ``agentspec bench`` runs concurrently, and how one query runs.
+
+* ``demo`` — the demo's planner → ``Send`` fan-out of three workers + a tool agent →
+  critic → writer (:func:`~agentspec_mw_langgraph.demo_graph.build_workflow`);
+* ``tool_loop`` — LangChain's ``create_agent`` over real local tools (calculator, word
+  count, note lookup), at most :data:`TOOL_LOOP_RECURSION` graph steps;
+* ``reflect`` — a retry/reflection loop: draft → review → revise, until the reviewer
+  answers ``OK`` or :data:`REFLECT_ROUNDS` revisions were made.
+
+Every shape is ordinary LangGraph code over any chat model. Each query gets a topic; the
+final state is reduced to JSON (:func:`final_view`: message types, contents and tool
+calls, no random ids) so two runs can be compared for identical outputs.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Annotated, Any, TypedDict
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langgraph.errors import GraphRecursionError
+from langgraph.graph import END, START, StateGraph
+
+from agentspec_mw_langgraph.demo_graph import NOTES, build_workflow, demo_tools, initial_state
+
+__all__ = [
+    "APPS",
+    "REFLECT_ROUNDS",
+    "TOOL_LOOP_RECURSION",
+    "BenchApp",
+    "bench_topics",
+    "final_view",
+]
+
+#: Graph steps of the ``create_agent`` loop (model and tool nodes each count one).
+TOOL_LOOP_RECURSION = 8
+#: Revisions of the reflection loop at most.
+REFLECT_ROUNDS = 2
+
+_SUBJECTS = (
+    "tea", "coffee", "bread", "cheese", "rice", "salt", "glass", "paper", "steel", "wool",
+    "cotton", "honey", "chocolate", "soap", "rubber", "copper", "silk", "clay", "maps",
+    "clocks", "bicycles", "bridges", "lighthouses", "canals", "windmills", "telescopes",
+    "vaccines", "batteries", "compasses", "printing", "railways", "radio", "lenses", "ink",
+    "sugar", "pepper", "olive oil", "yogurt", "noodles", "lanterns", "kites", "violins",
+    "pianos", "chess", "origami", "pottery", "sundials", "dams", "tunnels", "satellites",
+)  # fmt: skip
+_ANGLES = ("", "modern ", "traditional ")
+
+
+def bench_topics(start: int, n: int) -> list[str]:
+    """``n`` distinct topics from position ``start`` of a fixed sequence (the same for
+    every method, so runs can be compared; a new ``start`` per run keeps the proposers'
+    caches from seeing the same query twice within :data:`len(_SUBJECTS) * 3` topics)."""
+    size = len(_SUBJECTS) * len(_ANGLES)
+    out = []
+    for i in range(start, start + n):
+        j = i % size
+        out.append(f"{_ANGLES[j // len(_SUBJECTS)]}{_SUBJECTS[j % len(_SUBJECTS)]}")
+    return out
+
+
+class _ReflectState(TypedDict):
+    topic: str
+    draft: str
+    reviews: Annotated[list[str], operator.add]
+    rounds: int
+
+
+def build_reflect(model: BaseChatModel) -> Any:
+    """The retry/reflection loop over ``model`` (nodes: writer, reviewer, reviser)."""
+
+    def writer(state: _ReflectState) -> dict[str, Any]:
+        msg = model.invoke(
+            [
+                SystemMessage("You write short, factual paragraphs."),
+                HumanMessage(f"Write three sentences about {state['topic']}."),
+            ]
+        )
+        return {"draft": str(msg.content).strip(), "rounds": 0}
+
+    def reviewer(state: _ReflectState) -> dict[str, Any]:
+        msg = model.invoke(
+            [
+                SystemMessage(
+                    "You review drafts. Answer OK if the draft is good, otherwise name "
+                    "one concrete problem in one sentence."
+                ),
+                HumanMessage(f"Topic: {state['topic']}\nDraft:\n{state['draft']}"),
+            ]
+        )
+        return {"reviews": [str(msg.content).strip()]}
+
+    def reviser(state: _ReflectState) -> dict[str, Any]:
+        msg = model.invoke(
+            [
+                SystemMessage("You revise drafts to fix the reviewer's point."),
+                HumanMessage(
+                    f"Draft:\n{state['draft']}\nReview:\n{state['reviews'][-1]}\n"
+                    "Write the revised draft."
+                ),
+            ]
+        )
+        return {"draft": str(msg.content).strip(), "rounds": state["rounds"] + 1}
+
+    def route(state: _ReflectState) -> str:
+        verdict = state["reviews"][-1].strip().upper()
+        if verdict.startswith("OK") or state["rounds"] >= REFLECT_ROUNDS:
+            return END
+        return "reviser"
+
+    g = StateGraph(_ReflectState)
+    g.add_node("writer", writer)
+    g.add_node("reviewer", reviewer)
+    g.add_node("reviser", reviser)
+    g.add_edge(START, "writer")
+    g.add_edge("writer", "reviewer")
+    g.add_conditional_edges("reviewer", route, ["reviser", END])
+    g.add_edge("reviser", "reviewer")
+    return g.compile()
+
+
+def build_tool_loop(model: BaseChatModel) -> Any:
+    """``create_agent`` over the demo's local tools (a ReAct loop)."""
+    from langchain.agents import create_agent
+
+    return create_agent(
+        model,
+        demo_tools(),
+        system_prompt=(
+            "You are a research assistant. Use lookup_note to find notes, word_count to "
+            "count words and calculator for arithmetic, then answer in two sentences."
+        ),
+    )
+
+
+def _tool_loop_input(topic: str) -> dict[str, Any]:
+    """The question, after one worked example (small models follow a shown tool call)."""
+    return {
+        "messages": [
+            HumanMessage("Look up bread in the notes and tell me what you found."),
+            AIMessage(
+                "",
+                tool_calls=[{"name": "lookup_note", "args": {"topic": "bread"}, "id": "ex1"}],
+            ),
+            ToolMessage(NOTES["bread"], tool_call_id="ex1"),
+            AIMessage(f"The note says: {NOTES['bread']}"),
+            HumanMessage(f"Look up {topic} in the notes and tell me what you found."),
+        ]
+    }
+
+
+class BenchApp:
+    """One workflow shape: how to build its graph and its input for a topic."""
+
+    def __init__(
+        self,
+        name: str,
+        build: Callable[[BaseChatModel], Any],
+        make_input: Callable[[str], Any],
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.build = build
+        self.make_input = make_input
+        self.config = dict(config or {})
+
+    def run(self, graph: Any, topic: str) -> Any:
+        """Run one query to its end; a query that hits the recursion limit ends there
+        (its view says so) rather than failing the run."""
+        try:
+            return graph.invoke(self.make_input(topic), config=self.config or None)
+        except GraphRecursionError:
+            return {"stopped": f"recursion_limit={self.config.get('recursion_limit')}"}
+
+
+APPS: dict[str, BenchApp] = {
+    "demo": BenchApp("demo", build_workflow, initial_state),
+    "tool_loop": BenchApp(
+        "tool_loop",
+        build_tool_loop,
+        _tool_loop_input,
+        {"recursion_limit": TOOL_LOOP_RECURSION},
+    ),
+    "reflect": BenchApp(
+        "reflect", build_reflect, lambda t: {"topic": t, "draft": "", "reviews": [], "rounds": 0}
+    ),
+}
+
+
+def _message_view(m: BaseMessage) -> dict[str, Any]:
+    view: dict[str, Any] = {"type": m.type, "content": m.content}
+    calls = getattr(m, "tool_calls", None)
+    if calls:
+        view["tool_calls"] = [{"name": c["name"], "args": c["args"]} for c in calls]
+    return view
+
+
+def final_view(state: Any) -> Any:
+    """``state`` as JSON-able data without random ids (messages: type, content, calls)."""
+    if isinstance(state, BaseMessage):
+        return _message_view(state)
+    if isinstance(state, dict):
+        return {str(k): final_view(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return [final_view(v) for v in state]
+    if state is None or isinstance(state, str | int | float | bool):
+        return state
+    return str(state)

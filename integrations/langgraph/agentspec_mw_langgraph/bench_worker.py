@@ -1,0 +1,359 @@
+"""One ``agentspec bench`` engine process: one warmed engine, one method, runs on request.
+
+Started by :mod:`~agentspec_mw_langgraph.bench` as ``python -m
+agentspec_mw_langgraph.bench_worker '<WorkerSpec JSON>'`` (so ``LD_PRELOAD`` and the
+thread limits are set before the process starts, and every method's engine lives in
+its own process: vLLM's in-process engines share process-wide state). The worker builds
+the embedded ``vllm.LLM`` with the method's drafter, drives it with the LangGraph
+adapter's engine loop (continuous batching: a request joins the running batch at the
+next step), warms it up with one query per workflow shape, prints a ``ready`` line, then
+answers each ``run`` command read from stdin (one JSON object per line) with one result
+line. Protocol lines on stdout start with :data:`MARK`; anything else there is vLLM's.
+
+What it measures per run, in this process (the engine runs here):
+
+* per request: time of submission, of the first output token and of the last
+  (TPOT = (last − first) / (tokens − 1)), tokens, drafted and accepted drafts (vLLM's
+  per-request spec-decode metrics), the agent tag, a hash of the token ids;
+* per workflow: wall time from start to end, and its final state (:func:`final_view`);
+* vLLM's own spec-decode counters (drafted, accepted) before and after;
+* the drafter's time per draft call, for every method alike: the ``propose`` method of
+  vLLM's ``NgramProposer`` / ``SuffixDecodingProposer`` and of our ``AgentSpecDrafter``
+  is wrapped with a timer (this process only);
+* with the measured cost model: each step's prediction by the fit before it saw the
+  step, against the step's measured time (relative error), and AgentSpec's
+  per-agent/per-block drafted and accepted counters.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["MARK", "RunResult", "WorkerSpec", "main"]
+
+#: Prefix of the protocol lines on the worker's stdout.
+MARK = "@@agentspec-bench@@ "
+
+
+class WorkerSpec(BaseModel):
+    """What one engine process runs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    label: str
+    """The method's name in the results (e.g. ``agentspec-untagged``)."""
+    speculative: str | None
+    """``build_llm(speculative=...)``: ``None``, ``ngram``, ``suffix``, ``agentspec``."""
+    tagged: bool = True
+    """Wrap the graphs with ``with_agentspec`` (structure tags on every request)."""
+    model: str | None = None
+    k: int = Field(default=8, ge=1)
+    max_tokens: int = Field(default=48, ge=1)
+    max_model_len: int = Field(default=2048, ge=64)
+    max_num_seqs: int = Field(default=64, ge=1)
+    kv_cache_mib: int = Field(default=1024, ge=64)
+    apps: tuple[str, ...] = ("demo",)
+    engine_options: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunResult(BaseModel):
+    """One run: N concurrent workflows of one shape on one engine."""
+
+    label: str
+    app: str
+    n: int
+    wall_s: float
+    output_tokens: int
+    requests: int
+    workflow_latency_s: list[float]
+    tpot_s: list[float]
+    drafted: int
+    accepted: int
+    proposer_s: float
+    proposer_calls: int
+    per_agent: dict[str, list[int]]
+    """``agent -> [requests, output tokens, drafted, accepted]`` (per-request metrics)."""
+    per_block: dict[str, list[int]] = {}
+    """``"agent/block" -> [drafted, accepted]`` from AgentSpec's own counters."""
+    fit_errors: list[float] = []
+    """Relative errors ``(predicted - measured) / measured`` of the step-time fit."""
+    step_model: dict[str, float] = {}
+    faults: dict[str, int] = {}
+    views: list[Any]
+    token_hashes: list[str]
+
+
+@dataclass
+class _Timing:
+    start: float
+    first: float | None = None
+    end: float | None = None
+    tokens: int = 0
+
+
+class _Stats:
+    """Counters the instrumented code adds to (all threads)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.proposer_s = 0.0
+        self.proposer_calls = 0
+        self.fit_errors: list[float] = []
+
+    def add_propose(self, seconds: float) -> None:
+        with self.lock:
+            self.proposer_s += seconds
+            self.proposer_calls += 1
+
+
+STATS = _Stats()
+
+
+def _timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            STATS.add_propose(time.perf_counter() - t0)
+
+    return wrapper
+
+
+def _instrument() -> None:
+    """Time every drafter's ``propose`` and the step-time fit's predictions (this process)."""
+    from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+    from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+    from agentspec_mw.costfit import MeasuredStepTime
+    from agentspec_mw_vllm.adapter import AgentSpecDrafter
+
+    for cls in (NgramProposer, SuffixDecodingProposer, AgentSpecDrafter):
+        cls.propose = _timed(cls.propose)  # type: ignore[method-assign]
+    observe = MeasuredStepTime.observe
+
+    def observe_and_score(self: MeasuredStepTime, nb: float, kv: float, s: float) -> bool:
+        predicted = self.step_time(nb, kv) if self.observed >= self.min_steps else None
+        used = observe(self, nb, kv, s)
+        if used and predicted is not None:
+            with STATS.lock:
+                STATS.fit_errors.append((predicted - s) / s)
+        return used
+
+    MeasuredStepTime.observe = observe_and_score  # type: ignore[method-assign,assignment]
+
+
+def _timed_backend(llm: Any) -> Any:
+    """A ``VLLMBackend`` that records each request's timing, counts and token hash."""
+    from agentspec_mw.tags import WIRE_PREFIX
+    from agentspec_mw_langgraph.backend import VLLMBackend
+
+    class TimedBackend(VLLMBackend):
+        def __init__(self, engine: Any) -> None:
+            super().__init__(engine)
+            self.lock = threading.Lock()
+            self.clear()
+
+        def clear(self) -> None:
+            self.timings: list[_Timing] = []
+            self.per_agent: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+            self.hashes: list[str] = []
+
+        def _submit(self, request: Any, sink: Any) -> str:
+            timing = _Timing(time.perf_counter())
+            with self.lock:
+                self.timings.append(timing)
+
+            def timed_sink(out: Any) -> None:
+                now = time.perf_counter()
+                if not isinstance(out, BaseException):
+                    if timing.first is None and out.outputs[0].token_ids:
+                        timing.first = now
+                    if out.finished:
+                        timing.end = now
+                        timing.tokens = len(out.outputs[0].token_ids)
+                sink(out)
+
+            return super()._submit(request, timed_sink)
+
+        def _observe(self, request: Any, completion: Any) -> None:
+            metrics = getattr(completion, "spec_decode_metrics", None)
+            drafted = int(getattr(metrics, "num_draft_tokens", 0) or 0)
+            hist = list(getattr(metrics, "histogram", []) or [])
+            accepted = sum(j * int(n) for j, n in enumerate(hist))
+            agent = str((request.extra_args or {}).get(f"{WIRE_PREFIX}agent", "untagged"))
+            digest = hashlib.sha1(
+                json.dumps(list(completion.token_ids)).encode(), usedforsecurity=False
+            ).hexdigest()[:16]
+            with self.lock:
+                row = self.per_agent[agent]
+                row[0] += 1
+                row[1] += len(completion.token_ids)
+                row[2] += drafted
+                row[3] += accepted
+                self.hashes.append(digest)
+
+    return TimedBackend(llm)
+
+
+def _spec_counters(llm: Any) -> tuple[int, int]:
+    drafted = accepted = 0.0
+    for metric in llm.get_metrics():
+        if metric.name == "vllm:spec_decode_num_draft_tokens":
+            drafted += float(getattr(metric, "value", 0))
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
+            accepted += float(getattr(metric, "value", 0))
+    return int(drafted), int(accepted)
+
+
+def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+class Worker:
+    """The engine, the graphs and the instrumentation of one process."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        from agentspec_mw_langgraph.bench_apps import APPS
+        from agentspec_mw_langgraph.config import TaggingConfig
+        from agentspec_mw_langgraph.engine_chat import ChatAgentSpecVLLM
+        from agentspec_mw_langgraph.wrap import with_agentspec
+        from agentspec_mw_vllm.engine import apply_env_defaults, build_llm
+
+        self.spec = spec
+        t0 = time.perf_counter()
+        apply_env_defaults(in_process=True)  # before vLLM is imported
+        _instrument()
+        options: dict[str, Any] = {
+            "max_num_seqs": spec.max_num_seqs,
+            "kv_cache_memory_bytes": spec.kv_cache_mib << 20,
+            "disable_log_stats": False,
+            "enforce_eager": True,
+            **spec.engine_options,
+        }
+        self.llm = build_llm(
+            spec.model,
+            speculative=spec.speculative,
+            k=spec.k,
+            max_model_len=spec.max_model_len,
+            **options,
+        )
+        self.backend = _timed_backend(self.llm)
+        chat = ChatAgentSpecVLLM(engine=self.backend, max_tokens=spec.max_tokens)
+        self.graphs: dict[str, Any] = {}
+        for name in spec.apps:
+            graph = APPS[name].build(chat)
+            if spec.tagged:
+                graph = with_agentspec(graph, config=TaggingConfig())
+            self.graphs[name] = graph
+            APPS[name].run(graph, "warm-up: the weather")  # JIT, templates; not timed
+        self.start_s = time.perf_counter() - t0
+
+    def run(self, app: str, topics: list[str]) -> RunResult:
+        from agentspec_mw_langgraph.bench_apps import APPS, final_view
+        from agentspec_mw_vllm.metrics import get_metrics
+
+        graph, shape = self.graphs[app], APPS[app]
+        self.backend.clear()
+        STATS.reset()
+        d0, a0 = _spec_counters(self.llm)
+        m0 = get_metrics().snapshot()
+
+        def one(topic: str) -> tuple[Any, float]:
+            t = time.perf_counter()
+            state = shape.run(graph, topic)
+            return final_view(state), time.perf_counter() - t
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=max(len(topics), 1)) as pool:
+            done = list(pool.map(one, topics))
+        wall = time.perf_counter() - t0
+        d1, a1 = _spec_counters(self.llm)
+        m1 = get_metrics().snapshot()
+        drafted, accepted = _delta(m1.drafted, m0.drafted), _delta(m1.accepted, m0.accepted)
+        per_agent = {k: list(v) for k, v in self.backend.per_agent.items()}
+        return RunResult(
+            label=self.spec.label,
+            app=app,
+            n=len(topics),
+            wall_s=wall,
+            output_tokens=sum(v[1] for v in per_agent.values()),
+            requests=sum(v[0] for v in per_agent.values()),
+            workflow_latency_s=[lat for _, lat in done],
+            tpot_s=self._tpots(),
+            drafted=d1 - d0,
+            accepted=a1 - a0,
+            proposer_s=STATS.proposer_s,
+            proposer_calls=STATS.proposer_calls,
+            per_agent=per_agent,
+            per_block={k: [drafted.get(k, 0), accepted.get(k, 0)] for k in drafted},
+            fit_errors=list(STATS.fit_errors),
+            step_model=dict(m1.step_model),
+            faults=_delta(m1.faults, m0.faults),
+            views=[view for view, _ in done],
+            token_hashes=sorted(self.backend.hashes),
+        )
+
+    def _tpots(self) -> list[float]:
+        """Time per output token after the first, per request with >= 2 tokens."""
+        return [
+            (t.end - t.first) / (t.tokens - 1)
+            for t in self.backend.timings
+            if t.first is not None and t.end is not None and t.tokens >= 2
+        ]
+
+    def close(self) -> None:
+        from agentspec_mw_vllm.engine import shutdown
+
+        shutdown(self.llm)
+
+
+def _emit(kind: str, payload: dict[str, Any]) -> None:
+    sys.stdout.write(MARK + json.dumps({"kind": kind, **payload}) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve ``run`` commands from stdin until ``stop`` or end of input."""
+    args = sys.argv[1:] if argv is None else argv
+    spec = WorkerSpec.model_validate_json(args[0])
+    try:
+        worker = Worker(spec)
+    except Exception as exc:  # the parent shows it and stops the bench
+        _emit("error", {"error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    _emit("ready", {"start_s": worker.start_s})
+    try:
+        for line in sys.stdin:
+            cmd = json.loads(line)
+            if cmd.get("cmd") == "stop":
+                break
+            try:
+                result = worker.run(str(cmd["app"]), list(cmd["topics"]))
+            except Exception as exc:
+                _emit("error", {"error": f"{type(exc).__name__}: {exc}"})
+                continue
+            _emit("result", result.model_dump())
+    finally:
+        worker.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""The libraries vLLM's CPU backend wants preloaded: tcmalloc and Intel OpenMP.
+
+vLLM's CPU installation guide ("set LD_PRELOAD") asks for ``libtcmalloc_minimal.so.4``
+(Debian/Ubuntu package ``libtcmalloc-minimal4``) and, on x86, Intel OpenMP's
+``libiomp5.so`` (PyPI package ``intel-openmp``, which installs it into the environment's
+``lib/``) in ``LD_PRELOAD``; without them its CPU worker warns, and for speculative
+decoding that the missing Intel OpenMP "will cause significant performance loss".
+
+``LD_PRELOAD`` only acts when a process starts, so it cannot be set from inside the
+engine's own process: launchers put :func:`preload_env`'s value in the environment of
+the process they start (``scripts/demo.sh`` through ``python -m agentspec_mw_vllm.preload``,
+``agentspec serve``'s server process, ``agentspec bench``'s engine processes).
+``AGENTSPEC_PRELOAD=0`` turns it off. Libraries that are not installed are skipped.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import platform
+import sys
+from collections.abc import Mapping
+
+__all__ = ["PRELOAD_ENV", "find_preload_libs", "preload_env", "with_preload"]
+
+#: ``0`` turns the preload off (for a before/after measurement, or a host where it breaks).
+PRELOAD_ENV = "AGENTSPEC_PRELOAD"
+
+_TCMALLOC = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
+_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
+
+
+def find_preload_libs(prefix: str | None = None) -> list[str]:
+    """Paths of tcmalloc and (on x86) ``libiomp5.so`` that exist here, in that order.
+
+    Args:
+        prefix: the Python environment whose ``lib/`` holds ``intel-openmp``'s
+            ``libiomp5.so`` (default: this interpreter's ``sys.prefix``).
+    """
+    if not sys.platform.startswith("linux"):
+        return []
+    found: list[str] = []
+    for name in _TCMALLOC:
+        hits = [os.path.join(d, name) for d in _LIB_DIRS if os.path.exists(os.path.join(d, name))]
+        if hits:
+            found.append(hits[0])
+            break
+    if platform.machine() in ("x86_64", "AMD64"):
+        iomp = sorted(glob.glob(os.path.join(prefix or sys.prefix, "lib", "libiomp5.so")))
+        found += iomp[:1]
+    return found
+
+
+def preload_env(environ: Mapping[str, str] | None = None, prefix: str | None = None) -> str:
+    """The ``LD_PRELOAD`` value for an engine process: the existing value plus the
+    libraries of :func:`find_preload_libs` it lacks (unchanged when
+    ``AGENTSPEC_PRELOAD=0`` or on a vLLM that is not the CPU build)."""
+    env = os.environ if environ is None else environ
+    current = env.get("LD_PRELOAD", "")
+    if env.get(PRELOAD_ENV, "1") == "0":
+        return current
+    from agentspec_mw_vllm.engine import is_cpu_build
+
+    if not is_cpu_build():
+        return current
+    parts = [p for p in current.split(":") if p]
+    names = {os.path.basename(p) for p in parts}
+    for lib in find_preload_libs(prefix):
+        if os.path.basename(lib) not in names:
+            parts.append(lib)
+    return ":".join(parts)
+
+
+def with_preload(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A copy of ``environ`` (default ``os.environ``) with :func:`preload_env`'s value."""
+    env = dict(os.environ if environ is None else environ)
+    value = preload_env(env)
+    if value:
+        env["LD_PRELOAD"] = value
+    return env
+
+
+if __name__ == "__main__":  # scripts/demo.sh: export LD_PRELOAD="$(python -m ...)"
+    print(preload_env())

@@ -1,0 +1,228 @@
+"""``agentspec bench``: the workflow shapes on a scripted model, the summary (medians,
+ratios, percentiles, mismatches), the report, the preload, and a tiny real run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+
+from agentspec_mw_langgraph import TaggingConfig, with_agentspec
+from agentspec_mw_langgraph.bench import (
+    BenchConfig,
+    BenchReport,
+    format_report,
+    plot_report,
+    quick_config,
+    summarize,
+    verdict_lines,
+)
+from agentspec_mw_langgraph.bench_apps import APPS, REFLECT_ROUNDS, bench_topics, final_view
+from agentspec_mw_langgraph.bench_worker import RunResult
+from agentspec_mw_vllm import preload
+
+from .langgraph.fake_chat import ScriptedChatModel
+
+
+def _script(messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessage:
+    last = messages[-1]
+    if tools and not isinstance(last, ToolMessage):
+        return AIMessage(
+            "",
+            tool_calls=[{"name": "lookup_note", "args": {"topic": "tea"}, "id": "rand-1"}],
+        )
+    return AIMessage(f"reply to: {str(last.content)[:24]}")
+
+
+def test_topics_are_distinct_and_the_same_for_every_caller() -> None:
+    topics = bench_topics(0, 150)
+    assert len(set(topics)) == 150 and topics[:2] == ["tea", "coffee"]
+    assert bench_topics(3, 2) == topics[3:5]
+
+
+@pytest.mark.parametrize("app", sorted(APPS))
+def test_every_shape_runs_tagged_with_real_tools(app: str) -> None:
+    model = ScriptedChatModel(script=_script)
+    shape = APPS[app]
+    graph = with_agentspec(shape.build(model), config=TaggingConfig(adapter_raise_errors=True))
+    view = final_view(shape.run(graph, "tea"))
+    json.dumps(view)  # JSON-able, so two engines' runs compare
+    assert "rand-1" not in json.dumps(view)  # tool-call ids are random: not compared
+    assert all(tags is not None for tags, _ in model.seen)
+    if app == "tool_loop":
+        tool_results = [m["content"] for m in view["messages"] if m["type"] == "tool"]
+        assert tool_results[-1].startswith("Tea is brewed")  # after the worked example
+    if app == "reflect":  # the scripted reviewer never says OK: the loop stops at the cap
+        assert view["rounds"] == REFLECT_ROUNDS
+        assert len(view["reviews"]) == REFLECT_ROUNDS + 1
+
+
+def _result(label: str, n: int, wall: float, **kw: Any) -> RunResult:
+    base: dict[str, Any] = {
+        "label": label,
+        "app": "demo",
+        "n": n,
+        "wall_s": wall,
+        "output_tokens": 100,
+        "requests": 2,
+        "workflow_latency_s": [wall, wall / 2],
+        "tpot_s": [0.01, 0.02, 0.03],
+        "drafted": 0,
+        "accepted": 0,
+        "proposer_s": 0.0,
+        "proposer_calls": 0,
+        "per_agent": {"writer": [2, 100, 0, 0]},
+        "views": [{"answer": "a"}],
+        "token_hashes": ["h1", "h2"],
+    }
+    base.update(kw)
+    return RunResult(**base)
+
+
+def _results(config: BenchConfig) -> dict[tuple[str, str, int, int], RunResult]:
+    walls = {"none": [2.0, 2.0, 4.0], "suffix": [1.0, 2.0, 1.0]}
+    out = {}
+    for label, ws in walls.items():
+        for r, w in enumerate(ws):
+            extra: dict[str, Any] = {}
+            if label == "suffix":
+                extra = {
+                    "drafted": 40,
+                    "accepted": 10,
+                    "proposer_s": 0.002,
+                    "proposer_calls": 4,
+                    "per_agent": {"writer": [2, 100, 40, 10]},
+                }
+                if r == 2:
+                    extra["views"] = [{"answer": "b"}]
+            out[(label, "demo", 4, r)] = _result(label, 4, w, **extra)
+    return out
+
+
+def test_summary_medians_ratios_and_mismatches() -> None:
+    config = BenchConfig(ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=3)
+    results = _results(config)
+    loads = dict.fromkeys(results, 1.5)
+    rows, mismatches = summarize(results, loads, config)
+    none, suffix = rows
+    assert (none.label, suffix.label) == ("none", "suffix")
+    assert none.tokens_per_s == pytest.approx(50.0)  # median of 50, 50, 25
+    assert suffix.tokens_per_s == pytest.approx(100.0)  # median of 100, 50, 100
+    assert suffix.ratio_to_none == pytest.approx(2.0)  # median of per-repeat 2, 1, 4
+    assert suffix.acceptance == pytest.approx(0.25) and suffix.rejection == pytest.approx(0.75)
+    assert suffix.proposer_ms_per_step == pytest.approx(0.5)
+    assert suffix.tpot_p50_ms == pytest.approx(20.0)
+    assert suffix.per_agent_acceptance == {"writer": 0.25}
+    assert not suffix.identical_to_none and none.identical_to_none
+    assert mismatches == ["suffix demo N=4 repeat 2: outputs differ"]
+    report = BenchReport(
+        config=config,
+        date="2026-12-02",
+        cpus=2,
+        load_before=[1.0, 1.0, 1.0],
+        load_after=[2.0, 2.0, 2.0],
+        engine_start_s={"none": 12.0, "suffix": 13.0},
+        rows=rows,
+        mismatches=mismatches,
+    )
+    text = format_report(report)
+    assert "outputs identical to none in every run: NO" in text
+    assert verdict_lines(rows) == ["demo N=4: fastest is suffix (100 tok/s, 2.00x none)"]
+
+
+def test_verdict_names_the_better_peer_and_the_tags() -> None:
+    config = BenchConfig(
+        ns=(4,), methods=("none", "ngram", "suffix", "agentspec", "agentspec-untagged"), repeats=1
+    )
+    walls = {"none": 4.0, "ngram": 3.0, "suffix": 2.0, "agentspec": 2.5, "agentspec-untagged": 3.5}
+    results = {
+        (k, "demo", 4, 0): _result(k, 4, w, drafted=10, accepted=5) for k, w in walls.items()
+    }
+    rows, mismatches = summarize(
+        results, dict.fromkeys(results, 1.0), config.model_copy(update={"apps": ("demo",)})
+    )
+    assert not mismatches
+    (line,) = verdict_lines(rows)
+    assert line.startswith("demo N=4: fastest is suffix (50 tok/s, 2.00x none)")
+    assert "agentspec 1.60x none is 0.80x suffix (behind the better peer)" in line
+    assert "1.60x vs 1.14x untagged" in line
+
+
+def test_plot_is_written(tmp_path: Path) -> None:
+    config = BenchConfig(ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=3)
+    results = _results(config)
+    rows, mismatches = summarize(results, dict.fromkeys(results, 1.0), config)
+    report = BenchReport(
+        config=config,
+        date="d",
+        cpus=2,
+        load_before=[0, 0, 0],
+        load_after=[0, 0, 0],
+        engine_start_s={},
+        rows=rows,
+        mismatches=mismatches,
+    )
+    assert plot_report(report, tmp_path / "b.png").stat().st_size > 1000
+
+
+def test_config_validation_and_quick() -> None:
+    with pytest.raises(ValueError, match="unknown; choose from"):
+        BenchConfig(methods=("none", "eagle"))
+    with pytest.raises(ValueError, match="must be a non-empty list of N >= 1"):
+        BenchConfig(ns=(0,))
+    assert BenchConfig(methods=("suffix",)).methods == ("none", "suffix")  # baseline added
+    quick = quick_config()
+    assert quick.ns == (2,) and quick.repeats == 1
+    assert BenchConfig(methods=("none", "suffix"), preload="both").labels() == [
+        "none",
+        "suffix",
+        "none/no-preload",
+        "suffix/no-preload",
+    ]
+
+
+def test_preload_finds_the_libraries_and_can_be_turned_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentspec_mw_vllm import engine
+
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libiomp5.so").write_bytes(b"")
+    monkeypatch.setattr(engine, "is_cpu_build", lambda: True)
+    monkeypatch.setattr(preload.platform, "machine", lambda: "x86_64")
+    libs = preload.find_preload_libs(str(tmp_path))
+    assert libs[-1] == str(tmp_path / "lib" / "libiomp5.so")
+    value = preload.preload_env({"LD_PRELOAD": "/x/libfoo.so"}, prefix=str(tmp_path))
+    assert value.split(":")[0] == "/x/libfoo.so" and value.endswith("libiomp5.so")
+    again = preload.preload_env({"LD_PRELOAD": value}, prefix=str(tmp_path))
+    assert again == value  # nothing twice
+    assert preload.preload_env({"AGENTSPEC_PRELOAD": "0"}, prefix=str(tmp_path)) == ""
+    monkeypatch.setattr(engine, "is_cpu_build", lambda: False)
+    assert preload.preload_env({}, prefix=str(tmp_path)) == ""  # CUDA hosts: untouched
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_bench_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The real command, CI-sized: two engine processes, two demo workflows each."""
+    pytest.importorskip("vllm")
+    from agentspec_mw.cli import main
+
+    out, js = tmp_path / "bench", tmp_path / "bench.json"
+    rc = main(["bench", "--quick", "--no-progress", "--out", str(out), "--json", str(js)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "outputs identical to none in every run: yes" in text
+    report = BenchReport.model_validate_json(js.read_text())
+    by_label = {r.label: r for r in report.rows}
+    assert set(by_label) == {"none", "agentspec"}
+    assert by_label["none"].drafted == 0 and by_label["agentspec"].drafted > 0
+    assert by_label["agentspec"].proposer_ms_per_step is not None
+    assert by_label["none"].proposer_ms_per_step is None
+    assert all(r.tokens_per_s > 0 and r.identical_to_none for r in report.rows)
+    assert "writer's answer" in report.sample_output
+    assert out.with_suffix(".png").stat().st_size > 1000

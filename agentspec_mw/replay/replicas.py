@@ -202,7 +202,8 @@ def format_replica_table(rows: Sequence[ReplicaRow]) -> str:
 
 
 def plot_replicas(rows: Sequence[ReplicaRow], path: str, title: str) -> str:
-    """Speedup over no speculation vs replicas, one line per workload and routing."""
+    """Speedup over no speculation vs replicas: a colour per workload, solid for
+    affinity, dashed for round robin."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -212,16 +213,14 @@ def plot_replicas(rows: Sequence[ReplicaRow], path: str, title: str) -> str:
     series: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
     for x in rows:
         series.setdefault((x.proposer, x.workload, x.routing), []).append((x.replicas, x.speedup))
+    colors: dict[tuple[str, str], str] = {}
     for (prop, wl, routing), pts in sorted(series.items()):
         pts.sort()
+        color = colors.setdefault((prop, wl), f"C{len(colors) % 10}")  # one per workload
         style = "-" if routing == "affinity" else "--"
-        ax.plot(
-            [p[0] for p in pts],
-            [p[1] for p in pts],
-            style,
-            marker="o",
-            label=f"{prop} {wl} {routing}",
-        )
+        label = f"{prop} {wl} {routing}"
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        ax.plot(xs, ys, style, color=color, marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("replicas")
     ax.set_ylabel("speedup over no speculation")

@@ -11,7 +11,7 @@ have accepted against the recorded output:
 * ``picked`` — the candidate AgentSpec chose, whole;
 * ``drafted`` / ``accepted`` — what the budget let through, and what of it was accepted.
 
-``picked`` vs ``accepted`` is what the budget (floor + cost model) gives up; ``best`` vs
+``picked`` vs ``accepted`` is what the budget (the cost model) gives up; ``best`` vs
 ``picked`` what the choice between sources does; ``picked`` vs ``suffix`` compares the
 candidates themselves. No timing is involved.
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="agentspec.OPTION=VALUE",
-        help="AgentSpec option as in agentspec replay, e.g. agentspec.budget_floor=0",
+        help="AgentSpec option as in agentspec replay, e.g. agentspec.index_walk_batch=null",
     )
     args = ap.parse_args(argv)
     opts = _parse_set(args.set).get("agentspec", {})

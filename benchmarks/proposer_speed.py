@@ -35,7 +35,7 @@ def main() -> None:
         action="append",
         default=[],
         metavar="PROPOSER.OPTION=VALUE",
-        help="a proposer option, as in agentspec replay (e.g. agentspec.budget_cap_band=0)",
+        help="a proposer option, as in agentspec replay (e.g. agentspec.index_walk_batch=null)",
     )
     args = ap.parse_args()
     options = _parse_set(args.set)

@@ -11,7 +11,7 @@ rejection they predicted (1 - Σ survival / drafted), a check of the calibration
         --tokenizer ../shared/tokenizers/qwen2.5 --proposers agentspec,suffix --batch 256 --k 16
 
 Deterministic except the "with proposer time" speedup (wall-clock of this machine).
-``--set agentspec.budget_floor=0.5`` passes proposer options as ``agentspec replay`` does.
+``--set agentspec.index_walk_batch=null`` passes proposer options as ``agentspec replay`` does.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from agentspec_mw.agentspec import (
     ngram_index,
     redundancy_score,
 )
+from agentspec_mw.agentspec.budget import StepShape, admission_bound, step_times
 from agentspec_mw.agentspec.kernels import C_CAL, C_CCAP, C_CLEN, C_CSTART, C_OK
 from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex, _lookup_par, _lookup_rows
 from agentspec_mw.agentspec.parallel import SERIAL, THREADED, ModeChooser
@@ -585,6 +586,19 @@ def test_request_record_counts_right_candidate_tokens_in_a_row(tb) -> None:  # t
     assert all(st <= q for q, st in seen)  # never more than the tokens verified so far
 
 
+def _step_time_reference(
+    cost: StepTimeFn, b: int, kv: float, budget: int | None, waiting: int, n: int
+) -> float:
+    """T(n) of the budget's docstring, spelled out: the step with ``n`` drafts and the
+    prefill chunks that still fit, plus the displaced chunks at a full step's marginal
+    token time."""
+    if budget is None:
+        return cost.step_time(b + waiting + n, kv)
+    p0, pn = min(waiting, budget), min(waiting, budget - n)
+    c_disp = cost.step_time(b + budget + 1, kv) - cost.step_time(b + budget, kv)
+    return cost.step_time(b + n + pn, kv) + c_disp * (p0 - pn)
+
+
 def _allocate_reference(
     surv: np.ndarray,
     lens: np.ndarray,
@@ -593,6 +607,7 @@ def _allocate_reference(
     budget: int | None,
     floor: float,
     cost: StepTimeFn,
+    waiting: int = 0,
 ) -> tuple[list[int], int]:
     """The allocation spelled out in numpy: the n highest survivals (stable order) for
     the n that maximises E(n) / T(n), within the budget and the floor."""
@@ -601,7 +616,9 @@ def _allocate_reference(
     cap = len(surv) if budget is None else min(len(surv), budget)
     cap = min(cap, int(np.sum(s_sorted >= floor)))
     exp = b + np.concatenate(([0.0], np.cumsum(s_sorted[:cap])))
-    times = np.array([cost.step_time(b + n, kv) for n in range(cap + 1)])
+    times = np.array(
+        [_step_time_reference(cost, b, kv, budget, waiting, n) for n in range(cap + 1)]
+    )
     best = int(np.argmax(exp / (times + 1e-3)))
     owner = np.repeat(np.arange(len(lens)), lens)
     return np.bincount(owner[order[:best]], minlength=len(lens)).tolist(), cap
@@ -644,6 +661,7 @@ def test_budget_matches_the_reference_on_random_steps(cost: StepTimeFn) -> None:
         b = int(rng.integers(1, 300))
         kv = float(rng.integers(0, 10**6))
         budget = None if trial % 3 else int(rng.integers(0, 20))
+        waiting = int(rng.choice([0, 5, 5000]))
         floor = float(rng.choice([0.0, 0.3, 0.75]))
         a = allocate(
             surv,
@@ -652,16 +670,59 @@ def test_budget_matches_the_reference_on_random_steps(cost: StepTimeFn) -> None:
             num_kv=kv,
             cost=cost,
             budget=budget,
+            prefill_tokens=waiting,
             overhead_s=1e-3,
             min_survival=floor,
         )
-        want, cap = _allocate_reference(surv, lens, b, kv, budget, floor, cost)
+        want, cap = _allocate_reference(surv, lens, b, kv, budget, floor, cost, waiting)
         if lens.sum():
             assert a.counts == want and a.offered == cap, trial
         else:
             assert a.counts == [0] * n_req and a.used == 0
+        # the admission bound skips positions but changes no allocation
+        shape = StepShape(b, kv, budget, waiting)
+        bound = admission_bound(cost, shape, 1e-3)
+        kw = dict(batch_size=b, num_kv=kv, cost=cost, budget=budget, prefill_tokens=waiting)
+        free = allocate(surv, lens, overhead_s=1e-3, **kw)  # type: ignore[arg-type]
+        bounded = allocate(surv, lens, overhead_s=1e-3, min_survival=bound, **kw)  # type: ignore[arg-type]
+        assert bounded.counts == free.counts, trial
     with pytest.raises(ValueError, match="sum\\(lens\\)"):
         allocate(np.ones(3), np.array([2]), batch_size=1, num_kv=0, cost=COST)
+
+
+def test_budget_charges_the_prefill_drafts_displace() -> None:
+    """Under the roofline a memory-bound step's drafts are free while no prompt waits;
+    once waiting chunks fill the budget every draft displaces one, which a later full
+    (compute-bound) step computes at c_tok. Under the linear model a draft costs c_tok
+    either way: T(n) = t(b + p(0) + n)."""
+    roof, lin = PRESETS["llama8b-h100-roofline"], PRESETS["llama8b-h100"]
+    b, kv, budget = 64, 64 * 20_000.0, 8192 - 64
+    n = np.arange(4.0)
+    idle = step_times(roof, StepShape(b, kv, budget, 0), n)
+    assert np.all(np.diff(idle) == 0.0)  # under the ridge: free slots
+    busy = step_times(roof, StepShape(b, kv, budget, 100_000), n)
+    assert np.diff(busy) == pytest.approx([roof.c_tok] * 3)
+    for waiting in (0, 100, 100_000):
+        t = step_times(lin, StepShape(b, kv, budget, waiting), n)
+        p0 = min(waiting, budget)
+        assert t == pytest.approx([lin.step_time(b + p0 + x, kv) for x in n])
+    # the bound: nothing under it pays, from G(0) x the first slot's marginal time
+    shape = StepShape(b, kv, budget, 100_000)
+    t0, t1 = step_times(roof, shape, np.array([0.0, 1.0]))
+    assert admission_bound(roof, shape) == pytest.approx(b / t0 * (t1 - t0))
+    assert admission_bound(roof, StepShape(b, kv, budget, 0)) == 0.0
+    assert admission_bound(roof, StepShape(b, kv, 0, 0)) == float("inf")
+    # a 5 %-likely position: drafted when its slot is free, and when it displaces a
+    # prefill token too (that step is long: one token of it costs little of its goodput)
+    s = np.array([0.05])
+    for waiting in (0, 100_000):
+        a = allocate(
+            s, np.array([1]), batch_size=b, num_kv=kv, cost=roof, budget=budget,
+            prefill_tokens=waiting,
+        )  # fmt: skip
+        assert a.used == 1, waiting
+    # with a short step (64 requests over short contexts, linear) it does not pay
+    assert not allocate(s, np.array([1]), batch_size=b, num_kv=b * 300, cost=lin).used
 
 
 def test_budget_drafts_nothing_when_no_slot_pays() -> None:
@@ -961,9 +1022,9 @@ def test_agentspec_agent_history_is_live(tiny_tokenizer, tb) -> None:  # type: i
 
 
 def test_agentspec_rejection_ledger_counts_verified_drafts(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
-    """The ledger the floor follows holds exactly the drafted and accepted tokens a
-    verifier saw, including a draft that runs past the end of the output (rejected)."""
-    p = _prop(tb, budget_floor=0.0)
+    """The verified counts (the rejection reported) hold exactly the drafted and accepted
+    tokens a verifier saw, including a draft that runs past the end of the output."""
+    p = _prop(tb)
     text = _ids(tiny_tokenizer, "total = price * quantity + shipping_cost\nreturn total\n")
     out = text + _ids(tiny_tokenizer, " # done")
     tags = StructureTags(agent_id="a", query_id="q")
@@ -985,34 +1046,8 @@ def test_agentspec_rejection_ledger_counts_verified_drafts(tiny_tokenizer, tb) -
         p.stop(rid)
     p._flush()
     assert drafted > accepted > 0  # some drafts ran past the end of the output
-    assert tuple(p._ledger[:2]) == (accepted, drafted)
-    assert p._ledger[2] == drafted  # batch 1: every drafted token may be rejected
-
-
-def test_agentspec_floor_follows_measured_rejection(tb) -> None:  # type: ignore[no-untyped-def]
-    from agentspec_mw.agentspec import proposer as P
-
-    p = _prop(tb, budget_floor=0.75, budget_max_rejection=0.2, budget_rejection_cap=0.25)
-    # ledger: accepted, drafted, rejections allowed (0.2 per token drafted at full scale)
-    p._ledger[:] = (100.0, 200.0, 40.0)  # under a window: no move
-    assert p._update_floor() == 0.75
-    p._ledger[:] = (128.0, 256.0, 51.2)  # 50 % rejected: the floor rises
-    up = p._update_floor()
-    assert up == pytest.approx(0.75 + P._FLOOR_GAIN * (128 - 51.2) / P._LEDGER_WINDOW)
-    assert tuple(p._ledger) == (0.0, 0.0, 0.0)
-    for _ in range(100):  # everything accepted: down to the lower bound, never below
-        p._ledger[:] = (256.0, 256.0, 51.2)
-        low = p._update_floor()
-    assert low == P._FLOOR_MIN
-    for _ in range(100):
-        p._ledger[:] = (0.0, 256.0, 51.2)
-        high = p._update_floor()
-    assert high == P._FLOOR_MAX
-    fixed = _prop(tb, budget_floor=0.6, budget_max_rejection=None)
-    fixed._ledger[:] = (0.0, 10_000.0, 0.0)
-    assert fixed._update_floor() == 0.6
-    with pytest.raises(ValueError):
-        _prop(tb, budget_max_rejection=1.5)
+    assert tuple(p._ledger) == (accepted, drafted)
+    assert p.verified == (accepted, drafted)
 
 
 def _unlikely_candidate(tiny_tokenizer, tb, **opts) -> AgentSpecProposer:  # type: ignore[no-untyped-def]
@@ -1028,123 +1063,6 @@ def _unlikely_candidate(tiny_tokenizer, tb, **opts) -> AgentSpecProposer:  # typ
     q.start("x", [1, 2], tags)
     q.extend("x", head)
     return q
-
-
-def test_agentspec_rejection_cap_holds_a_busy_engines_drain(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
-    """After a busy step, small steps' floor rises to the full one as the running
-    rejection climbs through the last ``budget_cap_band`` under ``budget_rejection_cap``
-    (fully at the cap and over it); an engine that was never busy keeps its lower floor."""
-    from agentspec_mw.agentspec import proposer as P
-
-    p = _prop(tb, budget_rejection_cap=0.2)  # band 0.01: from 0.19 to 0.20
-    assert p._cap_tightness() == 0.0  # nothing verified yet
-    p._ledger[:] = (128.0, 256.0, 51.2)
-    p._update_floor()  # each window joins the running counts
-    assert tuple(p._total) == (128.0, 256.0)
-    assert p._cap_tightness() == 0.0  # 50 % rejected, but the engine was never busy
-    p._busy_step = p.stats["steps"]
-    assert p._cap_tightness() == 1.0
-    p._total[:] = (230.0, 256.0)  # 10 % rejected: under the cap
-    assert p._cap_tightness() == 0.0
-    p._total[:] = (0.0, 128.0)  # under a window verified: the drafts' predictions count
-    p._predicted[:] = (90.0, 100.0)
-    assert p._cap_tightness() == 0.0
-    p._predicted[:] = (50.0, 100.0)
-    assert p._cap_tightness() == 1.0
-    p._predicted[:] = (90.0, 100.0)
-    p._ledger[:2] = (50.0, 200.0)  # the window being filled counts too: 50 of 328 verified accepted
-    assert p._cap_tightness() == 1.0
-    p._ledger[:] = 0.0
-    # the band: linear from cap - band (0) to the cap (1)
-    for rejected, want in ((0.19, 0.0), (0.195, 0.5), (0.1975, 0.75), (0.2, 1.0)):
-        p._total[:] = ((1.0 - rejected) * 4096.0, 4096.0)
-        assert p._cap_tightness() == pytest.approx(want)
-    switch = _prop(tb, budget_rejection_cap=0.2, budget_cap_band=0.0)
-    switch._busy_step = 0
-    switch._total[:] = (0.805 * 4096.0, 4096.0)
-    assert switch._cap_tightness() == 0.0  # 0.195: a switch stays off under the cap
-    switch._total[:] = (0.79 * 4096.0, 4096.0)
-    assert switch._cap_tightness() == 1.0
-    p._total[:] = (128.0, 256.0)
-    p.stats["steps"] += P._CAP_MEMORY_STEPS + 1  # busy too long ago
-    assert p._cap_tightness() == 0.0
-    assert _prop(tb, budget_rejection_cap=None)._cap_tightness() == 0.0
-    with pytest.raises(ValueError, match="under budget_max_rejection"):
-        _prop(tb, budget_rejection_cap=0.1, budget_max_rejection=0.15)
-    with pytest.raises(ValueError, match="budget_cap_band"):
-        _prop(tb, budget_rejection_cap=0.19, budget_cap_band=0.19)
-
-    # drafting: two earlier requests disagree on how the line goes on, so the third's
-    # candidate is unlikely (survival ~0.2): a small step (floor 0.15) drafts it, unless
-    # capped (floor 0.75)
-    def drafted(capped: bool, batch: int) -> int:
-        q = _unlikely_candidate(tiny_tokenizer, tb, budget_rejection_cap=0.2)
-        if capped:
-            q._busy_step = 0
-            q._total[:] = (0.0, 1024.0)
-        d = q.propose(["x"], 8, StepContext(batch_size=batch, num_kv_tokens=64))[0]
-        return len(d)
-
-    assert drafted(False, 2) > 0
-    assert drafted(True, 2) == 0  # the full floor: an unlikely candidate is not drafted
-    assert drafted(True, 64) == drafted(False, 64)  # busy steps: the cap changes nothing
-
-
-def test_agentspec_small_step_floor_follows_the_cap_tightness(  # type: ignore[no-untyped-def]
-    tiny_tokenizer, tb, monkeypatch
-) -> None:
-    """A small step's survival floor is ``θ × (scale + (1 - scale) × tightness)``: its
-    lower floor under the band, the full ``θ`` at the cap, in between inside the band;
-    a busy step's floor is ``θ`` whatever the tightness."""
-    import math
-
-    from agentspec_mw.agentspec import proposer as P
-
-    floors: list[float] = []
-    real = P.allocate
-
-    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
-        floors.append(kwargs["min_survival"])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(P, "allocate", spy)
-
-    def floor(rejected: float, batch: int) -> float:
-        q = _unlikely_candidate(tiny_tokenizer, tb, budget_rejection_cap=0.2)
-        q._busy_step = 0
-        q._total[:] = ((1.0 - rejected) * 4096.0, 4096.0)
-        floors.clear()
-        q.propose(["x"], 8, StepContext(batch_size=batch, num_kv_tokens=64))
-        assert len(floors) == 1
-        return floors[0] / q._floor  # the floor over θ
-
-    scale = math.log2(2) / math.log2(32)  # batch 2, budget_floor_batch 32
-    assert floor(0.10, 2) == pytest.approx(scale)
-    assert floor(0.195, 2) == pytest.approx(scale + (1 - scale) * 0.5)
-    assert floor(0.25, 2) == pytest.approx(1.0)
-    assert floor(0.10, 64) == floor(0.25, 64) == pytest.approx(1.0)
-
-
-def test_agentspec_busy_batch_arms_the_cap(tb) -> None:  # type: ignore[no-untyped-def]
-    """The engine counts as busy for the cap from ``budget_cap_batch`` requests in a step
-    (default: ``budget_floor_batch``); a real step marks it."""
-    from agentspec_mw.agentspec.config import AgentSpecConfig
-    from agentspec_mw.agentspec.proposer import _busy_batch
-
-    assert _busy_batch(AgentSpecConfig()) == 32
-    assert _busy_batch(AgentSpecConfig(budget_floor_batch=64)) == 64
-    assert _busy_batch(AgentSpecConfig(budget_cap_batch=16)) == 16
-    with pytest.raises(ValueError):
-        AgentSpecConfig(budget_cap_batch=1)
-
-    p = _prop(tb, budget_cap_batch=16)
-    p.start("r", [1, 2, 3])
-    p.extend("r", [4])
-    p._total[:] = (0.0, 1024.0)  # everything rejected so far
-    p.propose(["r"], 4, StepContext(batch_size=15))
-    assert p._cap_tightness() == 0.0  # 15 requests: not busy
-    p.propose(["r"], 4, StepContext(batch_size=16))
-    assert p._cap_tightness() == 1.0
 
 
 def test_agentspec_kernels_are_loaded_at_construction(tb) -> None:  # type: ignore[no-untyped-def]
@@ -1175,23 +1093,3 @@ def test_agentspec_kernels_are_loaded_at_construction(tb) -> None:  # type: igno
         assert f.signatures, f"{f.__name__} was not loaded by the warm-up"
     assert p.stats == {"steps": 0, "offered": 0, "drafted": 0}
     assert p._index.written == 0 and not p._keys
-
-
-def test_agentspec_floor_power_lowers_a_quiet_engines_small_steps(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
-    """Until the engine has been busy, a small step's floor scale is raised to
-    ``budget_floor_power``: an unlikely candidate (survival ~0.2) is drafted at batch 4
-    (floor 0.75 × 0.4³ = 0.05) where the linear scale (0.75 × 0.4 = 0.3) cuts it; once the
-    engine was busy, small steps are back on the linear scale; busy steps never change."""
-
-    def drafted(power: float, busy: bool, batch: int) -> int:
-        q = _unlikely_candidate(tiny_tokenizer, tb, budget_floor_power=power)
-        if busy:
-            q._busy_step = 0  # busy lately, but the running rejection is under the cap
-        return len(q.propose(["x"], 8, StepContext(batch_size=batch, num_kv_tokens=64))[0])
-
-    assert drafted(3.0, False, 4) > 0
-    assert drafted(1.0, False, 4) == 0
-    assert drafted(3.0, True, 4) == 0
-    assert drafted(3.0, False, 64) == drafted(1.0, False, 64)
-    with pytest.raises(ValueError):
-        _prop(tb, budget_floor_power=0.5)

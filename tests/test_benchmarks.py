@@ -42,41 +42,6 @@ def script_argv(
 
 
 @pytest.mark.peers
-def test_rejection_frontier_end_to_end(
-    script_argv: Callable[..., list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    out = tmp_path / "frontier"
-    opts = ("--batch", "4", "--k", "4", "--targets", "0.15,none")
-    assert _script("rejection_frontier").main(script_argv(out, *opts)) == 0
-    printed = capsys.readouterr().out
-    for w in ("sample_tool_agent", "sample_react"):
-        assert f"#### {w}" in printed
-    lines = [ln for ln in printed.splitlines() if ln.startswith(("| 0.15 ", "| none ", "| Suffix"))]
-    assert len(lines) == 6  # three rows per workload
-    assert all(ln.endswith("|") and ln.count("|") == 6 for ln in lines)
-    assert [ln for ln in lines if ln.startswith("| SuffixDecoding")][0].endswith("| 1.000 |")
-    assert (out / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert sorted(p.name for p in out.glob("*.json")) == [
-        "frontier_0.15.json",
-        "frontier_none.json",
-        "frontier_suffix.json",
-    ]
-
-
-def test_rejection_frontier_rejects_bad_options_before_replaying(tmp_path: Path) -> None:
-    frontier = _script("rejection_frontier")
-    argv = ["--traces", "x", "--tokenizer", "t", "--targets", "0.15,1.5"]
-    argv += ["--out-dir", str(tmp_path / "f")]
-    with pytest.raises(SystemExit, match="'1.5' is not in"):
-        frontier.main(argv)
-    with pytest.raises(SystemExit, match="'high' is not in"):
-        frontier.main([*argv[:-3], "high", *argv[-2:]])
-    with pytest.raises(SystemExit, match="one batch size"):
-        frontier.main([*argv, "--batch", "1,256"])
-    assert not (tmp_path / "f").exists()
-
-
-@pytest.mark.peers
 def test_ablate_sources_end_to_end(
     script_argv: Callable[..., list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

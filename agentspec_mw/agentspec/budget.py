@@ -1,14 +1,36 @@
-"""Per-step draft budget from a step-time model: admit positions while they pay.
+"""Per-step draft budget: admit the draft positions that raise the step's goodput.
 
 Given, for each request of the step, the survival probability of each draft position
 (``s[i][j]`` = probability that positions ``0..j`` are all accepted; non-increasing in
-``j``), the step's expected output is ``E(n) = b + Σ admitted s`` and its time
-``T(n) = step_time(b + n, kv) + overhead``. The admitted set that maximises goodput
-``E/T`` for ``n`` admitted positions is the ``n`` highest survivals (a stable sort keeps
-each request's admitted positions a prefix), so the allocation picks
-``n* = argmax_n E(n)/T(n)`` — the point where the marginal position no longer pays for
-its slot — subject to ``n ≤ budget`` and at most ``k`` per request. With nothing worth
-its slot, ``n* = 0``.
+``j``), the step's expected output is ``E(n) = b + Σ admitted s``. Its time ``T(n)`` is
+the engine's step-time model of the step the drafts make (:func:`step_times`), the
+prefill chunks they displace included. For ``n`` admitted positions the best set is the
+``n`` highest survivals (a stable sort keeps each request's admitted positions a
+prefix), so the allocation picks ``n* = argmax_n E(n)/T(n)``: the expected tokens per
+second of the step, at most ``budget`` positions and ``k`` per request. With nothing
+worth its slot, ``n* = 0``. Rejection is not an input: a rejected position costs the
+step what the model charges for its slot, and that is all it costs.
+
+**Displaced prefill.** vLLM schedules decodes and their drafts before waiting prompt
+chunks, so with ``P`` prompt tokens waiting and ``F`` tokens of budget left after the
+decodes, ``p(n) = min(P, F − n)`` prefill tokens share a step with ``n`` drafts, and
+``d(n) = p(0) − p(n)`` are pushed to a later step. A pushed token is not free: it is
+computed later, in a step whose budget is full (there are still tokens waiting), where
+it costs that step's marginal token time ``c_disp = t(b + F + 1) − t(b + F)``. So
+
+    T(n) = t(b + n + p(n), kv) + c_disp · d(n).
+
+Under the linear model ``c_disp`` is its ``c_tok`` and ``T(n) = t(b + p(0) + n, kv)``:
+a draft costs one batched token whether or not it displaces a chunk. Under the roofline a
+step whose drafts fit under the ridge gets them free only while no prefill waits; once
+the chunks fill the budget, each draft pays the full step's ``c_tok`` (such a step is
+compute-bound), even where the decodes alone would be memory-bound.
+
+**Which positions can pay** (:func:`admission_bound`). With survivals sorted and the
+marginal time ``T(n+1) − T(n)`` non-decreasing in ``n`` (true of the linear, roofline
+and any convex model, displacement included), ``E/T`` rises until ``n*`` and falls after
+it, so every admitted position has ``s ≥ E(0)/T(0) · (T(1) − T(0))``: positions under
+that bound are never admitted, and the proposer uses it to skip them before sorting.
 
 This replaces the paper's ``B_t = ⌊α/bz⌋`` (which shrinks with batch size while its text
 says the budget tracks the free budget ``M(b) = AI − b``) and its ``max(|CT_i|, ·)``
@@ -17,12 +39,63 @@ says the budget tracks the free budget ``M(b) = AI − b``) and its ``max(|CT_i|
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
 from agentspec_mw.costmodel import StepTimeFn
 
-__all__ = ["Allocation", "allocate"]
+__all__ = ["Allocation", "StepShape", "admission_bound", "allocate", "step_times"]
+
+
+class StepShape(NamedTuple):
+    """What the step-time model needs to know about one step, besides its drafts.
+
+    ``budget``: tokens the drafts and prefill chunks share (the scheduler's budget less
+    one token per decoding request), ``None`` if unknown (no limit, nothing displaced).
+    ``prefill_tokens``: prompt tokens waiting to be computed (0 if unknown).
+    """
+
+    batch_size: int
+    num_kv: float
+    budget: int | None = None
+    prefill_tokens: int = 0
+
+
+def step_times(cost: StepTimeFn, shape: StepShape, n: np.ndarray) -> np.ndarray:
+    """``T(n)`` of the module docstring for each entry of ``n`` (drafted tokens, each at
+    most ``shape.budget``): the step with ``n`` drafts and the prefill they leave room
+    for, plus the later cost of the prefill they displace."""
+    n = np.asarray(n, dtype=np.float64)
+    b, kv, budget, waiting = shape
+    if budget is None:
+        tokens = b + waiting + n
+        displaced = np.zeros_like(n)
+    else:
+        p0 = min(waiting, budget)
+        pn = np.minimum(waiting, np.maximum(budget - n, 0.0))
+        tokens = b + n + pn
+        displaced = p0 - pn
+    vec = getattr(cost, "step_time_array", None)
+    if vec is not None:
+        t = np.asarray(vec(tokens, kv), dtype=np.float64)
+    else:
+        t = np.fromiter((cost.step_time(float(x), kv) for x in tokens), np.float64, len(tokens))
+    if budget is not None and waiting > 0:
+        full = b + budget
+        c_disp = cost.step_time(full + 1, kv) - cost.step_time(full, kv)
+        t = t + c_disp * displaced
+    return t
+
+
+def admission_bound(cost: StepTimeFn, shape: StepShape, overhead_s: float = 0.0) -> float:
+    """The least survival a position needs to be admitted: ``E(0)/T(0) · (T(1) − T(0))``
+    (the module docstring says why no admitted position is under it)."""
+    if shape.budget is not None and shape.budget <= 0:
+        return float("inf")
+    t0, t1 = step_times(cost, shape, np.array([0.0, 1.0])).tolist()
+    return max(0.0, shape.batch_size / (t0 + overhead_s) * (t1 - t0))
 
 
 class Allocation:
@@ -41,7 +114,7 @@ class Allocation:
         goodput: float,
         offered: int,
         used: int,
-        at: tuple[StepTimeFn, int, float],
+        at: tuple[StepTimeFn, StepShape],
     ) -> None:
         self.count_array = count_array
         self.expected = expected
@@ -52,7 +125,7 @@ class Allocation:
         """Positions at or above ``min_survival`` (up to the budget) the choice saw."""
         self.used = used
         """Positions admitted (``n*``)."""
-        self._at = at  # (cost, batch_size, num_kv): for threshold
+        self._at = at  # (cost, shape): for threshold
 
     @property
     def counts(self) -> list[int]:
@@ -62,11 +135,10 @@ class Allocation:
     @property
     def threshold(self) -> float:
         """What one more position would have to add to the expected tokens to pay for
-        its slot: the marginal step time after ``n*`` times the goodput."""
-        cost, batch_size, num_kv = self._at
-        n_now = batch_size + self.used
-        marginal = cost.step_time(n_now + 1, num_kv) - cost.step_time(n_now, num_kv)
-        return marginal * self.goodput
+        its slot: ``T(n* + 1) − T(n*)`` times the goodput."""
+        cost, shape = self._at
+        t0, t1 = step_times(cost, shape, np.array([self.used, self.used + 1.0])).tolist()
+        return (t1 - t0) * self.goodput
 
 
 def allocate(
@@ -77,6 +149,7 @@ def allocate(
     num_kv: float,
     cost: StepTimeFn,
     budget: int | None = None,
+    prefill_tokens: int = 0,
     overhead_s: float = 0.0,
     min_survival: float = 0.0,
 ) -> Allocation:
@@ -90,9 +163,12 @@ def allocate(
         num_kv: resident KV tokens of the step.
         cost: the step-time model (one with ``linear_coefficients()`` is evaluated
             inside the kernel; otherwise its ``step_time_array`` or ``step_time``).
-        budget: most draft tokens the step may take (scheduler budget), if any.
+        budget: tokens drafts and prefill chunks share this step (the scheduler's budget
+            less the decode tokens), if known; never exceeded.
+        prefill_tokens: prompt tokens waiting to be prefilled (0 if unknown).
         overhead_s: per-step time not in the model (e.g. the proposer's own time).
-        min_survival: never admit a position below this survival.
+        min_survival: skip positions below this survival (:func:`admission_bound` is a
+            bound that changes no allocation).
 
     Raises:
         ValueError: ``lens`` does not sum to the number of survivals.
@@ -100,25 +176,26 @@ def allocate(
     survival = np.ascontiguousarray(survival, dtype=np.float64)
     lens = np.ascontiguousarray(lens, dtype=np.int64)
     cap = len(survival) if budget is None else max(0, min(len(survival), int(budget)))
+    waiting = max(0, int(prefill_tokens))
+    shape = StepShape(batch_size, float(num_kv), budget, waiting)
     linear = getattr(cost, "linear_coefficients", None)
     coef = linear() if linear is not None else None
+    base_tokens = batch_size
     if coef is not None:
-        # the kernel evaluates the linear model itself (as StepTimeModel.step_time_array)
+        # the kernel evaluates the linear model itself; a displaced prefill token costs
+        # c_tok like a draft, so T(n) = t(b + p(0) + n) (module docstring)
         times = _NO_TIMES
+        base_tokens += waiting if budget is None else min(waiting, budget)
     else:
         coef = _NO_TIMES
-        nb = np.arange(batch_size, batch_size + cap + 1)
-        vec = getattr(cost, "step_time_array", None)
-        if vec is not None:
-            times = np.asarray(vec(nb, num_kv), dtype=np.float64)
-        else:
-            times = np.fromiter((cost.step_time(int(x), num_kv) for x in nb), np.float64, len(nb))
+        times = step_times(cost, shape, np.arange(cap + 1))
     counts, best, goodput, offered = _solve(
         survival,
         lens,
         float(min_survival),
         cap,
         batch_size,
+        base_tokens,
         float(num_kv),
         overhead_s,
         coef,
@@ -126,9 +203,7 @@ def allocate(
     )
     if offered < 0:
         raise ValueError("allocate: survival must hold sum(lens) entries")
-    return Allocation(
-        counts, batch_size + goodput[1], goodput[0], offered, best, (cost, batch_size, num_kv)
-    )
+    return Allocation(counts, batch_size + goodput[1], goodput[0], offered, best, (cost, shape))
 
 
 _NO_TIMES = np.empty(0, dtype=np.float64)
@@ -141,6 +216,7 @@ def _solve(
     min_survival: float,
     cap: int,
     batch: int,
+    base_tokens: int,
     num_kv: float,
     overhead: float,
     coef: np.ndarray,
@@ -150,9 +226,10 @@ def _solve(
     its goodput (:func:`_choose`), and count each request's admitted positions.
 
     The step times are ``times[n]`` for ``n`` drafted tokens, or, for the linear model,
-    computed here from ``coef = (c_fix, c_tok, c_kv, c_oh)`` in the same order of
-    operations as ``StepTimeModel.step_time_array``. Returns ``(counts, n*, (goodput,
-    csum[n*]), offered)``; ``offered = -1`` when ``lens`` does not sum to the survivals.
+    computed here from ``coef = (c_fix, c_tok, c_kv, c_oh)`` at ``base_tokens + n``
+    batched tokens in the same order of operations as
+    ``StepTimeModel.step_time_array``. Returns ``(counts, n*, (goodput, csum[n*]),
+    offered)``; ``offered = -1`` when ``lens`` does not sum to the survivals.
     """
     total = 0
     for i in range(lens.shape[0]):
@@ -164,7 +241,7 @@ def _solve(
     if coef.shape[0] == 4:
         nbt = np.empty(m, dtype=np.float64)
         for n in range(m):
-            nbt[n] = coef[0] + coef[1] * float(batch + n) + coef[2] * num_kv + coef[3]
+            nbt[n] = coef[0] + coef[1] * float(base_tokens + n) + coef[2] * num_kv + coef[3]
     else:
         nbt = times[:m]  # a view: the caller's times are read, not copied
     counts, best, goodput = _choose(order, csum, nbt, lens, float(batch), overhead)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentspec_mw.agentspec.blocks import DEFAULT_BLOCKS
 
@@ -51,14 +51,15 @@ class AgentSpecConfig(BaseModel):
     the oldest are evicted first. Memory: 128 bytes per token (a 64-byte record and its
     hash-table entries; 1M tokens = 128 MiB)."""
     index_walk_batch: int | None = Field(default=32, ge=1)
-    """From this many requests in a step (the default: where the full floor starts,
-    ``budget_floor_batch``'s default), each request's candidates are walked only as deep
-    as its last candidate could use: ``min(k, max(index_walk_min, 2 × n))`` tokens,
+    """From this many requests in a step, each request's candidates are walked only as
+    deep as its last candidate could use: ``min(k, max(index_walk_min, 2 × n))`` tokens,
     ``n`` = the positions of its previous candidate whose survival reached that step's
-    floor (so a request drafting deep walks deeper the next step, doubling). Positions
-    past the floor are never drafted; they feed the calibration of deep positions and
-    the choice between sources, which smaller steps keep doing in full. ``None``: always
-    walk ``k`` (the per-step time grows with ``k`` at large batch)."""
+    admission bound (the least survival that can pay for its slot,
+    :func:`~agentspec_mw.agentspec.budget.admission_bound`), so a request drafting deep
+    walks deeper the next step, doubling. Positions under the bound are never drafted;
+    they feed the calibration of deep positions and the choice between sources, which
+    smaller steps keep doing in full. ``None``: always walk ``k`` (the per-step time
+    grows with ``k`` at large batch)."""
     index_walk_min: int = Field(default=8, ge=1)
     """Shallowest walk of a request under ``index_walk_batch``."""
     index_max_keys: int = Field(default=200_000, ge=1)
@@ -82,64 +83,13 @@ class AgentSpecConfig(BaseModel):
     token classes. Takes effect with ``calib_token_classes`` (whose shrinkage it uses).
     ``False``: one record bucket (the ablation)."""
     calib_max_scopes: int = Field(default=16, ge=1)
-    """Isolation scopes whose learned state (calibration, moving floor, rejection counts)
-    is kept: each scope learns only from its own verified drafts, starting from the same
+    """Isolation scopes whose learned state (calibration, verified draft counts) is
+    kept: each scope learns only from its own verified drafts, starting from the same
     fixed prior, so one tenant's traffic never moves another's drafting. About 3.4 MB per
     scope, allocated as scopes arrive; past this many, the least recently started scope
     with no live request forgets its state (:mod:`~agentspec_mw.agentspec.scopes`)."""
     budget_cost_model: str = "llama8b-h100"
     """Step-time preset used when the host gives no cost model."""
-    budget_floor: float = Field(default=0.75, ge=0, le=1)
-    """Survival floor ``θ`` at large batch, where the floor starts (and stays, with
-    ``budget_max_rejection=None``): a position is admitted only if its survival is at
-    least ``θ × min(1, log2(b) / log2(budget_floor_batch))`` (that scale to the power
-    ``budget_floor_power`` while the engine has not been busy). At ``b = 1`` the floor is 0
-    and the cost model alone decides (a slot is nearly free); from ``budget_floor_batch``
-    on, every admitted position must be likely (the cost model's linear fit under-charges
-    what a rejected token costs a busy engine: KV writes, the rejection sampler, scheduler
-    trimming)."""
-    budget_max_rejection: float | None = Field(default=0.15, gt=0, lt=1)
-    """Rejection rate the drafts of busy steps (``b ≥ budget_floor_batch``) aim at; a
-    smaller step may reject ``1 / min(1, log2(b) / log2(budget_floor_batch))`` times as
-    much (its floor is scaled down by that factor; by its power ``budget_floor_power``
-    while the engine has not been busy). ``θ`` moves by ``0.2 ×``
-    (rejected − allowed) / 256 after every 256 verified drafted tokens, within
-    [0.2, 0.95], so each deployment's drafts use the rejection it allows — no more.
-    ``None``: ``θ`` stays ``budget_floor``."""
-    budget_rejection_cap: float | None = Field(default=0.19, gt=0, lt=1)
-    """Rejection rate all drafts together stay under once the engine has been busy
-    (``budget_cap_batch`` requests or more in a step within the last 16,384 steps): as the
-    running rejection of the verified drafts (every step; half-life 2^20 drafted tokens;
-    before 256 are verified, the rejection the drafts' survivals predicted) climbs
-    through the cap's last ``budget_cap_band``, small steps' lower floor rises linearly to
-    the full ``θ`` (and their allowance to ``budget_max_rejection``), reached at the cap
-    and kept over it. So the drain of a busy engine — the last few long requests,
-    drafting at a floor near 0 — cannot take the whole stream's rejection over the cap.
-    An engine that was never busy keeps the lower floor (a rejected token costs it almost
-    nothing). ``None``: no cap."""
-    budget_cap_band: float = Field(default=0.01, ge=0, lt=1)
-    """Width of the band under ``budget_rejection_cap`` over which small steps' floor
-    rises from their lower floor (running rejection ``cap - band`` or less) to the full
-    ``θ`` (at the cap). A gradual cap holds a drain-heavy stream's rejection steadily
-    under the cap instead of switching the drain's drafting off and on; ``0``: the
-    switch."""
-    budget_floor_power: float = Field(default=3.0, ge=1.0)
-    """While the engine has not been busy (no step with ``budget_cap_batch`` requests
-    within the last 16,384 steps), a step under ``budget_floor_batch`` uses the floor's
-    scale to this power: ``θ × (log2(b) / log2(budget_floor_batch)) ** power`` (0.22 ×
-    ``θ`` at b = 8 instead of 0.6 ×), and is allowed ``budget_max_rejection`` over that
-    scale. An engine serving a few requests all along drafts closer to what the cost
-    model says pays (a rejected token costs it almost nothing); a busy engine's small
-    steps — its drain — keep the linear scale. 1: the linear scale always."""
-    budget_cap_batch: int | None = Field(default=None, ge=2)
-    """Requests in one step from which the engine counts as busy for
-    ``budget_rejection_cap`` (``None``: ``budget_floor_batch``). 16 also holds the
-    rejection of batch jobs of 16–31 agent runs under the cap, their drain included, but
-    makes them 3–35 % slower in the replay (docs/experiments/budget_experiments.md,
-    "Traces with few runs")."""
-    budget_floor_batch: int = Field(default=32, ge=2)
-    """Batch size from which the full floor ``θ`` applies (the brief: past ~32
-    concurrent requests the state of the art is slower than no speculation)."""
     redundancy_g_min: float = Field(default=0.5, ge=0, le=1)
     """g_min of the paper's p(n) = g_min + (1 - g_min)(1 - e^(1-n)) (agreement prior)."""
     tagfree_agent_tokens: int = Field(default=64, ge=1)
@@ -167,18 +117,3 @@ class AgentSpecConfig(BaseModel):
             if not name or not start or not end:
                 raise ValueError(f"blocks entry {(name, start, end)!r} has an empty field")
         return v
-
-    @model_validator(mode="after")
-    def _check_cap(self) -> AgentSpecConfig:
-        cap, target = self.budget_rejection_cap, self.budget_max_rejection
-        if cap is not None and target is not None and cap < target:
-            raise ValueError(
-                f"budget_rejection_cap={cap} is under budget_max_rejection={target}: "
-                "busy steps would aim at more rejection than the whole stream may have"
-            )
-        if cap is not None and self.budget_cap_band >= cap:
-            raise ValueError(
-                f"budget_cap_band={self.budget_cap_band} is not under "
-                f"budget_rejection_cap={cap}: the band would start at no rejection at all"
-            )
-        return self

@@ -38,15 +38,9 @@ token's text class and whether the draft crossed a line break (``calib_token_cla
 :mod:`.token_classes`), a split bucket's acceptance shrunk toward its bucket's. A
 position's survival probability is the product of the calibrated acceptances of the
 tokens up to it; :func:`~agentspec_mw.agentspec.budget.allocate` turns survivals into the
-step's drafts, admitting only positions whose survival is at least a floor that follows
-the rejection measured on the scope's verified drafts
-(``budget_max_rejection``; :meth:`AgentSpecProposer._update_floor`). Small steps get a
-lower floor (drafting is nearly free there) — lower still while the engine has not been
-busy lately (``budget_floor_power``) — unless the engine was busy lately and the
-drafts' running rejection nears ``budget_rejection_cap``: over the cap's last
-``budget_cap_band`` their floor rises linearly to the full one
-(:meth:`AgentSpecProposer._cap_tightness`), so a busy engine's drain cannot spend more
-rejection than the cap.
+step's drafts: the positions that maximise the step's expected tokens per second under
+the engine's step-time model, the prefill chunks the drafts displace included. Rejection
+is counted (:attr:`AgentSpecProposer.verified`), never targeted.
 
 Speed: ``start``/``extend``/``stop`` only queue their arguments; the next ``propose``
 applies them for the whole batch in a few numba kernels (:mod:`.kernels`) over per-request
@@ -59,7 +53,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -68,11 +61,11 @@ import numpy as np
 
 from agentspec_mw.agentspec import kernels as K
 from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec, current
-from agentspec_mw.agentspec.budget import allocate
+from agentspec_mw.agentspec.budget import StepShape, admission_bound, allocate
 from agentspec_mw.agentspec.config import AgentSpecConfig
 from agentspec_mw.agentspec.grammars import MAX_GRAMMARS, GrammarRegistry
 from agentspec_mw.agentspec.ngram_index import LEVELS, MAX_N, NgramIndex
-from agentspec_mw.agentspec.scopes import FROZEN, ScopeStates
+from agentspec_mw.agentspec.scopes import ScopeStates
 from agentspec_mw.agentspec.slots import SlotTable
 from agentspec_mw.agentspec.token_classes import token_classes
 from agentspec_mw.costmodel import StepTimeFn, get_cost_model
@@ -88,18 +81,7 @@ _Q = 10  # buckets of c/n
 _N_ML = len(LEVELS)  # match-length buckets (index levels; local uses the same edges)
 _SUPPORT_EDGES = np.array([2, 4, 8], dtype=np.int64)  # support buckets: 1, 2-3, 4-7, 8+
 _N_SUP = len(_SUPPORT_EDGES) + 1
-_LEDGER_WINDOW = 256  # verified drafted tokens per floor update
-_FLOOR_GAIN = 0.2  # floor change per unit of rejection error, per window
-_FLOOR_MIN, _FLOOR_MAX = 0.2, 0.95  # bounds of the moving floor
-_CAP_HALF_LIFE = float(1 << 20)  # verified drafted tokens: half-life of the running rejection
-_CAP_MEMORY_STEPS = 1 << 14  # steps after the last busy one during which the cap applies
 _MIN_PROB = 0.05  # the index stops a draft at a token fewer than 5% of candidates agree on
-
-
-def _busy_batch(cfg: AgentSpecConfig) -> int:
-    """Requests in one step from which the engine counts as busy for the rejection cap:
-    ``budget_cap_batch``, or ``budget_floor_batch`` if that is not set."""
-    return cfg.budget_cap_batch if cfg.budget_cap_batch is not None else cfg.budget_floor_batch
 
 
 _warm = False
@@ -133,13 +115,6 @@ def _warm_kernels() -> None:
             p.stop(rid)
         p.propose([], 4, step)  # applies the stops
         p._slots.compact()
-
-
-def _decay_add(counts: np.ndarray, accepted: float, drafted: float) -> None:
-    """Fold ``(accepted, drafted)`` into running counts that halve every
-    ``_CAP_HALF_LIFE`` drafted tokens (the rejection cap's readings)."""
-    counts *= 0.5 ** (drafted / _CAP_HALF_LIFE)
-    counts += (accepted, drafted)
 
 
 def redundancy_score(c: int, n: int, g_min: float) -> float:
@@ -199,19 +174,15 @@ class AgentSpecProposer:
         prior[:, 1] = np.minimum(1.0, prior[:, 1] * 1.1)  # sources agree: more trust
         self._prior = prior.reshape(-1)
         # what verified drafts teach, per isolation scope (each cell split by token text
-        # class x line break crossed x record, kernels.score): calibration, the moving
-        # floor, its ledger, the cap's running counts and the drafts' predictions
-        self._scopes = ScopeStates(
-            self._prior, len(self._prior) * K.NF, cfg.budget_floor, cfg.calib_max_scopes
-        )
+        # class x line break crossed x record, kernels.score): calibration, and the
+        # verified drafts' counts (reported)
+        self._scopes = ScopeStates(self._prior, len(self._prior) * K.NF, cfg.calib_max_scopes)
         self._default_row = self._scopes.acquire("default")  # tag-free traffic: kept for good
         codes = token_classes(self.token_bytes)
         if not cfg.calib_token_classes:
             codes = np.zeros_like(codes)
         self._codes = codes
         self._strength = cfg.calib_prior_strength if cfg.calib_token_classes else 0.0
-        self._busy_batch = _busy_batch(cfg)
-        self._busy_step = -(1 << 62)  # last step with _busy_batch requests or more
         self._overhead_s = 0.0
         self.stats: dict[str, int] = {"steps": 0, "offered": 0, "drafted": 0}
         self._ws: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}  # see _workspace
@@ -306,16 +277,11 @@ class AgentSpecProposer:
         return self._scopes.ledger[self._default_row]
 
     @property
-    def _total(self) -> np.ndarray:
-        return self._scopes.total[self._default_row]
-
-    @property
-    def _predicted(self) -> np.ndarray:
-        return self._scopes.predicted[self._default_row]
-
-    @property
-    def _floor(self) -> float:
-        return float(self._scopes.floor[self._default_row])
+    def verified(self) -> tuple[float, float]:
+        """Accepted and drafted tokens of the verified drafts, every scope kept together
+        (their rejection is reported, never targeted; a forgotten scope's counts go)."""
+        acc, dr = self._scopes.ledger.sum(axis=0).tolist()
+        return acc, dr
 
     # -- identity and keys ---------------------------------------------------------------
     def _key_base(self, key: tuple[str, ...]) -> int:
@@ -480,7 +446,6 @@ class AgentSpecProposer:
     # -- drafting ------------------------------------------------------------------------
     def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
         """Draft for the whole batch, then split the step's budget (see module doc)."""
-        t0 = time.perf_counter()
         self._flush()
         if self.candidates is not None:
             self.candidates.clear()
@@ -490,32 +455,16 @@ class AgentSpecProposer:
         cfg = self.config
         sl = np.fromiter(map(self._reqs.__getitem__, req_ids), np.int64, n_req)
         slots = self._slots
-        # each request's scope row; the floor is per scope (its θ and its cap tightness)
-        cal = slots.si[sl, K.C_CAL]
-        single = bool((cal == cal[0]).all())
-        rows = [int(cal[0])] if single else np.unique(cal).tolist()
-        thetas = [self._update_floor(r) for r in rows]
-        if step.batch_size >= self._busy_batch:
-            self._busy_step = self.stats["steps"]
-        base = min(1.0, math.log2(max(step.batch_size, 1)) / math.log2(cfg.budget_floor_batch))
-        if not self._busy_lately():
-            base **= cfg.budget_floor_power  # a gentler floor
-        scales = []
-        for r in rows:
-            scale = base
-            if scale < 1.0:
-                # a busy engine's drain: no more rejection than the cap
-                scale += (1.0 - scale) * self._cap_tightness(r)
-            scales.append(scale)
-        row_floors = [t * sc for t, sc in zip(thetas, scales, strict=True)]
-        if single:
-            floor = row_floors[0]
-            floors = np.full(n_req, max(floor, 1e-12))
-        else:
-            by_row = np.zeros(self._scopes.rows)
-            by_row[rows] = row_floors
-            floors = np.maximum(by_row[cal], 1e-12)
-            floor = min(row_floors)
+        cal = slots.si[sl, K.C_CAL]  # each request's scope row
+        # the step as the cost model sees it; positions under the admission bound can
+        # never pay for their slot, so the scoring skips them
+        budget = None
+        if step.max_num_batched_tokens is not None:
+            decode = step.num_decode_tokens or step.batch_size
+            budget = max(0, step.max_num_batched_tokens - decode)
+        shape = StepShape(step.batch_size, step.num_kv_tokens, budget, step.num_prefill_tokens or 0)
+        bound = admission_bound(self.cost, shape, self._overhead_s)
+        floors = np.full(n_req, max(bound, 1e-12))
         kk = max(k, 1)
         # index rows: iso, agent, scope (n_req each); then local. Rows are written by the
         # lookup (index rows) and local_drafts (local rows).
@@ -537,9 +486,9 @@ class AgentSpecProposer:
         else:
             loc[2][:] = 0
         if not np.count_nonzero(lens):
-            self._finish_step(t0, 0, 0)
+            self._finish_step(0, 0)
             return [EMPTY_DRAFT] * n_req
-        # positions under the floor can never be admitted: the sort sees only the others
+        # positions under the bound can never be admitted: the sort sees only the others
         n_flat = K.score(
             tok,
             prob,
@@ -562,9 +511,6 @@ class AgentSpecProposer:
         )
         if self.candidates is not None:
             self.candidates.update(tok=tok.copy(), lens=lens.copy(), pick=pick.copy())
-        budget = None
-        if step.max_num_batched_tokens is not None:
-            budget = max(0, step.max_num_batched_tokens - step.batch_size)
         alloc = allocate(
             flat[:n_flat],
             n_ok,
@@ -572,8 +518,9 @@ class AgentSpecProposer:
             num_kv=step.num_kv_tokens,
             cost=self.cost,
             budget=budget,
+            prefill_tokens=shape.prefill_tokens,
             overhead_s=self._overhead_s,
-            min_survival=floor,
+            min_survival=bound,
         )
         # every request with a candidate keeps it for calibration, drafted or not
         slots.widen_drafts(kk)
@@ -581,10 +528,6 @@ class AgentSpecProposer:
         drafts: list[Draft] = [EMPTY_DRAFT] * n_req
         used = alloc.used
         if used:
-            if single:
-                self._account(rows[0], scales[0], alloc.expected - step.batch_size, used)
-            else:
-                self._account_rows(rows, scales, cal, alloc.count_array, n_ok, flat[:n_flat])
             d_rows, ends, flat_tok, flat_p = K.emit_drafts(
                 sl,
                 alloc.count_array,
@@ -604,43 +547,8 @@ class AgentSpecProposer:
             for i, b in zip(d_rows.tolist(), ends.tolist(), strict=True):
                 drafts[i] = Draft(all_tok[a:b], all_p[a:b])
                 a = b
-        self._finish_step(t0, alloc.offered, used)
+        self._finish_step(alloc.offered, used)
         return drafts
-
-    def _account(self, row: int, scale: float, expected: float, used: int) -> None:
-        """A step's drafts of scope row ``row``: ``used`` tokens whose survivals sum to
-        ``expected``, drafted at floor scale ``scale``, join the row's predictions and the
-        rejections its ledger allows (nothing for the frozen row)."""
-        if row == FROZEN:
-            return
-        sc = self._scopes
-        _decay_add(sc.predicted[row], expected, used)
-        t = self.config.budget_max_rejection
-        if t is not None:
-            # a step under budget_floor_batch may reject more (its floor is lower)
-            sc.ledger[row, 2] += used * (min(1.0, t / scale) if scale > 0 else 1.0)
-
-    def _account_rows(
-        self,
-        rows: list[int],
-        scales: list[float],
-        cal: np.ndarray,
-        counts: np.ndarray,
-        n_ok: np.ndarray,
-        flat: np.ndarray,
-    ) -> None:
-        """:meth:`_account` for a step with several scopes: each one's drafted tokens
-        and their survivals (request ``r``'s first ``counts[r]`` of its ``n_ok[r]``
-        entries of ``flat``)."""
-        n_rows = self._scopes.rows
-        req = np.repeat(np.arange(len(n_ok)), n_ok)
-        pos = np.arange(len(flat)) - (np.cumsum(n_ok) - n_ok)[req]
-        admitted = pos < counts[req]
-        used = np.bincount(cal, weights=counts, minlength=n_rows)
-        expected = np.bincount(cal[req[admitted]], weights=flat[admitted], minlength=n_rows)
-        for r, scale in zip(rows, scales, strict=True):
-            if used[r] > 0:
-                self._account(r, scale, float(expected[r]), int(used[r]))
 
     def acceptance(self, cells: np.ndarray, row: int | None = None) -> np.ndarray:
         """Calibrated acceptance of fine calibration cells of scope row ``row`` (default:
@@ -658,67 +566,7 @@ class AgentSpecProposer:
         )
         return out
 
-    def _update_floor(self, row: int | None = None) -> float:
-        """The survival floor at full scale of scope row ``row`` (default: the
-        ``default`` scope's): fixed (``budget_max_rejection=None``; the frozen row's
-        ledger stays empty, so its floor stays ``budget_floor``) or moved by the rejection
-        the scope's verified drafts had, once a window of them is in. Each window also
-        joins the running counts :meth:`_cap_tightness` reads."""
-        row = self._default_row if row is None else row
-        cfg = self.config
-        target = cfg.budget_max_rejection
-        sc = self._scopes
-        ledger = sc.ledger[row]
-        if ledger[1] >= _LEDGER_WINDOW:
-            acc, dr, allowed = ledger.tolist()
-            _decay_add(sc.total[row], acc, dr)
-            if target is not None:
-                # token-weighted: a window that ran long moves the floor in proportion
-                err = ((dr - acc) - allowed) / _LEDGER_WINDOW
-                floor = float(sc.floor[row]) + _FLOOR_GAIN * err
-                sc.floor[row] = min(_FLOOR_MAX, max(_FLOOR_MIN, floor))
-            ledger[:] = 0.0
-        return cfg.budget_floor if target is None else float(sc.floor[row])
-
-    def _busy_lately(self) -> bool:
-        """Whether a step had :func:`_busy_batch` requests or more within the last
-        ``_CAP_MEMORY_STEPS`` steps (the cap applies; small steps keep the linear scale)."""
-        return self.stats["steps"] - self._busy_step <= _CAP_MEMORY_STEPS
-
-    def _cap_tightness(self, row: int | None = None) -> float:
-        """How far small steps' floor is raised toward the full one, from 0 (their lower
-        floor) to 1 (the full ``θ``). It is 0 unless the engine had :func:`_busy_batch`
-        requests or more in one step within the last ``_CAP_MEMORY_STEPS`` steps; then it
-        grows linearly with the running rejection of the verified drafts (all steps;
-        half-life ``_CAP_HALF_LIFE`` drafted tokens; until a window of drafts is verified,
-        the rejection their survivals predicted) from 0 at ``budget_rejection_cap -
-        budget_cap_band`` to 1 at the cap and over it (``budget_cap_band = 0``: a switch
-        at the cap). An engine that serves few requests all along keeps the lower floor
-        (a rejected token costs it almost nothing). The rejection read is scope row
-        ``row``'s (default: the ``default`` scope's); whether the engine was busy is the
-        engine's, all scopes together."""
-        cfg = self.config
-        cap = cfg.budget_rejection_cap
-        if cap is None or not self._busy_lately():
-            return 0.0
-        row = self._default_row if row is None else row
-        sc = self._scopes
-        # the folded windows and the window being filled (verified, not yet folded)
-        acc = float(sc.total[row, 0] + sc.ledger[row, 0])
-        dr = float(sc.total[row, 1] + sc.ledger[row, 1])
-        if dr < _LEDGER_WINDOW:  # too few verified yet: what the drafts predicted
-            acc, dr = sc.predicted[row].tolist()
-        if dr <= 0:
-            return 0.0
-        over = (dr - acc) / dr - cap  # <= 0 under the cap
-        if over > 0:
-            return 1.0
-        band = cfg.budget_cap_band
-        return max(0.0, 1.0 + over / band) if band > 0 else 0.0
-
-    def _finish_step(self, t0: float, offered: int, used: int) -> None:
-        dt = time.perf_counter() - t0
-        self._overhead_s = 0.9 * self._overhead_s + 0.1 * dt
+    def _finish_step(self, offered: int, used: int) -> None:
         self.stats["steps"] += 1
         self.stats["offered"] += offered
         self.stats["drafted"] += used

@@ -1,12 +1,12 @@
-"""Per-scope learned state of the AgentSpec proposer: calibration and the moving floor.
+"""Per-scope learned state of the AgentSpec proposer: calibration and verified counts.
 
 Everything the proposer *learns* from verified drafts — the calibration counts and
-tables (:mod:`.kernels`, ``apply_extends``), the moving survival floor and its rejection
-ledger, the running counts behind the rejection cap and the drafts' predicted acceptance
-— is kept per isolation scope, as one row of each array here. A request reads and
-updates only its scope's row (slot column ``C_CAL``), so one tenant's traffic, however
-badly it is rejected, never moves another tenant's drafting. Every row starts from the
-same *fixed* prior (the paper's redundancy score), never from other scopes' counts.
+tables (:mod:`.kernels`, ``apply_extends``) and the counts of verified drafted and
+accepted tokens (reported, not acted on) — is kept per isolation scope, as one row of
+each array here. A request reads and updates only its scope's row (slot column
+``C_CAL``), so one tenant's traffic, however badly it is rejected, never moves another
+tenant's drafting. Every row starts from the same *fixed* prior (the paper's redundancy
+score), never from other scopes' counts.
 
 Memory is bounded: at most ``max_scopes`` scopes have a row (about 3.4 MB each with the
 default calibration split; rows are allocated as scopes arrive, doubling). When a new
@@ -14,7 +14,7 @@ scope arrives and every row is taken, the least recently started scope with no l
 request loses its row (its learned state is forgotten; it starts again from the prior if
 it comes back). If every row's scope has live requests, the newcomer gets row
 :data:`FROZEN`: the fixed prior, which learns nothing (its requests draft with the
-prior's calibration and the configured floor until a row frees up for their scope's
+prior's calibration until a row frees up for their scope's
 next request).
 """
 
@@ -34,10 +34,8 @@ class ScopeStates:
     """Rows of per-scope learned state (see the module docstring).
 
     Arrays (row = scope): ``succ``/``tot``/``table`` (calibration cells), ``fsucc``/
-    ``ftot`` (fine cells), ``floor`` (the moving floor θ), ``ledger`` (accepted, drafted,
-    rejections allowed: the window being filled), ``total`` (decayed accepted, drafted:
-    the rejection cap's reading) and ``predicted`` (the same, as the drafts' survivals
-    predicted). ``prior`` (one row) is shared and fixed.
+    ``ftot`` (fine cells) and ``ledger`` (accepted, drafted: the verified drafts).
+    ``prior`` (one row) is shared and fixed.
     """
 
     succ: np.ndarray
@@ -45,18 +43,14 @@ class ScopeStates:
     table: np.ndarray
     fsucc: np.ndarray
     ftot: np.ndarray
-    floor: np.ndarray
     ledger: np.ndarray
-    total: np.ndarray
-    predicted: np.ndarray
     live: list[int]
 
-    def __init__(self, prior: np.ndarray, n_fine: int, floor: float, max_scopes: int) -> None:
+    def __init__(self, prior: np.ndarray, n_fine: int, max_scopes: int) -> None:
         if max_scopes < 1:
             raise ValueError(f"max_scopes={max_scopes} must be >= 1")
         self.prior = prior
         self.n_fine = n_fine
-        self.floor0 = floor
         self.max_scopes = max_scopes
         self._rows: OrderedDict[str, int] = OrderedDict()  # scope -> row, least recent first
         self.overflows = 0
@@ -74,10 +68,7 @@ class ScopeStates:
             "table": (n,),
             "fsucc": (self.n_fine,),
             "ftot": (self.n_fine,),
-            "floor": (),
-            "ledger": (3,),
-            "total": (2,),
-            "predicted": (2,),
+            "ledger": (2,),
         }
         for name, shape in shapes.items():
             out = np.zeros((rows, *shape), dtype=np.float64)
@@ -85,7 +76,6 @@ class ScopeStates:
                 out[:n_old] = getattr(self, name)
             setattr(self, name, out)
         self.table[n_old:] = self.prior
-        self.floor[n_old:] = self.floor0
         self.live = (self.live if n_old else []) + [0] * (rows - n_old)
         """Live requests per row (a row with live requests is never given away)."""
         self._free.extend(range(rows - 1, max(n_old, FROZEN + 1) - 1, -1))
@@ -143,12 +133,9 @@ class ScopeStates:
         self.table[row] = self.prior
         self.fsucc[row] = 0.0
         self.ftot[row] = 0.0
-        self.floor[row] = self.floor0
         self.ledger[row] = 0.0
-        self.total[row] = 0.0
-        self.predicted[row] = 0.0
 
     def nbytes(self) -> int:
         """Bytes held by the rows' arrays."""
-        arrays = (*self.calib[:3], *self.calib[4:], self.floor, self.ledger, self.total)
-        return int(sum(a.nbytes for a in (*arrays, self.predicted)))
+        arrays = (*self.calib[:3], *self.calib[4:], self.ledger)
+        return int(sum(a.nbytes for a in arrays))

@@ -88,6 +88,18 @@ def _add_replay(sub: Any) -> None:
         action="store_true",
         help="add each step's measured proposer time to the simulated step",
     )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="token budget per step (default: the preset's)",
+    )
+    p.add_argument(
+        "--kv-capacity",
+        type=int,
+        default=None,
+        help="KV-cache capacity in tokens (default: the preset's)",
+    )
     p.add_argument("--tags", choices=["trace", "none"], default="trace")
     p.add_argument("--set", action="append", default=[], metavar="PROPOSER.OPTION=VALUE")
     p.add_argument("--max-calls", type=int, default=None, help="first N calls per workload")
@@ -133,6 +145,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         load_summary,
         order_runs,
         run_replay,
+        serving_limits,
     )
     from agentspec_mw.tokens import token_bytes_table
     from agentspec_mw.traces.loader import LoadStats
@@ -153,6 +166,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         max_runs=args.max_runs,
         skip_malformed=args.skip_malformed,
         run_order=args.run_order,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_capacity_tokens=args.kv_capacity,
     )
     for name in config.proposers:  # fail before any slow work
         resolve_proposer_class(name)
@@ -191,7 +206,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print("* effective batch under 80 % of the batch: not a replay at that batch size")
     for line in fewer_in_flight(rows):
         print(line)
-    limits = get_cost_model(config.cost_model).limits.model_dump()
+    limits = serving_limits(config).model_dump()
     report = ReplayReport(config=config, results=rows, load=load_summary(stats), limits=limits)
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)

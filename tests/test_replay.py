@@ -209,6 +209,8 @@ def test_cli_end_to_end(
             "suffix.min_token_prob=0.1",
             "--run-order",
             "shuffle:3",
+            "--max-num-batched-tokens",
+            "4096",
         ]
     )
     assert rc == 0
@@ -248,7 +250,10 @@ def test_cli_end_to_end(
         "sim_time_s",
     }
     assert all(keys | added == set(r) for r in report["results"])  # old fields kept
-    assert report["limits"]["max_num_batched_tokens"] == 8192
+    assert report["limits"]["max_num_batched_tokens"] == 4096  # the preset's is 8192
+    assert (
+        report["limits"]["kv_capacity_tokens"] == PRESETS["llama8b-h100"].limits.kv_capacity_tokens
+    )
     assert "eff_batch" in printed and "ttft_p50" in printed
     rows = {(r["proposer"], r["workload"], r["batch"]): r for r in report["results"]}
     assert rows[("none", "ALL", 1)]["mat"] == 1.0 and rows[("none", "ALL", 4)]["speedup"] == 1.0

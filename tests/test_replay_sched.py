@@ -12,7 +12,7 @@ from agentspec_mw.costmodel import PRESETS, ServingLimits, StepTimeModel, kv_cap
 from agentspec_mw.peers.none import NoProposer
 from agentspec_mw.proposer import EMPTY_DRAFT, Draft, StepContext
 from agentspec_mw.replay.kvcache import PrefixKVCache, block_hashes
-from agentspec_mw.replay.run import ReplayConfig, run_replay
+from agentspec_mw.replay.run import ReplayConfig, run_replay, serving_limits
 from agentspec_mw.replay.sim import ReplayCall, WorkloadRun, replay_workload
 from tests.test_replay import Oracle
 
@@ -244,3 +244,18 @@ def test_empty_drafts_cost_nothing_extra() -> None:
     base = _replay(wl, batch=3, k=0, cost_model=PRESETS["llama8b-h100"])
     same = _replay(wl, Empty(), batch=3, k=4, cost_model=PRESETS["llama8b-h100"])
     assert same.sim_time_s == base.sim_time_s and same.steps == base.steps
+
+
+def test_config_overrides_the_presets_limits() -> None:
+    wl = _workload(runs=4)
+    cfg = ReplayConfig(
+        traces=["x"], tokenizer="t", proposers=["none"], batch=[4], k=[4], cost_model="cpu-smollm2"
+    )
+    assert serving_limits(cfg) == PRESETS["cpu-smollm2"].limits
+    tight = cfg.model_copy(update={"max_num_batched_tokens": 16, "kv_capacity_tokens": 512})
+    lim = serving_limits(tight)
+    assert (lim.max_num_batched_tokens, lim.kv_capacity_tokens, lim.block_size) == (16, 512, 128)
+    wide = {r.workload: r for r in run_replay(cfg, wl, progress=False)}["w"]
+    narrow = {r.workload: r for r in run_replay(tight, wl, progress=False)}["w"]
+    assert narrow.ttft_p50_s > wide.ttft_p50_s  # prompts prefill 16 tokens a step
+    assert narrow.effective_batch < wide.effective_batch

@@ -11,7 +11,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from tqdm import tqdm
 
-from agentspec_mw.costmodel import PRESETS, get_cost_model
+from agentspec_mw.costmodel import PRESETS, ServingLimits, get_cost_model
 from agentspec_mw.proposer import ProposerEnv
 from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.sim import ReplayCall, WorkloadRun, replay_workload
@@ -28,6 +28,7 @@ __all__ = [
     "order_runs",
     "parse_run_order",
     "run_replay",
+    "serving_limits",
 ]
 
 ALL = "ALL"
@@ -67,6 +68,11 @@ class ReplayConfig(BaseModel):
     the batch size: never that many calls in flight)."""
     skip_malformed: bool = False
     """Count and skip malformed records instead of failing."""
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    """Override the preset's token budget per step (vLLM's ``--max-num-batched-tokens``)."""
+    kv_capacity_tokens: int | None = Field(default=None, ge=1)
+    """Override the preset's KV-cache capacity in tokens (what vLLM logs as its KV cache
+    size at start-up)."""
     run_order: str = "file"
     """The order the runs of a workload are admitted in: ``file`` (the order they first
     appear), ``reversed``, or ``shuffle:SEED`` (a seeded permutation). Each run's calls
@@ -306,6 +312,16 @@ def fewer_in_flight(rows: Sequence[ResultRow]) -> list[str]:
     ]
 
 
+def serving_limits(config: ReplayConfig) -> ServingLimits:
+    """The preset's serving limits with the config's overrides."""
+    update = {
+        key: getattr(config, key)
+        for key in ("max_num_batched_tokens", "kv_capacity_tokens")
+        if getattr(config, key) is not None
+    }
+    return get_cost_model(config.cost_model).limits.model_copy(update=update)
+
+
 def run_replay(
     config: ReplayConfig,
     workloads: dict[str, list[ReplayCall]],
@@ -315,6 +331,7 @@ def run_replay(
 ) -> list[ResultRow]:
     """Replay every combination; speedups are ratios to ``none`` at the same batch size."""
     cost = get_cost_model(config.cost_model)
+    limits = serving_limits(config)
     env = env or ProposerEnv(cost_model=cost, max_k=max(config.k))
     names = list(dict.fromkeys(config.proposers))
     spec_names = [p for p in names if p != "none"]
@@ -332,6 +349,7 @@ def run_replay(
                     batch=batch,
                     k=0,
                     cost_model=cost,
+                    limits=limits,
                     on_tokens=bar.update,
                 )
             base_all = _merge(list(base.values()))
@@ -352,6 +370,7 @@ def run_replay(
                             batch=batch,
                             k=k,
                             cost_model=cost,
+                            limits=limits,
                             add_proposer_time=config.add_proposer_time,
                             on_tokens=bar.update,
                         )

@@ -61,8 +61,8 @@ class FanState(TypedDict, total=False):
     notes: Annotated[list[str], operator.add]
 
 
-def fanout_graph(llm: Any, width: int = 3) -> Any:
-    """plan -> ``width`` Send workers (one LLM call each) -> write."""
+def fanout_graph(llm: Any, width: int = 3, calls: int = 1) -> Any:
+    """plan -> ``width`` Send workers (``calls`` LLM calls each) -> write."""
 
     def plan(state: FanState) -> dict[str, Any]:
         llm.invoke([HumanMessage(f"plan {state['question']}")])
@@ -72,7 +72,8 @@ def fanout_graph(llm: Any, width: int = 3) -> Any:
         return [Send("work", {"topic": f"{state['question']}-{i}"}) for i in range(width)]
 
     def work(state: FanState) -> dict[str, Any]:
-        out = llm.invoke([HumanMessage(f"work {state['topic']}")])
+        for i in range(calls):
+            out = llm.invoke([HumanMessage(f"work {state['topic']} {i}")])
         return {"notes": [str(out.content)]}
 
     def write(state: FanState) -> dict[str, Any]:
@@ -123,7 +124,7 @@ def test_granularity_fanout_tenant_off(strict: TaggingConfig) -> None:
     def run(granularity: str) -> list[tuple[StructureTags, str | None]]:
         server = FakeOpenAI()
         config = strict.model_copy(update={"routing_granularity": granularity})
-        app = with_agentspec(fanout_graph(chat_openai(server)), engine=URL, config=config)
+        app = with_agentspec(fanout_graph(chat_openai(server), calls=2), engine=URL, config=config)
         app.invoke({"question": "q1"})
         app.invoke({"question": "q2"})
         return _calls(server)
@@ -132,7 +133,8 @@ def test_granularity_fanout_tenant_off(strict: TaggingConfig) -> None:
     first = [(t, k) for t, k in fanout if t.query_id == fanout[0][0].query_id]
     siblings = {k for t, k in first if t.group_kind == "fanout"}
     others = {k for t, k in first if t.group_kind != "fanout"}
-    assert len(siblings) == 1 and len(others) == 1 and siblings != others
+    assert len(first) == 1 + 3 * 2 + 1  # plan, three workers with two calls each, write
+    assert len(siblings) == 1 and len(others) == 1 and siblings != others  # both positions
     assert len({k for _, k in run("tenant")}) == 1  # one scope: one key for both queries
     assert {k for _, k in run("off")} == {None}
 

@@ -46,9 +46,9 @@ class TaggingConfig(BaseModel):
     routing_granularity: RoutingGranularity = "query"
     """Which calls share a replica behind a router (the ``routing_header`` value): ``query``
     (scope + query: a query's agents, fan-out siblings, retries and repeats draft from one
-    proposer), ``fanout`` (a fan-out group's siblings per group: more balance, less shared
-    history), ``tenant`` (the scope: most shared history, least balance) or ``off``
-    (no header). See :mod:`~agentspec_mw_langgraph.routing`."""
+    proposer), ``fanout`` (each ``Send`` fan-out's calls apart from the rest of its query:
+    more balance, less shared history), ``tenant`` (the scope: most shared history, least
+    balance) or ``off`` (no header). See :mod:`~agentspec_mw_langgraph.routing`."""
     routing_header: str = ROUTING_HEADER
     """The request header that carries the routing key (``x-session-id``: vllm-router's
     ``consistent_hash``; ``x-dynamo-session-id``: NVIDIA Dynamo)."""

@@ -11,9 +11,10 @@ of :attr:`TaggingConfig.routing_granularity
 
 * ``"query"`` (default): isolation scope + query id. A query's agents, fan-out siblings,
   retries and repeats share a replica; different queries spread over the replicas.
-* ``"fanout"``: calls in a fan-out group get scope + group (the siblings at one position of
-  a ``Send`` fan-out share a replica, the group's other positions may not); other calls get
-  the query key. More spread for wide fan-outs, less shared history across positions.
+* ``"fanout"``: the calls of a ``Send`` fan-out's siblings get scope + query + that
+  fan-out, so different fan-outs of one query may go to different replicas; other calls
+  (and retries, whose group is the retry) get the query key. More spread for queries with
+  several wide fan-outs, less history shared between a fan-out and the rest of its query.
 * ``"tenant"``: the scope alone. Most shared history (repeats across queries of a tenant),
   least balance: one busy tenant loads one replica.
 * ``"off"``: no header (the router's own policy decides).
@@ -96,8 +97,13 @@ def routing_key(
 
 
 def tags_routing_key(tags: StructureTags, granularity: RoutingGranularity) -> str | None:
-    """:func:`routing_key` of a call's tags (only ``fanout`` groups count as groups)."""
+    """:func:`routing_key` of a call's tags. Only ``fanout`` groups count as groups, and
+    without their call position (the handler's ``...#<ordinal>`` suffix), so a sibling's
+    successive calls stay with the fan-out."""
     group = tags.group_id if tags.group_kind == "fanout" else None
+    if group is not None:
+        head, _, ordinal = group.rpartition("#")
+        group = head if head and ordinal.isdigit() else group
     return routing_key(tags.scope, tags.query_id, group, granularity=granularity)
 
 

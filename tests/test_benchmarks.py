@@ -188,3 +188,26 @@ def test_cost_model_ab_pairs_each_repeat_with_its_own_baseline(
     monkeypatch.setattr(mod, "run_engine", diverging)
     assert mod.main(["--repeats", "1"]) == 1
     assert "outputs identical across all runs: NO" in capsys.readouterr().out
+
+
+def test_calibration_scores_held_out_runs(
+    sample_path: Path,
+    tiny_tokenizer_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cal = _script("calibration")
+    assert cal.held_out("any run", 0)
+    share = sum(cal.held_out(f"run-{i}", 4) for i in range(4000)) / 4000
+    assert 0.22 < share < 0.28  # one bucket of four
+    png = tmp_path / "cal.png"
+    argv = ["--traces", str(sample_path), "--tokenizer", str(tiny_tokenizer_dir)]
+    assert cal.main([*argv, "--batch", "4", "--k", "4", "--holdout", "0", "--png", str(png)]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")]
+    data = [ln.split(" | ") for ln in rows if not ln.startswith(("| source", "| ---"))]
+    assert data, "no drafted token was scored"
+    for src, decile, pred, real, n, _gap in data:
+        lo, hi = (float(x) for x in decile.split("–"))
+        assert src.lstrip("| ") in ("iso", "agent", "scope", "local")
+        assert lo <= float(pred) <= hi and 0.0 <= float(real) <= 1.0 and int(n) > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

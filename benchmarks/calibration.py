@@ -1,0 +1,178 @@
+"""Reliability of AgentSpec's calibrated acceptance: predicted vs realised, per source.
+
+Replays traces with AgentSpec (``agentspec replay``'s scheduler and defaults) and, for
+every drafted token, compares the acceptance the draft carried (``Draft.probs[j]``: the
+calibrated probability that token ``j`` is right given that tokens ``0..j-1`` are) with
+what the recorded output did, counted only where tokens ``0..j-1`` were right (a token
+past the output's end is not counted). Tokens are grouped by the source of the picked
+candidate (``iso``, ``agent``, ``scope``, ``local``) and by predicted decile; the table
+gives each decile's mean prediction, realised acceptance and count. The proposer learns
+from every call; only the calls of *held-out* runs are scored (``--holdout``: runs whose
+id hashes to bucket 0 of that many; ``0`` scores every run), so the table reads the
+calibration on runs no one tuned on.
+
+    python benchmarks/calibration.py --traces ../shared/traces/tau_bench_airline.jsonl.xz \\
+        --tokenizer ../shared/tokenizers/qwen2.5 --batch 64 --k 16 --png docs/img/calibration.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from _replay_setup import load_workloads
+
+from agentspec_mw.agentspec.proposer import SOURCES, AgentSpecProposer
+from agentspec_mw.proposer import Draft, StepContext
+from agentspec_mw.registry import make_proposer
+from agentspec_mw.replay.sim import replay_workload
+from agentspec_mw.tags import StructureTags
+
+DECILES = 10
+
+
+def held_out(run_id: str, buckets: int) -> bool:
+    """Whether run ``run_id`` is held out: its id hashes to bucket 0 of ``buckets``
+    (every run when ``buckets`` is 0)."""
+    if buckets <= 0:
+        return True
+    h = int.from_bytes(hashlib.blake2b(run_id.encode(), digest_size=8).digest(), "little")
+    return h % buckets == 0
+
+
+class Scored:
+    """AgentSpec driving the replay; each drafted token's prediction is scored against
+    the recorded output of the held-out calls."""
+
+    name = "agentspec"
+
+    def __init__(
+        self, agentspec: AgentSpecProposer, outputs: dict[str, np.ndarray], scored: set[str]
+    ):
+        self.a = agentspec
+        self.a.candidates = {}
+        self.outputs, self.scored = outputs, scored
+        self.pos: dict[str, int] = {}
+        # per source, per decile: (sum of predictions, accepted, tokens)
+        self.cells = np.zeros((len(SOURCES), DECILES, 3))
+
+    def start(self, req_id: str, prompt: Any, tags: StructureTags | None = None) -> None:
+        self.a.start(req_id, prompt, tags)
+        self.pos[req_id] = 0
+
+    def extend(self, req_id: str, ids: Any) -> None:
+        self.a.extend(req_id, ids)
+        self.pos[req_id] += len(ids)
+
+    def stop(self, req_id: str) -> None:
+        self.a.stop(req_id)
+
+    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        drafts = self.a.propose(req_ids, k, step)
+        pick = (self.a.candidates or {}).get("pick")
+        n = len(req_ids)
+        for i, r in enumerate(req_ids):
+            d = drafts[i]
+            if not len(d) or r not in self.scored or pick is None:
+                continue
+            src = int(pick[i]) // n
+            truth = self.outputs[r][self.pos[r] :]
+            for j, (t, p) in enumerate(zip(d.token_ids, d.probs, strict=True)):
+                if j >= len(truth):
+                    break
+                ok = int(truth[j]) == t
+                cell = self.cells[src, min(int(p * DECILES), DECILES - 1)]
+                cell += (p, ok, 1)
+                if not ok:
+                    break
+        return drafts
+
+
+def table(cells: np.ndarray) -> list[str]:
+    """Markdown rows: source, decile, mean predicted, realised, tokens, gap (points)."""
+    rows = ["| source | decile | predicted | realised | tokens | gap (points) |"]
+    rows.append("| --- | --- | --- | --- | --- | --- |")
+    for s, name in enumerate(SOURCES):
+        for q in range(DECILES):
+            pred, acc, n = cells[s, q]
+            if n == 0:
+                continue
+            gap = 100 * (acc - pred) / n
+            rows.append(
+                f"| {name} | {q / DECILES:.1f}–{(q + 1) / DECILES:.1f} | {pred / n:.3f} | "
+                f"{acc / n:.3f} | {int(n)} | {gap:+.1f} |"
+            )
+    return rows
+
+
+def plot(cells: np.ndarray, path: str, title: str) -> None:
+    """The reliability diagram: realised against predicted per source, one point per
+    decile with tokens, the diagonal for reference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.plot([0, 1], [0, 1], color="grey", lw=1, ls="--")
+    for s, name in enumerate(SOURCES):
+        c = cells[s]
+        has = c[:, 2] > 0
+        if has.any():
+            ax.plot(c[has, 0] / c[has, 2], c[has, 1] / c[has, 2], marker="o", label=name)
+    ax.set_xlabel("predicted acceptance (decile mean)")
+    ax.set_ylabel("realised acceptance")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--traces", nargs="+", required=True)
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--k", type=int, default=16)
+    ap.add_argument("--cost-model", default="llama8b-h100")
+    ap.add_argument("--max-calls-per-run", type=int, default=None)
+    ap.add_argument("--holdout", type=int, default=4, help="score runs in bucket 0 of N")
+    ap.add_argument("--png", default=None, help="write the diagram here")
+    args = ap.parse_args(argv)
+    setup = load_workloads(
+        args.traces,
+        args.tokenizer,
+        max_k=args.k,
+        cost_model=args.cost_model,
+        max_calls_per_run=args.max_calls_per_run,
+    )
+    total = np.zeros((len(SOURCES), DECILES, 3))
+    for workload, calls in setup.workloads.items():
+        agentspec = make_proposer("agentspec", setup.env)
+        assert isinstance(agentspec, AgentSpecProposer)
+        outputs = {c.req_id: c.output for c in calls}
+        scored = {c.req_id for c in calls if held_out(c.run_id, args.holdout)}
+        prop = Scored(agentspec, outputs, scored)
+        replay_workload(calls, prop, batch=args.batch, k=args.k, cost_model=setup.cost)
+        total += prop.cells
+        print(f"\n{workload}: batch {args.batch}, k = {args.k}, {len(scored)} scored calls\n")
+        print("\n".join(table(prop.cells)))
+    if len(setup.workloads) > 1:
+        print("\nall workloads\n")
+        print("\n".join(table(total)))
+    if args.png:
+        names = ", ".join(setup.workloads)
+        plot(total, args.png, f"{names}: batch {args.batch}, k = {args.k}")
+        print(f"wrote {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -109,13 +109,16 @@ def _flat_bytes(token_bytes: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return off, data
 
 
-def _delim_hash(d: bytes) -> int:
-    """The polynomial hash :func:`advance` computes over a delimiter's bytes (each byte
-    counted as ``byte + 1``), modulo 2^64."""
-    h = 0
-    for b in d:
-        h = (h * HASH_BASE + b + 1) & _MASK
-    return h
+def _delim_hashes(delims: Sequence[bytes]) -> np.ndarray:
+    """The polynomial hash :func:`advance` computes over each delimiter's bytes (each
+    byte counted as ``byte + 1``, the last byte with power 0), modulo 2^64: vectorised
+    (numpy's uint64 arithmetic wraps), so a new grammar costs microseconds to hash."""
+    lens = np.fromiter(map(len, delims), np.int64, len(delims))
+    values = np.frombuffer(b"".join(delims), dtype=np.uint8).astype(np.uint64) + np.uint64(1)
+    ends = np.cumsum(lens)
+    owner = np.repeat(np.arange(len(delims)), lens)
+    terms = values * _POW[ends[owner] - 1 - np.arange(len(values))]
+    return np.add.reduceat(terms, ends - lens).astype(np.uint64)  # type: ignore[no-any-return]
 
 
 class BlockGrammar:
@@ -143,7 +146,7 @@ class BlockGrammar:
                 if d not in delims:
                     delims.append(d)
         n_d = len(delims)
-        d_hash = np.array([_delim_hash(d) for d in delims], dtype=np.uint64)
+        d_hash = _delim_hashes(delims)
         d_len = np.array([len(d) for d in delims], dtype=np.int64)
         d_start = np.full(n_d, -1, dtype=np.int64)  # the first block a delimiter opens
         b_end = np.full(MAX_BLOCKS + 1, -1, dtype=np.int64)  # the delimiter closing a block

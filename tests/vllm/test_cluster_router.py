@@ -1,6 +1,7 @@
 """``vllm-router`` as ``agentspec cluster`` runs it, in front of two fake OpenAI workers (no
 engine): ``consistent_hash`` keeps one routing key on one worker and spreads different
-keys; ``round_robin`` alternates; the router stops when the block ends."""
+keys; ``round_robin`` alternates; two routers run side by side (each its own metrics
+port); a router stops when its block ends."""
 
 from __future__ import annotations
 
@@ -72,7 +73,10 @@ def test_consistent_hash_keeps_a_key_on_one_worker(workers: list[str], tmp_path:
 
 def test_round_robin_alternates_and_the_router_stops(workers: list[str], tmp_path: Path) -> None:
     port = free_port()
-    with running_router(workers, tmp_path / "r.log", port=port, policy="round_robin") as router:
+    with (
+        running_router(workers, tmp_path / "r.log", port=port, policy="round_robin") as router,
+        running_router(workers, tmp_path / "r2.log", port=free_port()),  # side by side
+    ):
         key = routing_headers("tenant", "one-query")
         ports = [_post(router, key) for _ in range(6)]
     assert len(set(ports)) == 2 and all(a != b for a, b in zip(ports, ports[1:], strict=False))

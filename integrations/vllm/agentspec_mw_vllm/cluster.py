@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -94,15 +95,25 @@ def router_command(
     host: str = "127.0.0.1",
     port: int = 8000,
     policy: RouterPolicy = "consistent_hash",
+    metrics_port: int | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
-    """The argv of a ``vllm-router`` in front of ``worker_urls``.
+    """The argv of a ``vllm-router`` in front of ``worker_urls``; ``metrics_port`` is its
+    Prometheus exporter's port (``None``: vllm-router's default, one per machine).
 
     Raises:
         MissingDependencyError: ``vllm-router`` is not installed.
     """
     argv = [_router_binary(), "--host", host, "--port", str(port), "--policy", policy]
+    if metrics_port is not None:
+        argv += ["--prometheus-host", host, "--prometheus-port", str(metrics_port)]
     return [*argv, "--worker-urls", *worker_urls, *extra]
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def _healthy(url: str) -> bool:
@@ -215,12 +226,16 @@ def running_router(
     ready_s: float = 120,
 ) -> Iterator[str]:
     """Run ``vllm-router`` in front of ``worker_urls`` until the block ends; yield its URL.
+    Its Prometheus exporter gets a free port, so several routers can run side by side.
 
     Raises:
         MissingDependencyError: ``vllm-router`` is not installed.
         ClusterError: it exited or was not healthy within ``ready_s``.
     """
-    argv = router_command(worker_urls, host=host, port=port, policy=policy, extra=extra)
+    metrics = _free_port(host)
+    argv = router_command(
+        worker_urls, host=host, port=port, policy=policy, metrics_port=metrics, extra=extra
+    )
     base = f"http://{host}:{port}"
     with _process(argv, log, base + "/health", ready_s, f"vllm-router ({policy})"):
         yield base

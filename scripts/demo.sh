@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# The README's main-job command: set everything up (idempotent), then run the demo.
+# The README's main-job command: set everything up (idempotent), then run a small busy-engine
+# sweep (`agentspec bench`): the demo's multi-agent app at 2 and 32 concurrent workflows,
+# without speculation, with n-gram, SuffixDecoding and AgentSpec; prints the table, one
+# agent's output and which method wins where; writes out/demo_bench.{txt,png,json}.
+# Extra arguments go to `agentspec bench` (e.g. --n 1,16 --repeats 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 VENV="${AGENTSPEC_VENV:-.venv}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" NUMBA_NUM_THREADS="${NUMBA_NUM_THREADS:-1}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-if "$VENV/bin/agentspec" demo --help >/dev/null 2>&1; then
-  exec "$VENV/bin/agentspec" demo "$@"
+# vLLM's CPU performance setup (tcmalloc, Intel OpenMP), before any engine process starts.
+PRELOAD="$("$VENV/bin/python" -m agentspec_mw_vllm.preload 2>/dev/null || true)"
+if [ -n "$PRELOAD" ]; then
+  export LD_PRELOAD="$PRELOAD"
 fi
-# Until `agentspec demo` exists: replay the bundled sample trace with the default tokenizer.
-exec "$VENV/bin/agentspec" replay --traces tests/fixtures/agent_sample.jsonl \
-  --tokenizer default --proposers none,ngram,suffix --batch 1,8,64,256 --k 8 \
-  --json out/demo_replay.json "$@"
+exec "$VENV/bin/agentspec" bench --n 2,32 --apps demo --methods none,ngram,suffix,agentspec \
+  --repeats 1 --max-tokens 24 --out out/demo_bench --json out/demo_bench.json "$@"

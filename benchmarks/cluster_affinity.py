@@ -33,6 +33,10 @@ import urllib.request
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
+from langchain_core.messages import HumanMessage
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Send  # module level: LangGraph reads dispatch's type hints
+
 MODEL = "SmolLM2-135M-Instruct"
 
 
@@ -44,10 +48,6 @@ class QState(TypedDict, total=False):
 
 
 def query_graph(llm: Any, width: int) -> Any:
-    from langchain_core.messages import HumanMessage
-    from langgraph.graph import END, START, StateGraph
-    from langgraph.types import Send
-
     async def plan(state: QState) -> dict[str, Any]:
         out = await llm.ainvoke(
             [HumanMessage(f"Write a short plan to explain {state['question']}.")]

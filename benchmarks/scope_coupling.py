@@ -10,12 +10,12 @@ traffic alone):
 * ``alone`` — V only;
 * ``between`` — a batch of ``--n-batch`` of N's calls runs in steps of its own after
   each of V's calls, in scope N:
-  per-scope calibration and floors make V's drafts identical to ``alone``;
+  per-scope calibration makes V's drafts identical to ``alone``;
 * ``between, same scope`` — the same, but N in V's scope (what every tenant shared
   before per-scope state): V's drafting moves;
 * ``within`` — ``--n-batch`` of N's calls share every one of V's steps (scope N): the
-  batch is bigger, so the step's survival floor and its cost-model budget (one goodput
-  for the whole step) apply to everyone — the coupling that is inherent to batching.
+  batch is bigger, so the step's cost-model budget (one goodput for the whole step) and
+  its admission bound apply to everyone — the coupling that is inherent to batching.
 
 Prints V's drafted and accepted tokens, its steps, how many of its drafts differ from
 ``alone``, and how full the index got (over 1: it evicted its oldest tokens — any

@@ -53,7 +53,8 @@ if [ "$AGENTSPEC_CUDA" != "1" ]; then
   "${PIP[@]}" install intel-openmp 2>&1 | grep -v "is ignored" || true
   if ! ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4 >/dev/null 2>&1; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
-      apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1 \
+      { apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1; }; } \
         || echo "bootstrap: apt-get install libtcmalloc-minimal4 failed; running without tcmalloc" >&2
     else
       echo "bootstrap: tcmalloc not found; install libtcmalloc-minimal4 (Debian/Ubuntu) or gperftools-libs for vLLM's CPU performance setup" >&2

@@ -113,8 +113,9 @@ def check_model(model: str | None) -> None:
     """Fail now, not at the engine's first call, on a model that cannot be loaded.
 
     Accepted: ``None`` / ``"default"`` (the default model), a folder holding a
-    ``config.json``, or a valid Hugging Face model id — which, with ``HF_HUB_OFFLINE`` set,
-    must already be in the local Hugging Face cache. Online, an id's existence is left to
+    ``config.json``, a ``.gguf`` file (vLLM loads those), or a valid Hugging Face model
+    id — which, with ``HF_HUB_OFFLINE`` set, must already be in the local Hugging Face
+    cache. Online, an id's existence is left to
     the download (this check makes no network call).
 
     Raises:
@@ -129,6 +130,8 @@ def check_model(model: str | None) -> None:
                 f"model={model!r} is a folder without a config.json: pass a Hugging Face model "
                 "folder (save_pretrained output), a model id, or None for the default model"
             )
+        return
+    if path.is_file() and path.suffix == ".gguf":  # vLLM loads a GGUF file as a model
         return
     if path.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1:
         raise ModelNotFoundError(

@@ -17,6 +17,9 @@ def test_default_folder_and_ids_are_accepted(
     check_model("default")
     (tmp_path / "config.json").write_text("{}")
     check_model(str(tmp_path))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    check_model(str(gguf))  # vLLM takes a GGUF file as the model
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     check_model("Qwen/Qwen2.5-0.5B-Instruct")  # online: the download decides
 
@@ -38,6 +41,10 @@ def test_bad_names_raise_with_what_to_pass(model: str, says: str) -> None:
 def test_folder_without_config(tmp_path: Path) -> None:
     with pytest.raises(ModelNotFoundError, match="without a config.json"):
         check_model(str(tmp_path))
+    other = tmp_path / "weights.bin"
+    other.write_bytes(b"")
+    with pytest.raises(ModelNotFoundError, match="no such model folder"):
+        check_model(str(other))
 
 
 def test_offline_id_must_be_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

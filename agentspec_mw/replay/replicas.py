@@ -30,7 +30,14 @@ from typing import Literal
 from agentspec_mw.costmodel import get_cost_model
 from agentspec_mw.proposer import ProposerEnv
 from agentspec_mw.registry import make_proposer
-from agentspec_mw.replay.run import ALL, ReplayConfig, ResultRow, _merge, _row, serving_limits
+from agentspec_mw.replay.run import (
+    ALL,
+    ReplayConfig,
+    ResultRow,
+    merge_runs,
+    result_row,
+    serving_limits,
+)
 from agentspec_mw.replay.sim import ReplayCall, WorkloadRun, replay_workload
 
 __all__ = [
@@ -103,7 +110,7 @@ def split_calls(
 
 def _cluster(runs: Sequence[WorkloadRun]) -> WorkloadRun:
     """Replicas run side by side: counts add up, the time is the slowest replica's."""
-    out = _merge(runs)
+    out = merge_runs(runs)
     out.sim_time_s = max((r.sim_time_s for r in runs), default=0.0)
     return out
 
@@ -156,19 +163,19 @@ def run_replica_replay(
                 base = {
                     w: _replay_split(s, "none", env, config, batch, 0) for w, s in splits.items()
                 }
-                base_all = _merge(list(base.values()))
+                base_all = merge_runs(list(base.values()))
                 for name in names:
                     for k in config.k:
                         runs = {
                             w: _replay_split(s, name, env, config, batch, k)
                             for w, s in splits.items()
                         }
-                        merged = _merge(list(runs.values()))
+                        merged = merge_runs(list(runs.values()))
                         for wl, run, ref, split in [
                             *[(w, runs[w], base[w], splits[w]) for w in runs],
                             (ALL, merged, base_all, None),
                         ]:
-                            row = _row(name, wl, batch, k, run, ref.sim_time_s)
+                            row = result_row(name, wl, batch, k, run, ref.sim_time_s)
                             calls = (
                                 [len(s) for s in split]
                                 if split is not None

@@ -25,8 +25,10 @@ __all__ = [
     "ResultRow",
     "build_calls",
     "fewer_in_flight",
+    "merge_runs",
     "order_runs",
     "parse_run_order",
+    "result_row",
     "run_replay",
     "serving_limits",
 ]
@@ -237,9 +239,10 @@ def build_calls(
     return by_wl
 
 
-def _row(
+def result_row(
     proposer: str, workload: str, batch: int, k: int, r: WorkloadRun, base: float
 ) -> ResultRow:
+    """One table/JSON row: ``r``'s counters and serving metrics, speedup = ``base`` / its time."""
     us = np.asarray(r.propose_us) if r.propose_us else np.zeros(1)
     ttft = np.asarray(r.ttft_s) if r.ttft_s else np.zeros(1)
     tpot = np.asarray(r.tpot_s) if r.tpot_s else np.zeros(1)
@@ -274,7 +277,8 @@ def _row(
     )
 
 
-def _merge(runs: Sequence[WorkloadRun]) -> WorkloadRun:
+def merge_runs(runs: Sequence[WorkloadRun]) -> WorkloadRun:
+    """Sum several workloads' runs into one (the ``all`` row): counters add, samples concatenate."""
     out = WorkloadRun()
     for r in runs:
         out.calls += r.calls
@@ -352,12 +356,12 @@ def run_replay(
                     limits=limits,
                     on_tokens=bar.update,
                 )
-            base_all = _merge(list(base.values()))
+            base_all = merge_runs(list(base.values()))
             if "none" in names:
                 for k in config.k:
                     for wl, r in base.items():
-                        rows.append(_row("none", wl, batch, k, r, r.sim_time_s))
-                    rows.append(_row("none", ALL, batch, k, base_all, base_all.sim_time_s))
+                        rows.append(result_row("none", wl, batch, k, r, r.sim_time_s))
+                    rows.append(result_row("none", ALL, batch, k, base_all, base_all.sim_time_s))
             for name in spec_names:
                 for k in config.k:
                     runs = {}
@@ -374,9 +378,9 @@ def run_replay(
                             add_proposer_time=config.add_proposer_time,
                             on_tokens=bar.update,
                         )
-                        rows.append(_row(name, wl, batch, k, runs[wl], base[wl].sim_time_s))
-                    merged = _merge(list(runs.values()))
-                    rows.append(_row(name, ALL, batch, k, merged, base_all.sim_time_s))
+                        rows.append(result_row(name, wl, batch, k, runs[wl], base[wl].sim_time_s))
+                    merged = merge_runs(list(runs.values()))
+                    rows.append(result_row(name, ALL, batch, k, merged, base_all.sim_time_s))
     order = {n: i for i, n in enumerate(names)}
     wl_order = {w: i for i, w in enumerate([*workloads, ALL])}
     rows.sort(key=lambda r: (order[r.proposer], r.k, wl_order[r.workload], r.batch))

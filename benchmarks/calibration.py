@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from _replay_setup import load_workloads
 
-from agentspec_mw.agentspec.proposer import SOURCES, AgentSpecProposer
+from agentspec_mw.agentspec import SOURCES, AgentSpecProposer
 from agentspec_mw.proposer import Draft, StepContext
 from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.sim import replay_workload

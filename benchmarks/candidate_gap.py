@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from _replay_setup import load_workloads
 
-from agentspec_mw.agentspec.proposer import SOURCES, AgentSpecProposer
+from agentspec_mw.agentspec import SOURCES, AgentSpecProposer
 from agentspec_mw.cli import _parse_set
 from agentspec_mw.proposer import Draft, StepContext
 from agentspec_mw.registry import make_proposer

@@ -24,7 +24,7 @@ import numpy as np
 from _replay_setup import load_workloads, replay_parser
 
 from agentspec_mw.agentspec.blocks import MAX_DELIM
-from agentspec_mw.agentspec.proposer import MAX_GRAMMARS
+from agentspec_mw.agentspec.grammars import MAX_GRAMMARS
 from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.sim import ReplayCall, replay_workload
 from agentspec_mw.tags import StructureTags

@@ -17,10 +17,10 @@ from agentspec_mw.agentspec import (
     redundancy_score,
 )
 from agentspec_mw.agentspec.budget import StepShape, admission_bound, step_times
+from agentspec_mw.agentspec.calibration import SOURCES
 from agentspec_mw.agentspec.kernels import C_CAL, C_CCAP, C_CLEN, C_CSTART, C_OK
 from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex, _lookup_par, _lookup_rows
 from agentspec_mw.agentspec.parallel import SERIAL, THREADED, ModeChooser
-from agentspec_mw.agentspec.proposer import SOURCES
 from agentspec_mw.agentspec.slots import SlotTable
 from agentspec_mw.costfit import MeasuredStepTime
 from agentspec_mw.costmodel import PRESETS, StepTimeFn
@@ -445,8 +445,8 @@ def _score_one(
     1 with record bucket ``rec``: returns (picked row, its cells, positions at or above the
     floor, their survivals)."""
     from agentspec_mw.agentspec import kernels as K
+    from agentspec_mw.agentspec.calibration import N_Q, SUPPORT_EDGES
     from agentspec_mw.agentspec.ngram_index import LEVELS
-    from agentspec_mw.agentspec.proposer import _Q, _SUPPORT_EDGES
 
     n_src, k = tok.shape
     ones = np.ones(n_src, dtype=np.int64)
@@ -464,8 +464,8 @@ def _score_one(
         np.atleast_2d(table),
         (np.atleast_2d(fine[0]), np.atleast_2d(fine[1]), *fine[2:]),
         LEVELS,
-        _SUPPORT_EDGES,
-        _Q,
+        SUPPORT_EDGES,
+        N_Q,
         np.full(1, floor),
         pick,
         ln,
@@ -481,10 +481,10 @@ def test_score_picks_the_candidate_that_pays_above_the_floor() -> None:
     """Of two candidates, the one with more expected accepted tokens *at or above the
     floor* is picked, not the one whose long low-survival tail sums higher."""
     from agentspec_mw.agentspec import kernels as K
-    from agentspec_mw.agentspec.proposer import _N_ML, _N_SUP, _Q
+    from agentspec_mw.agentspec.calibration import N_ML, N_Q, N_SUP
 
     n_src, k = len(SOURCES), 16
-    table = np.zeros((n_src, 2, _N_ML, _N_SUP, K.N_POS, _Q))
+    table = np.zeros((n_src, 2, N_ML, N_SUP, K.N_POS, N_Q))
     table[0], table[1] = 0.85, 0.95  # per-token acceptance: iso 0.85, agent 0.95
     table = table.reshape(-1)
     tok = np.zeros((n_src, k), dtype=np.int32)
@@ -515,10 +515,10 @@ def test_score_splits_cells_by_token_class_and_line_break() -> None:
     """A fine cell (text class x line break crossed) with a poor record lowers only the
     tokens that fall in it; with the strength at 0 (classes off) the cells alone count."""
     from agentspec_mw.agentspec import kernels as K
-    from agentspec_mw.agentspec.proposer import _N_ML, _N_SUP, _Q
+    from agentspec_mw.agentspec.calibration import N_ML, N_Q, N_SUP
 
     n_src, k = len(SOURCES), 4
-    table = np.full(n_src * 2 * _N_ML * _N_SUP * K.N_POS * _Q, 0.9)
+    table = np.full(n_src * 2 * N_ML * N_SUP * K.N_POS * N_Q, 0.9)
     codes = np.array([3, 4], dtype=np.int8)  # token 0: a word going on; 1: a line break
     tok = np.zeros((n_src, k), dtype=np.int32)
     tok[0] = [0, 0, 1, 0]  # word, word, line break, word (after the break)
@@ -540,10 +540,10 @@ def test_score_splits_cells_by_the_request_record() -> None:
     further split of each fine cell: a poor record in one bucket lowers only requests in
     that bucket."""
     from agentspec_mw.agentspec import kernels as K
-    from agentspec_mw.agentspec.proposer import _N_ML, _N_SUP, _Q
+    from agentspec_mw.agentspec.calibration import N_ML, N_Q, N_SUP
 
     n_src, k = len(SOURCES), 2
-    table = np.full(n_src * 2 * _N_ML * _N_SUP * K.N_POS * _Q, 0.9)
+    table = np.full(n_src * 2 * N_ML * N_SUP * K.N_POS * N_Q, 0.9)
     codes = np.zeros(1, dtype=np.int8)
     tok = np.zeros((n_src, k), dtype=np.int32)
     lens = np.array([2] + [0] * (n_src - 1), dtype=np.int64)
@@ -750,6 +750,21 @@ def _prop(tb: list[bytes], **opts) -> AgentSpecProposer:  # type: ignore[no-unty
     return AgentSpecProposer(ProposerEnv(token_bytes=tb, cost_model=COST, max_k=8), **opts)
 
 
+def _acceptance(p: AgentSpecProposer, cells: np.ndarray, row: int) -> np.ndarray:
+    """Calibrated acceptance of fine calibration cells of scope row ``row``, in numpy:
+    the readable form of ``kernels._acceptance`` the drafts' probs are checked against."""
+    from agentspec_mw.agentspec import kernels as K
+
+    sc, calib = p._scopes, p._calib
+    coarse: np.ndarray = sc.table[row, cells // K.NF]
+    if calib.strength <= 0.0:
+        return coarse
+    out: np.ndarray = (sc.fsucc[row, cells] + calib.strength * coarse) / (
+        sc.ftot[row, cells] + calib.strength
+    )
+    return out
+
+
 def _run(
     p: AgentSpecProposer,
     rid: str,
@@ -770,7 +785,7 @@ def _run(
         # acceptance, not the running product (the survival) the budget ranks by
         cells = p._slots.dcell[p._reqs[rid], : len(d)]
         row = int(p._slots.si[p._reqs[rid], C_CAL])  # the request's scope row
-        np.testing.assert_allclose(d.probs, p.acceptance(cells, row), rtol=1e-9)
+        np.testing.assert_allclose(d.probs, _acceptance(p, cells, row), rtol=1e-9)
         a = 0
         while a < len(d) and pos + a < len(out) and d.token_ids[a] == out[pos + a]:
             a += 1
@@ -984,7 +999,7 @@ def test_agentspec_drafts_do_not_depend_on_slot_or_arena_layout(tiny_tokenizer, 
 
 
 def test_agentspec_caps_distinct_block_grammars(tb, caplog) -> None:  # type: ignore[no-untyped-def]
-    from agentspec_mw.agentspec.proposer import MAX_GRAMMARS
+    from agentspec_mw.agentspec import MAX_GRAMMARS
 
     p = _prop(tb, blocks_max_per_scope=MAX_GRAMMARS)  # one scope may fill the table
     for i in range(MAX_GRAMMARS + 5):
@@ -1046,7 +1061,7 @@ def test_agentspec_rejection_ledger_counts_verified_drafts(tiny_tokenizer, tb) -
         p.stop(rid)
     p._flush()
     assert drafted > accepted > 0  # some drafts ran past the end of the output
-    assert tuple(p._ledger) == (accepted, drafted)
+    assert tuple(p._scopes.ledger[p._calib.default_row]) == (accepted, drafted)
     assert p.verified == (accepted, drafted)
 
 

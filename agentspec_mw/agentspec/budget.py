@@ -45,8 +45,9 @@ import numpy as np
 from numba import njit
 
 from agentspec_mw.costmodel import StepTimeFn
+from agentspec_mw.proposer import StepContext
 
-__all__ = ["Allocation", "StepShape", "admission_bound", "allocate", "step_times"]
+__all__ = ["Allocation", "StepShape", "admission_bound", "allocate", "step_shape", "step_times"]
 
 
 class StepShape(NamedTuple):
@@ -61,6 +62,17 @@ class StepShape(NamedTuple):
     num_kv: float
     budget: int | None = None
     prefill_tokens: int = 0
+
+
+def step_shape(step: StepContext) -> StepShape:
+    """The step as the cost model sees it: the drafts' and prefill chunks' share of the
+    token budget is the budget less one token per decoding request
+    (``num_decode_tokens``, else ``batch_size``)."""
+    budget = None
+    if step.max_num_batched_tokens is not None:
+        decode = step.num_decode_tokens or step.batch_size
+        budget = max(0, step.max_num_batched_tokens - decode)
+    return StepShape(step.batch_size, step.num_kv_tokens, budget, step.num_prefill_tokens or 0)
 
 
 def step_times(cost: StepTimeFn, shape: StepShape, n: np.ndarray) -> np.ndarray:

@@ -63,7 +63,7 @@ C_DSENT = 16  # tokens drafted at the last step (counted in the rejection ledger
 C_GBASE, C_GSEQ = 17, 18  # scope-wide key base (-1: source off) and its live sequence
 C_QUEUED = 19  # scratch: tokens queued for the slot (room_needed)
 C_STREAK = 20  # verified candidate tokens in a row that were right (the request's record)
-C_OK = 21  # positions of the request's last candidate whose survival reached the floor
+C_OK = 21  # leading positions of the request's last candidate at or above the admission bound
 C_CAL = 22  # the request's row of per-scope learned state (:mod:`.scopes`; 0: frozen prior)
 N_POS = 5  # draft-position buckets of the calibration table: 0, 1, 2-3, 4-7, 8+
 N_COLS = 23
@@ -390,7 +390,8 @@ def keep_candidates(
 ) -> None:  # pragma: no cover
     """Each request with a candidate keeps it (tokens and calibration cells of its
     ``sel_len`` positions), drafted or not, for the calibration of the next extend; every
-    request keeps how many of its positions reached the floor (``C_OK``)."""
+    request keeps how many of its leading positions reached the admission bound
+    (``C_OK``)."""
     for r in range(slots.shape[0]):
         m = sel_len[r]
         s = slots[r]
@@ -490,7 +491,7 @@ def score(
     levels: np.ndarray,
     sup_edges: np.ndarray,
     n_q: int,
-    floors: np.ndarray,
+    bounds: np.ndarray,
     out_pick: np.ndarray,
     out_len: np.ndarray,
     out_cell: np.ndarray,
@@ -509,10 +510,11 @@ def score(
     and the shrinkage weight (:func:`_acceptance`); request ``r`` reads its scope's row
     ``cal[r]`` of them and of ``table``. Written cells are fine cells.
     The picked row maximises the expected accepted tokens among its positions whose
-    survival is at least ``floors[r]`` (the request's survival floor this step: what the
-    budget can admit),
-    then the sum of all its survivals; the first source wins ties. Its cells are written
-    out; ``out_ok[r]`` is how many of its leading positions reach ``floors[r]``, and those
+    survival is at least ``bounds[r]`` (the budget's admission bound for the request this
+    step: positions under it can never pay for their slot,
+    :func:`~agentspec_mw.agentspec.budget.admission_bound`), then the sum of all its
+    survivals; the first source wins ties. Its cells are written out; ``out_ok[r]`` is
+    how many of its leading positions reach ``bounds[r]``, and those
     positions' survivals, request after request, fill ``out_flat`` (their count is
     returned).
     """
@@ -530,11 +532,11 @@ def score(
         best_a = 0
         cs = cal[r]
         tab, fsucc, ftot = table[cs], fsucc2[cs], ftot2[cs]  # the request's scope row
-        floor = floors[r]
+        bound = bounds[r]
         for a in range(n_src):
             row = a * n_req + r
             v = 0.0
-            w = 0.0  # expected accepted tokens among the positions at or above the floor
+            w = 0.0  # expected accepted tokens among the positions at or above the bound
             if lens[row] > 0:
                 head = _head(a, r, n_req, match, support, levels, sup_edges)
                 ag = _agreed(a, r, n_req, tok, lens)
@@ -549,7 +551,7 @@ def score(
                     surv[a, j] = s
                     crossed |= code & NEWLINE
                     v += s
-                    if s >= floor:
+                    if s >= bound:
                         w += s
             if w > best_w or (w == best_w and v > best_v):
                 best_w = w
@@ -562,8 +564,8 @@ def score(
         out_ok[r] = 0
         for j in range(m):
             out_cell[r, j] = cells[best_a, j]
-        for j in range(m):  # the leading positions at or above the floor
-            if surv[best_a, j] < floor:
+        for j in range(m):  # the leading positions at or above the bound
+            if surv[best_a, j] < bound:
                 break
             out_ok[r] = j + 1
             out_flat[n_flat] = surv[best_a, j]

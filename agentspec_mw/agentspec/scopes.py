@@ -21,13 +21,26 @@ next request).
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["FROZEN", "ScopeStates"]
+__all__ = ["FROZEN", "CalibArrays", "ScopeStates"]
 
 FROZEN = 0
 """Row of the fixed prior: read by overflow scopes, never updated."""
+
+
+class CalibArrays(NamedTuple):
+    """The calibration arrays ``kernels.apply_extends`` updates (row = scope, except
+    ``prior``: one row, fixed)."""
+
+    succ: np.ndarray
+    tot: np.ndarray
+    table: np.ndarray
+    prior: np.ndarray
+    fsucc: np.ndarray
+    ftot: np.ndarray
 
 
 class ScopeStates:
@@ -81,9 +94,9 @@ class ScopeStates:
         self._free.extend(range(rows - 1, max(n_old, FROZEN + 1) - 1, -1))
 
     @property
-    def calib(self) -> tuple[np.ndarray, ...]:
-        """What the kernels take: ``(succ, tot, table, prior, fsucc, ftot)``."""
-        return (self.succ, self.tot, self.table, self.prior, self.fsucc, self.ftot)
+    def calib(self) -> CalibArrays:
+        """What the kernels take (rebuilt: rows may grow)."""
+        return CalibArrays(self.succ, self.tot, self.table, self.prior, self.fsucc, self.ftot)
 
     @property
     def rows(self) -> int:
@@ -137,5 +150,5 @@ class ScopeStates:
 
     def nbytes(self) -> int:
         """Bytes held by the rows' arrays."""
-        arrays = (*self.calib[:3], *self.calib[4:], self.ledger)
+        arrays = (self.succ, self.tot, self.table, self.fsucc, self.ftot, self.ledger)
         return int(sum(a.nbytes for a in arrays))

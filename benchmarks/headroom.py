@@ -1,0 +1,511 @@
+"""Where a replay's simulated time goes, and the ceiling for any drafter.
+
+Replays each workload at each batch with ``none``, the given proposers and an **oracle**
+(drafts the recorded next ``k`` tokens: always accepted, the most a drafter of length ``k``
+can be accepted for) on ``agentspec replay``'s scheduler and cost model, no proposer time.
+Every engine step is recorded as the scheduler built it: prompt tokens prefilled (chunks
+and recomputation), decode tokens (one per decoding request), draft tokens kept, resident
+KV, whether a waiting call found no KV room, and its simulated time. Per run it prints:
+
+* the time split: steps carrying a prefill chunk vs pure decode steps, and (linear presets)
+  the step-time model's terms — fixed per step, per prefill / decode / draft token, per
+  resident KV token — which add up to the run's time exactly;
+* speedups over ``none``, the oracle's, and the ceiling ``oracle / suffix``;
+* for each pair of proposers, the *gap arithmetic*: the difference of their times as the
+  sum of the terms above (fewer steps, fewer KV reads, more drafts, more or less prefill),
+  in % of the slower one's time, beside their accepted tokens per decode call-step.
+
+    python benchmarks/headroom.py --traces ../shared/traces/tau_bench_airline.jsonl.xz \\
+        --tokenizer ../shared/tokenizers/qwen2.5 --batch 32,64,256 --k 16
+
+The per-step record comes from wrapping the replay's scheduler function
+(``agentspec_mw.replay.sim._schedule``) for the duration of a run: what it schedules is
+read, never changed (``test_headroom.py`` checks that the steps' times add up to the
+replay's own). Deterministic: no wall-clock time enters the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from _replay_setup import load_workloads  # noqa: F401  (puts this checkout first on sys.path)
+
+from agentspec_mw.costmodel import StepTimeModel, get_cost_model
+from agentspec_mw.proposer import Draft, Proposer, ProposerEnv, StepContext, TokenIds
+from agentspec_mw.registry import make_proposer
+from agentspec_mw.replay import sim
+from agentspec_mw.replay.run import build_calls
+from agentspec_mw.replay.sim import ReplayCall, WorkloadRun, accepted_length, replay_workload
+from agentspec_mw.tags import StructureTags
+from agentspec_mw.tokens import token_bytes_table
+from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
+
+ORACLE = "oracle"
+#: The step-time terms of a linear preset, in the order :func:`terms` returns them.
+TERMS = ("fixed", "prefill", "decode", "draft", "kv")
+
+
+class OracleProposer:
+    """Drafts the recorded continuation of each call: every drafted token is accepted
+    (the tests' ``Oracle`` in ``tests/test_replay.py``, keyed by the calls' ids)."""
+
+    name = ORACLE
+
+    def __init__(self, calls: Sequence[ReplayCall]) -> None:
+        self.truth = {c.req_id: c.output for c in calls}
+        self.pos: dict[str, int] = {}
+
+    def start(self, req_id: str, prompt_ids: TokenIds, tags: StructureTags | None = None) -> None:
+        self.pos[req_id] = 0
+
+    def extend(self, req_id: str, token_ids: TokenIds) -> None:
+        self.pos[req_id] += len(token_ids)
+
+    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        out = []
+        for r in req_ids:
+            p = self.pos[r]
+            out.append(Draft(tuple(int(t) for t in self.truth[r][p : p + k])))
+        return out
+
+    def stop(self, req_id: str) -> None:
+        self.pos.pop(req_id, None)
+
+
+class BestOf:
+    """Runs several proposers on the same calls and, per request and step, drafts the one
+    draft of theirs the recorded output accepts most of (ties: the shorter): the ceiling
+    of choosing between those drafters, not of drafting better. Named ``best:a+b``."""
+
+    def __init__(self, parts: Sequence[Proposer], calls: Sequence[ReplayCall]) -> None:
+        self.parts = list(parts)
+        self.name = "best:" + "+".join(p.name for p in parts)
+        self.truth = OracleProposer(calls)
+
+    def start(self, req_id: str, prompt_ids: TokenIds, tags: StructureTags | None = None) -> None:
+        self.truth.start(req_id, prompt_ids, tags)
+        for p in self.parts:
+            p.start(req_id, prompt_ids, tags)
+
+    def extend(self, req_id: str, token_ids: TokenIds) -> None:
+        self.truth.extend(req_id, token_ids)
+        for p in self.parts:
+            p.extend(req_id, token_ids)
+
+    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        truths = self.truth.propose(req_ids, k, step)
+        each = [p.propose(req_ids, k, step) for p in self.parts]
+        out = []
+        for i, t in enumerate(truths):
+            drafts = [d[i] for d in each]
+            out.append(
+                max(drafts, key=lambda d: (accepted_length(d.token_ids, t.token_ids), -len(d)))
+            )
+        return out
+
+    def stop(self, req_id: str) -> None:
+        self.truth.stop(req_id)
+        for p in self.parts:
+            p.stop(req_id)
+
+
+@dataclass
+class Steps:
+    """One replay's engine steps as the scheduler built them (parallel lists)."""
+
+    prefill: list[int] = field(default_factory=list)
+    """Prompt tokens computed (chunks, recomputation after preemption)."""
+    decode: list[int] = field(default_factory=list)
+    """Decoding requests scheduled (one decode token each)."""
+    draft: list[int] = field(default_factory=list)
+    """Draft tokens kept by the scheduler."""
+    kv: list[int] = field(default_factory=list)
+    """Resident KV tokens of the scheduled requests after the step (the model's N_kv)."""
+    kv_wait: list[bool] = field(default_factory=list)
+    """A waiting call found no KV room in this step."""
+    time_s: list[float] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def recording(cost: StepTimeModel) -> Iterator[Steps]:
+    """Record every step the replay schedules while the block runs (see the module doc)."""
+    steps = Steps()
+    original = sim._schedule
+
+    def schedule(running: Any, waiting: Any, kv: Any, lim: Any, res: WorkloadRun) -> Any:
+        waits = res.kv_waits
+        scheduled = original(running, waiting, kv, lim, res)
+        if not scheduled:  # the replay skips an empty step (everything preempted)
+            return scheduled
+        pre = dec = dra = n_kv = 0
+        for r, n in scheduled.items():
+            n_kv += r.computed + n
+            if r.decoding:
+                dec += 1
+                dra += n - 1
+            else:
+                pre += n
+        steps.prefill.append(pre)
+        steps.decode.append(dec)
+        steps.draft.append(dra)
+        steps.kv.append(n_kv)
+        steps.kv_wait.append(res.kv_waits > waits)
+        steps.time_s.append(cost.step_time(pre + dec + dra, n_kv))
+        return scheduled
+
+    sim._schedule = schedule  # type: ignore[assignment]
+    try:
+        yield steps
+    finally:
+        sim._schedule = original
+
+
+def terms(cost: StepTimeModel, s: Steps) -> dict[str, float] | None:
+    """Seconds of each step-time term over the run (linear presets; ``None`` otherwise)."""
+    c = cost.linear_coefficients()
+    if c is None:
+        return None
+    c_fix, c_tok, c_kv, c_oh = (float(x) for x in c)
+    return {
+        "fixed": (c_fix + c_oh) * len(s.time_s),
+        "prefill": c_tok * sum(s.prefill),
+        "decode": c_tok * sum(s.decode),
+        "draft": c_tok * sum(s.draft),
+        "kv": c_kv * float(sum(s.kv)),
+    }
+
+
+@dataclass
+class Run:
+    """The decomposition of one proposer × workload × batch replay."""
+
+    proposer: str
+    workload: str
+    batch: int
+    k: int
+    time_s: float
+    speedup: float
+    steps: int
+    prefill_steps: int
+    """Steps carrying at least one prefill chunk."""
+    prefill_step_time_s: float
+    decode_step_time_s: float
+    kv_wait_steps: int
+    kv_wait_time_s: float
+    prefill_tokens: int
+    decode_tokens: int
+    """Decode call-steps (one token each, plus what the drafts add)."""
+    draft_tokens: int
+    accepted: int
+    output_tokens: int
+    call_steps: int
+    """Call-steps that emitted tokens (prefill completions included)."""
+    mean_decode_batch: float
+    """Decoding requests per pure decode step."""
+    terms_s: dict[str, float] | None
+
+    @property
+    def accepted_per_decode_step(self) -> float:
+        return self.accepted / self.decode_tokens if self.decode_tokens else 0.0
+
+
+def decompose(
+    name: str, wl: str, batch: int, k: int, r: WorkloadRun, s: Steps, cost: StepTimeModel
+) -> Run:
+    t = np.asarray(s.time_s)
+    has_pre = np.asarray(s.prefill) > 0
+    waits = np.asarray(s.kv_wait, dtype=bool)
+    dec = np.asarray(s.decode)
+    pure = ~has_pre
+    return Run(
+        proposer=name,
+        workload=wl,
+        batch=batch,
+        k=k,
+        time_s=float(t.sum()),
+        speedup=math.nan,
+        steps=len(t),
+        prefill_steps=int(has_pre.sum()),
+        prefill_step_time_s=float(t[has_pre].sum()),
+        decode_step_time_s=float(t[pure].sum()),
+        kv_wait_steps=int(waits.sum()),
+        kv_wait_time_s=float(t[waits].sum()),
+        prefill_tokens=int(sum(s.prefill)),
+        decode_tokens=int(dec.sum()),
+        draft_tokens=int(sum(s.draft)),
+        accepted=r.accepted,
+        output_tokens=r.output_tokens,
+        call_steps=r.steps,
+        mean_decode_batch=float(dec[pure].mean()) if pure.any() else 0.0,
+        terms_s=terms(cost, s),
+    )
+
+
+def replay_one(
+    name: str,
+    calls: list[ReplayCall],
+    env: ProposerEnv,
+    cost: StepTimeModel,
+    batch: int,
+    k: int,
+    wl: str,
+) -> Run:
+    """Replay ``calls`` with proposer ``name`` (``oracle`` or a registry name)."""
+    prop: Proposer
+    if name == ORACLE:
+        prop = OracleProposer(calls)
+    elif name.startswith("best:"):
+        prop = BestOf([make_proposer(p, env) for p in name[5:].split("+")], calls)
+    else:
+        prop = make_proposer(name, env)
+    with recording(cost) as steps:
+        r = replay_workload(calls, prop, batch=batch, k=0 if name == "none" else k, cost_model=cost)
+    if not math.isclose(sum(steps.time_s), r.sim_time_s, rel_tol=1e-9, abs_tol=1e-9):
+        raise RuntimeError(
+            f"{name} {wl} b={batch}: recorded steps add to {sum(steps.time_s)} s, the replay "
+            f"to {r.sim_time_s} s: the scheduler wrapper missed steps (sim.py changed?)"
+        )
+    return decompose(name, wl, batch, k, r, steps, cost)
+
+
+def gap(slow: Run, fast: Run) -> dict[str, float]:
+    """``slow.time - fast.time`` as the sum of its terms, each in % of ``slow.time``:
+    the linear terms where there are, else prefill-step and decode-step time."""
+    base = slow.time_s
+    if slow.terms_s is not None and fast.terms_s is not None:
+        out = {t: 100 * (slow.terms_s[t] - fast.terms_s[t]) / base for t in TERMS}
+    else:
+        out = {
+            "prefill_steps": 100 * (slow.prefill_step_time_s - fast.prefill_step_time_s) / base,
+            "decode_steps": 100 * (slow.decode_step_time_s - fast.decode_step_time_s) / base,
+        }
+    out["total"] = 100 * (base - fast.time_s) / base
+    return out
+
+
+def geomean(xs: Sequence[float]) -> float:
+    return float(math.exp(sum(math.log(x) for x in xs) / len(xs))) if xs else math.nan
+
+
+def time_table(runs: Sequence[Run]) -> list[str]:
+    """Markdown: one row per run, where its time goes."""
+    rows = [
+        "| workload | b | proposer | speedup | time s | prefill-step share | steps (prefill) "
+        "| decode batch | acc./decode step | tok/call-step | draft/decode step | KV-wait share "
+        "| terms: fixed / prefill / decode / draft / kv (%) |",
+        "| --- " * 13 + "|",
+    ]
+    for r in runs:
+        tm = r.terms_s
+        split = " / ".join(f"{100 * tm[t] / r.time_s:.1f}" for t in TERMS) if tm else "–"
+        rows.append(
+            f"| {r.workload} | {r.batch} | {r.proposer} | {r.speedup:.3f} | {r.time_s:.1f} | "
+            f"{r.prefill_step_time_s / r.time_s:.3f} | {r.steps} ({r.prefill_steps}) | "
+            f"{r.mean_decode_batch:.1f} | {r.accepted_per_decode_step:.3f} | "
+            f"{r.output_tokens / max(r.call_steps, 1):.3f} | "
+            f"{r.draft_tokens / max(r.decode_tokens, 1):.2f} | "
+            f"{r.kv_wait_time_s / r.time_s:.3f} | {split} |"
+        )
+    return rows
+
+
+def gap_rows(runs: Sequence[Run], pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """Markdown: per workload and batch, ``slow`` vs ``fast``: the time gap by term."""
+    by = {(r.workload, r.batch, r.proposer): r for r in runs}
+    rows: list[str] = []
+    for slow_name, fast_name in pairs:
+        for (wl, b, p), slow in by.items():
+            fast = by.get((wl, b, fast_name))
+            if p != slow_name or fast is None:
+                continue
+            g = gap(slow, fast)
+            if not rows:
+                keys = [t for t in g if t != "total"]
+                rows = [
+                    f"| workload | b | {slow_name} → other | acc./decode step | decode steps "
+                    f"| engine steps | {' | '.join(keys)} | time saved (%) |",
+                    "| --- " * (7 + len(keys)) + "|",
+                ]
+            parts = " | ".join(f"{v:+.1f}" for t, v in g.items() if t != "total")
+            rows.append(
+                f"| {wl} | {b} | {slow_name} → {fast_name} | "
+                f"{slow.accepted_per_decode_step:.3f} → {fast.accepted_per_decode_step:.3f} | "
+                f"{fast.decode_tokens / max(slow.decode_tokens, 1) - 1:+.1%} | "
+                f"{fast.steps / max(slow.steps, 1) - 1:+.1%} | {parts} | {g['total']:+.1f} |"
+            )
+    return rows
+
+
+def ratio_rows(runs: Sequence[Run], names: Sequence[str]) -> list[str]:
+    """Markdown: per batch, per workload and geometric mean, the speedup ratios."""
+    by = {(r.workload, r.batch, r.proposer): r for r in runs}
+    wls = list(dict.fromkeys(r.workload for r in runs))
+    batches = sorted({r.batch for r in runs})
+    pairs = [(a, "none") for a in names if a != "none"]
+    if "suffix" in names:
+        pairs += [(a, "suffix") for a in names if a not in ("none", "suffix")]
+    head = " | ".join(f"{a}/{b}" for a, b in pairs)
+    rows = [f"| b | workload | {head} | share of headroom |", "| --- " * (3 + len(pairs)) + "|"]
+    for b in batches:
+        ratios: dict[tuple[str, str], list[float]] = {p: [] for p in pairs}
+        for wl in [*wls, "geomean"]:
+            vals = []
+            for a, c in pairs:
+                if wl == "geomean":
+                    v = geomean(ratios[(a, c)])
+                else:
+                    ra, rc = by.get((wl, b, a)), by.get((wl, b, c))
+                    v = rc.time_s / ra.time_s if ra and rc else math.nan
+                    if not math.isnan(v):
+                        ratios[(a, c)].append(v)
+                vals.append(v)
+            share = "–"
+            named = dict(zip(pairs, vals, strict=True))
+            got, top = named.get(("agentspec", "suffix")), named.get((ORACLE, "suffix"))
+            if got and top and top > 1:
+                share = f"{math.log(got) / math.log(top):.0%}"
+            cells = " | ".join(f"{v:.3f}" for v in vals)
+            name = f"**{wl}**" if wl == "geomean" else wl
+            rows.append(f"| {b} | {name} | {cells} | {share} |")
+    return rows
+
+
+def first_order(ref: Run, other: Run) -> tuple[float, float]:
+    """``(predicted, actual)`` speedup of ``other`` over ``ref`` from the first-order model:
+    the step-proportional terms (fixed, KV, decode) scale with decode call-steps, i.e. by
+    ``(1 + a_ref) / (1 + a_other)`` with ``a`` accepted per decode call-step; prefill is
+    unchanged; drafts cost what ``other`` drafted. Linear presets only (``nan`` else)."""
+    if ref.terms_s is None or other.terms_s is None or ref.accepted_per_decode_step <= -1:
+        return math.nan, ref.time_s / other.time_s
+    tr = ref.terms_s
+    scale = (1 + ref.accepted_per_decode_step) / (1 + other.accepted_per_decode_step)
+    step_part = tr["fixed"] + tr["kv"] + tr["decode"]
+    draft = tr["draft"] * (other.draft_tokens / ref.draft_tokens if ref.draft_tokens else 0.0)
+    pred = step_part * scale + tr["prefill"] + draft
+    return ref.time_s / pred, ref.time_s / other.time_s
+
+
+def needed_rows(runs: Sequence[Run], ref: str, other: str, target: float) -> list[str]:
+    """Markdown: what ``other`` needs to reach ``target`` times ``ref``'s speed, first order:
+    the share of ``ref``'s time that scales with steps, the cut in steps and the accepted
+    tokens per decode call-step that gives (drafting cost held at ``ref``'s)."""
+    by = {(r.workload, r.batch, r.proposer): r for r in runs}
+    rows = [
+        f"| workload | b | step-scaled share of {ref} | steps to cut | accepted/decode step "
+        f"needed ({ref} has) | {other} has | {other}/{ref}: first-order, actual |",
+        "| --- " * 7 + "|",
+    ]
+    for (wl, b, p), r in by.items():
+        o = by.get((wl, b, other))
+        if p != ref or o is None or r.terms_s is None:
+            continue
+        e = (r.terms_s["fixed"] + r.terms_s["kv"] + r.terms_s["decode"]) / r.time_s
+        cut = (1 - 1 / target) / e
+        need = (1 + r.accepted_per_decode_step) / (1 - cut) - 1 if cut < 1 else math.inf
+        pred, act = first_order(r, o)
+        rows.append(
+            f"| {wl} | {b} | {e:.3f} | {cut:.1%} | {need:.3f} ({r.accepted_per_decode_step:.3f}) "
+            f"| {o.accepted_per_decode_step:.3f} | {pred:.3f}, {act:.3f} |"
+        )
+    return rows
+
+
+def load(
+    traces: Sequence[str],
+    tokenizer: str,
+    *,
+    max_k: int,
+    cost: StepTimeModel,
+    max_calls: int | None,
+    max_calls_per_run: int | None,
+    max_runs: int | None,
+) -> tuple[dict[str, list[ReplayCall]], ProposerEnv]:
+    """Tokenize (cached) and build the calls as ``agentspec replay`` does."""
+    tok = load_tokenizer(tokenizer)
+    env = ProposerEnv(token_bytes=token_bytes_table(tok), cost_model=cost, max_k=max(max_k, 1))
+    tokenized = [tokenize_trace(p, tok) for p in traces]
+    workloads = build_calls(
+        tokenized,
+        max_calls=max_calls,
+        max_calls_per_run=max_calls_per_run,
+        max_runs=max_runs,
+    )
+    return workloads, env
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--traces", nargs="+", required=True)
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--proposers", default="suffix,agentspec", help="besides none and oracle")
+    ap.add_argument("--batch", default="32,64,256", help="comma list")
+    ap.add_argument("--k", type=int, default=16)
+    ap.add_argument("--cost-model", default="llama8b-h100")
+    ap.add_argument("--max-calls", type=int, default=None)
+    ap.add_argument("--max-calls-per-run", type=int, default=None)
+    ap.add_argument("--max-runs", type=int, default=None)
+    ap.add_argument("--target", type=float, default=1.10, help="the speedup over suffix asked")
+    ap.add_argument("--json", default=None, help="write every run's decomposition here")
+    args = ap.parse_args(argv)
+    cost = get_cost_model(args.cost_model)
+    names = ["none", *[p for p in args.proposers.split(",") if p not in ("none", ORACLE)], ORACLE]
+    batches = sorted({int(b) for b in args.batch.split(",")})
+    workloads, env = load(
+        args.traces,
+        args.tokenizer,
+        max_k=args.k,
+        cost=cost,
+        max_calls=args.max_calls,
+        max_calls_per_run=args.max_calls_per_run,
+        max_runs=args.max_runs,
+    )
+    runs: list[Run] = []
+    for wl, calls in workloads.items():
+        for b in batches:
+            base: Run | None = None
+            for name in names:
+                run = replay_one(name, calls, env, cost, b, args.k, wl)
+                base = base or run
+                run.speedup = base.time_s / run.time_s
+                runs.append(run)
+                print(
+                    f"{wl} b={b} {name}: speedup {run.speedup:.3f}, "
+                    f"acc./decode step {run.accepted_per_decode_step:.3f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    print(f"\n{args.cost_model}, k = {args.k}, no proposer time\n")
+    print("\n".join(time_table(runs)))
+    print("\n" + "\n".join(ratio_rows(runs, names)))
+    pairs = [("none", n) for n in names if n != "none"]
+    if "suffix" in names:
+        pairs += [("suffix", n) for n in names if n not in ("none", "suffix")]
+    print("\n" + "\n".join(gap_rows(runs, pairs)))
+    if "suffix" in names and "agentspec" in names and cost.linear_coefficients() is not None:
+        print(f"\nWhat agentspec needs for {args.target}x suffix (first order)\n")
+        print("\n".join(needed_rows(runs, "suffix", "agentspec", args.target)))
+    if args.json:
+        out = {
+            "config": {**vars(args), "names": names},
+            "runs": [
+                {**asdict(r), "accepted_per_decode_step": r.accepted_per_decode_step} for r in runs
+            ],
+        }
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+        print(f"\nwrote {args.json}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

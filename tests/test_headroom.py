@@ -1,0 +1,109 @@
+"""``benchmarks/headroom.py``: the step decomposition adds up, the oracle is a ceiling."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agentspec_mw.costmodel import get_cost_model
+from agentspec_mw.peers.none import NoProposer
+from agentspec_mw.proposer import StepContext
+from agentspec_mw.replay import sim
+from agentspec_mw.replay.sim import ReplayCall
+from tests.test_benchmarks import _script
+from tests.test_replay import Wrong
+
+
+def _calls(n_runs: int = 3, per_run: int = 2) -> list[ReplayCall]:
+    out = []
+    for r in range(n_runs):
+        for i in range(per_run):
+            out.append(
+                ReplayCall(
+                    req_id=f"r{r}#{i}",
+                    run_id=f"run{r}",
+                    prompt=np.arange(40 + 10 * i, dtype=np.int32) + 1000 * (per_run * r + i),
+                    output=np.arange(100, 100 + 20 + 5 * r, dtype=np.int32),
+                )
+            )
+    return out
+
+
+@pytest.mark.parametrize("preset", ["llama8b-h100", "llama8b-h100-roofline"])
+def test_steps_add_up_and_the_oracle_is_never_rejected(preset: str) -> None:
+    hr = _script("headroom")
+    cost = get_cost_model(preset)
+    calls = _calls()
+    original = sim._schedule
+    none = hr.replay_one("none", calls, None, cost, 2, 8, "w")
+    best = hr.replay_one(hr.ORACLE, calls, None, cost, 2, 8, "w")
+    assert sim._schedule is original  # the wrapper is removed after each run
+    for run in (none, best):
+        assert run.prefill_step_time_s + run.decode_step_time_s == pytest.approx(run.time_s)
+        assert run.prefill_tokens == sum(len(c.prompt) for c in calls)  # no prefix shared
+        assert run.call_steps == run.decode_tokens + len(calls)  # + one prefill completion each
+        if run.terms_s is not None:
+            assert sum(run.terms_s.values()) == pytest.approx(run.time_s)
+    assert none.draft_tokens == none.accepted == 0
+    assert best.draft_tokens == best.accepted > 0  # every drafted token accepted
+    assert best.time_s < none.time_s
+    gap = hr.gap(none, best)
+    assert sum(v for t, v in gap.items() if t != "total") == pytest.approx(gap["total"])
+    assert gap["total"] == pytest.approx(100 * (1 - best.time_s / none.time_s))
+
+
+def test_end_to_end_on_the_sample(
+    sample_path: Path,
+    tiny_tokenizer_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("AGENTSPEC_CACHE", str(tmp_path / "cache"))
+    hr = _script("headroom")
+    out = tmp_path / "h.json"
+    argv = ["--traces", str(sample_path), "--tokenizer", str(tiny_tokenizer_dir)]
+    argv += ["--proposers", "ngram,best:ngram+none", "--batch", "1,4", "--k", "4"]
+    argv += ["--json", str(out)]
+    assert hr.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| 4 | **geomean** |" in printed and "oracle/ngram" not in printed
+    runs = json.loads(out.read_text())["runs"]
+    assert {r["proposer"] for r in runs} == {"none", "ngram", "best:ngram+none", "oracle"}
+    for r in runs:
+        assert r["prefill_step_time_s"] + r["decode_step_time_s"] == pytest.approx(r["time_s"])
+        base = next(
+            x
+            for x in runs
+            if x["proposer"] == "none"
+            and x["workload"] == r["workload"]
+            and x["batch"] == r["batch"]
+        )
+        assert r["speedup"] == pytest.approx(base["time_s"] / r["time_s"])
+        if r["proposer"] == "oracle":
+            assert r["speedup"] >= 1.0 and r["draft_tokens"] == r["accepted"]
+        assert not math.isnan(r["speedup"])
+
+
+def test_best_of_picks_the_most_accepted_draft_and_the_shorter_on_a_tie() -> None:
+    hr = _script("headroom")
+    calls = _calls(n_runs=1, per_run=1)
+    rid, out = calls[0].req_id, calls[0].output
+    step = StepContext(batch_size=1, num_kv_tokens=0)
+    right = hr.OracleProposer(calls)
+    right.name = "right"
+    for parts, want in (
+        ([Wrong(), right], tuple(int(t) for t in out[3:7])),
+        ([Wrong(), NoProposer()], ()),  # both accepted for 0 tokens: the shorter
+    ):
+        best = hr.BestOf(parts, calls)
+        best.start(rid, calls[0].prompt)
+        best.extend(rid, out[:3])
+        (d,) = best.propose([rid], 4, step)
+        assert d.token_ids == want
+        best.stop(rid)
+    assert best.name == "best:wrong+none"

@@ -11,6 +11,16 @@ from every call; only the calls of *held-out* runs are scored (``--holdout``: ru
 id hashes to bucket 0 of that many; ``0`` scores every run), so the table reads the
 calibration on runs no one tuned on.
 
+``--split-by`` splits the table by what the call was (each split's own deciles, and a
+summary line per split: tokens, mean predicted, realised, and the token-weighted mean
+|gap| over its deciles), to see whether a tag the proposer does not read would change the
+estimate: ``segment`` (the trace's ``segment_hint``, read off the output: an upper bound
+on what a predicted segment tag could tell), ``group_kind`` (``fanout``: a ``parent_group``
+whose calls are all in one run — parallel samples; ``retry``: one spanning runs — trials
+of one task; ``none``), ``group_order`` (``later`` once an earlier call of the group, in
+file order, came from another run — for ``fanout``, any earlier call of the group —
+``first`` before that, ``none`` without a group) and ``agent``.
+
     python benchmarks/calibration.py --traces ../shared/traces/tau_bench_airline.jsonl.xz \\
         --tokenizer ../shared/tokenizers/qwen2.5 --batch 64 --k 16 --png docs/img/calibration.png
 """
@@ -31,8 +41,41 @@ from agentspec_mw.proposer import Draft, StepContext
 from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.sim import replay_workload
 from agentspec_mw.tags import StructureTags
+from agentspec_mw.traces.tokenized import CallMeta, load_tokenizer, tokenize_trace
 
 DECILES = 10
+SPLITS = ("none", "segment", "group_kind", "group_order", "agent")
+
+
+def split_labels(metas: Sequence[CallMeta], by: str) -> list[str]:
+    """One label per call (file order) for ``--split-by`` (see the module doc)."""
+    if by == "none":
+        return ["all"] * len(metas)
+    if by == "segment":
+        return [m.segment_hint for m in metas]
+    if by == "agent":
+        return [m.agent for m in metas]
+    runs: dict[str, set[str]] = {}
+    for m in metas:
+        if m.parent_group is not None:
+            runs.setdefault(m.parent_group, set()).add(m.run_id)
+    kind = {g: "fanout" if len(r) == 1 else "retry" for g, r in runs.items()}
+    if by == "group_kind":
+        return [kind[m.parent_group] if m.parent_group else "none" for m in metas]
+    if by != "group_order":
+        raise ValueError(f"--split-by {by!r}: expected one of {SPLITS}")
+    seen: dict[str, set[str]] = {}
+    out = []
+    for m in metas:
+        g = m.parent_group
+        if g is None:
+            out.append("none")
+            continue
+        before = seen.setdefault(g, set())
+        later = bool(before) if kind[g] == "fanout" else bool(before - {m.run_id})
+        out.append("later" if later else "first")
+        before.add(m.run_id)
+    return out
 
 
 def held_out(run_id: str, buckets: int) -> bool:
@@ -51,14 +94,24 @@ class Scored:
     name = "agentspec"
 
     def __init__(
-        self, agentspec: AgentSpecProposer, outputs: dict[str, np.ndarray], scored: set[str]
+        self,
+        agentspec: AgentSpecProposer,
+        outputs: dict[str, np.ndarray],
+        scored: set[str],
+        labels: dict[str, str] | None = None,
     ):
         self.a = agentspec
         self.a.candidates = {}
         self.outputs, self.scored = outputs, scored
+        self.labels = labels or {}
         self.pos: dict[str, int] = {}
-        # per source, per decile: (sum of predictions, accepted, tokens)
-        self.cells = np.zeros((len(SOURCES), DECILES, 3))
+        # per split label, per source, per decile: (sum of predictions, accepted, tokens)
+        self.split: dict[str, np.ndarray] = {}
+
+    @property
+    def cells(self) -> np.ndarray:
+        """Per source, per decile: (sum of predictions, accepted, tokens), all splits."""
+        return sum(self.split.values(), np.zeros((len(SOURCES), DECILES, 3)))
 
     def start(self, req_id: str, prompt: Any, tags: StructureTags | None = None) -> None:
         self.a.start(req_id, prompt, tags)
@@ -81,11 +134,15 @@ class Scored:
                 continue
             src = int(pick[i]) // n
             truth = self.outputs[r][self.pos[r] :]
+            label = self.labels.get(r, "all")
+            if label not in self.split:
+                self.split[label] = np.zeros((len(SOURCES), DECILES, 3))
+            cells = self.split[label]
             for j, (t, p) in enumerate(zip(d.token_ids, d.probs, strict=True)):
                 if j >= len(truth):
                     break
                 ok = int(truth[j]) == t
-                cell = self.cells[src, min(int(p * DECILES), DECILES - 1)]
+                cell = cells[src, min(int(p * DECILES), DECILES - 1)]
                 cell += (p, ok, 1)
                 if not ok:
                     break
@@ -96,6 +153,11 @@ def table(cells: np.ndarray) -> list[str]:
     """Markdown rows: source, decile, mean predicted, realised, tokens, gap (points)."""
     rows = ["| source | decile | predicted | realised | tokens | gap (points) |"]
     rows.append("| --- | --- | --- | --- | --- | --- |")
+    return rows + _rows(cells)
+
+
+def _rows(cells: np.ndarray, prefix: str = "") -> list[str]:
+    rows = []
     for s, name in enumerate(SOURCES):
         for q in range(DECILES):
             pred, acc, n = cells[s, q]
@@ -103,8 +165,33 @@ def table(cells: np.ndarray) -> list[str]:
                 continue
             gap = 100 * (acc - pred) / n
             rows.append(
-                f"| {name} | {q / DECILES:.1f}–{(q + 1) / DECILES:.1f} | {pred / n:.3f} | "
+                f"| {prefix}{name} | {q / DECILES:.1f}–{(q + 1) / DECILES:.1f} | {pred / n:.3f} | "
                 f"{acc / n:.3f} | {int(n)} | {gap:+.1f} |"
+            )
+    return rows
+
+
+def split_table(split: dict[str, np.ndarray]) -> list[str]:
+    """Markdown: per split label and source, deciles as :func:`table`, then a summary per
+    label and source: tokens, mean predicted, realised, gap, token-weighted mean |gap|."""
+    rows = ["| split | source | decile | predicted | realised | tokens | gap (points) |"]
+    rows.append("| --- " * 7 + "|")
+    for label in sorted(split):
+        rows += _rows(split[label], prefix=f"{label} | ")
+    rows += ["", "| split | source | tokens | predicted | realised | gap | mean abs gap |"]
+    rows.append("| --- " * 7 + "|")
+    for label in sorted(split):
+        for s, name in enumerate(SOURCES):
+            c = split[label][s]
+            n = c[:, 2].sum()
+            if n == 0:
+                continue
+            has = c[:, 2] > 0
+            abs_gap = np.abs(c[has, 1] - c[has, 0]).sum() / n  # sum_d n_d |gap_d| / n
+            rows.append(
+                f"| {label} | {name} | {int(n)} | {c[:, 0].sum() / n:.3f} | "
+                f"{c[:, 1].sum() / n:.3f} | {100 * (c[:, 1].sum() - c[:, 0].sum()) / n:+.1f} | "
+                f"{100 * abs_gap:.1f} |"
             )
     return rows
 
@@ -145,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-calls-per-run", type=int, default=None)
     ap.add_argument("--holdout", type=int, default=4, help="score runs in bucket 0 of N")
     ap.add_argument("--png", default=None, help="write the diagram here")
+    ap.add_argument("--split-by", default="none", choices=SPLITS, help="see the module doc")
     args = ap.parse_args(argv)
     setup = load_workloads(
         args.traces,
@@ -153,20 +241,33 @@ def main(argv: list[str] | None = None) -> int:
         cost_model=args.cost_model,
         max_calls_per_run=args.max_calls_per_run,
     )
+    labels: dict[str, str] = {}
+    if args.split_by != "none":
+        tok = load_tokenizer(args.tokenizer)
+        for t_idx, path in enumerate(args.traces):
+            metas = tokenize_trace(path, tok).calls
+            for i, label in enumerate(split_labels(metas, args.split_by)):
+                m = metas[i]
+                labels[f"{t_idx}:{m.run_id}#{m.call_index}#{i}"] = label  # build_calls' ids
     total = np.zeros((len(SOURCES), DECILES, 3))
+    total_split: dict[str, np.ndarray] = {}
     for workload, calls in setup.workloads.items():
         agentspec = make_proposer("agentspec", setup.env)
         assert isinstance(agentspec, AgentSpecProposer)
         outputs = {c.req_id: c.output for c in calls}
         scored = {c.req_id for c in calls if held_out(c.run_id, args.holdout)}
-        prop = Scored(agentspec, outputs, scored)
+        if labels and not all(c.req_id in labels for c in calls):
+            raise SystemExit("calibration: the replay's request ids no longer match the trace")
+        prop = Scored(agentspec, outputs, scored, labels)
         replay_workload(calls, prop, batch=args.batch, k=args.k, cost_model=setup.cost)
         total += prop.cells
+        for label, cells in prop.split.items():
+            total_split[label] = total_split.get(label, 0) + cells
         print(f"\n{workload}: batch {args.batch}, k = {args.k}, {len(scored)} scored calls\n")
-        print("\n".join(table(prop.cells)))
+        print("\n".join(split_table(prop.split) if labels else table(prop.cells)))
     if len(setup.workloads) > 1:
         print("\nall workloads\n")
-        print("\n".join(table(total)))
+        print("\n".join(split_table(total_split) if labels else table(total)))
     if args.png:
         names = ", ".join(setup.workloads)
         plot(total, args.png, f"{names}: batch {args.batch}, k = {args.k}")

@@ -14,6 +14,7 @@ from agentspec_mw.peers.none import NoProposer
 from agentspec_mw.proposer import StepContext
 from agentspec_mw.replay import sim
 from agentspec_mw.replay.sim import ReplayCall
+from agentspec_mw.traces.tokenized import CallMeta
 from tests.test_benchmarks import _script
 from tests.test_replay import Wrong
 
@@ -107,3 +108,36 @@ def test_best_of_picks_the_most_accepted_draft_and_the_shorter_on_a_tie() -> Non
         assert d.token_ids == want
         best.stop(rid)
     assert best.name == "best:wrong+none"
+
+
+def test_calibration_split_labels_and_table(
+    sample_path: Path,
+    tiny_tokenizer_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("AGENTSPEC_CACHE", str(tmp_path / "cache"))
+    cal = _script("calibration")
+    meta = [
+        CallMeta("w", run, i, "a", seg, group)
+        for run, i, seg, group in [
+            ("r0", 0, "plan", "g"),
+            ("r0", 1, "answer", "g"),
+            ("r1", 0, "plan", "g"),  # another run of g: a retry, its sibling r0 seen
+            ("r2", 0, "plan", None),
+            ("r3", 0, "plan", "f"),  # f stays in one run: a fan-out
+            ("r3", 1, "plan", "f"),
+        ]
+    ]
+    assert cal.split_labels(meta, "group_kind") == ["retry"] * 3 + ["none", "fanout", "fanout"]
+    assert cal.split_labels(meta, "group_order") == [
+        *("first", "first", "later", "none", "first", "later")
+    ]
+    assert cal.split_labels(meta, "segment")[:2] == ["plan", "answer"]
+    argv = ["--traces", str(sample_path), "--tokenizer", str(tiny_tokenizer_dir)]
+    argv += ["--batch", "4", "--k", "4", "--holdout", "0", "--split-by", "group_kind"]
+    assert cal.main(argv) == 0
+    summary = [ln for ln in capsys.readouterr().out.splitlines() if ln.count(" | ") == 6]
+    labels = {ln.split(" | ")[0].lstrip("| ") for ln in summary}
+    assert labels <= {"retry", "none", "split", "---"} and "retry" in labels

@@ -165,11 +165,6 @@ class StepTimeModel(BaseModel):
             return None
         return np.array([self.c_fix, self.c_tok, self.c_kv, self.c_oh], dtype=np.float64)
 
-    def ridge_tokens(self) -> float:
-        """Batched tokens at which a step turns compute-bound (``c_fix / c_tok``): the
-        arithmetic-intensity ridge ``AI`` of the brief (≈280 for the H100 preset, ≈196 H200)."""
-        return self.c_fix / self.c_tok if self.c_tok > 0 else float("inf")
-
 
 PRESETS: dict[str, StepTimeModel] = {
     "llama8b-h100": StepTimeModel(

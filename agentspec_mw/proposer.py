@@ -17,7 +17,7 @@ free token budget across the batch, so it must see the whole batch and the step'
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
@@ -54,11 +54,14 @@ class StepContext:
     """The shape of the engine step the drafts are for.
 
     Attributes:
-        batch_size: requests decoding in this step.
-        num_kv_tokens: KV-cache tokens resident for those requests (sum of context lengths).
+        batch_size: requests that decode in this step (one token each before any draft),
+            whether or not the call asks a draft for each: the replay and the vLLM adapter
+            both count every decoding request, so ``req_ids`` of the call may be fewer
+            (the adapter asks none for a request at its length limit). Prefilling
+            requests are not counted.
+        num_kv_tokens: KV-cache tokens resident for those requests (sum of their context
+            lengths).
         max_num_batched_tokens: the scheduler's token budget for the step, if known.
-        step_index: a monotonically increasing step counter (for logging only).
-        context_lens: per-request context length, aligned with the ``req_ids`` of the call.
         num_decode_tokens: tokens the step schedules for decoding requests before any
             draft (one per decoding request); with ``max_num_batched_tokens``, the budget
             drafts and prefill chunks share is ``max_num_batched_tokens -
@@ -76,8 +79,6 @@ class StepContext:
     batch_size: int
     num_kv_tokens: int = 0
     max_num_batched_tokens: int | None = None
-    step_index: int = 0
-    context_lens: Sequence[int] = field(default_factory=tuple)
     num_decode_tokens: int = 0
     num_prefill_tokens: int | None = None
     kv_capacity_tokens: int | None = None

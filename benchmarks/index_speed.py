@@ -12,11 +12,26 @@ batched call for 256 requests on the NgramIndex.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
-from agentspec_mw.agentspec.index import new_tree
 from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex
+from agentspec_mw.errors import MissingDependencyError
+
+
+def new_tree(depth: int) -> Any:
+    """A fresh arctic-inference native suffix tree (the structure SuffixDecoding uses,
+    ``suffix_decoding._C.SuffixTree``; this project pins arctic-inference 0.3.0)."""
+    try:
+        from arctic_inference.suffix_decoding._C import SuffixTree
+    except ImportError as exc:
+        raise MissingDependencyError(
+            "arctic-inference",
+            "arctic-inference's suffix tree",
+            "pip install arctic-inference==0.3.0",
+        ) from exc
+    return SuffixTree(depth)
 
 
 def main() -> None:
@@ -57,10 +72,10 @@ def main() -> None:
         st = int(rng.integers(0, 280))
         c[r] = base[st : st + MAX_N]
     k_arr, lens = np.zeros(b, dtype=np.int64), np.full(b, MAX_N)
-    ix.lookup(k_arr, c, lens, 16, 0.05)
+    ix.lookup(k_arr, c, lens, 16)
     t0 = time.perf_counter()
     for _ in range(50):
-        ix.lookup(k_arr, c, lens, 16, 0.05)
+        ix.lookup(k_arr, c, lens, 16)
     lookup_ix = (time.perf_counter() - t0) / 50 * 1e6
     print("per call, from Python (µs):")
     print(f"  SuffixTree  insert 2 tokens {insert_tree:8.2f}   lookup 16 tokens {lookup_tree:8.2f}")

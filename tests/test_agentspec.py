@@ -125,7 +125,7 @@ def test_index_majority_continuation_and_key_isolation() -> None:
     ix.insert(np.zeros(len(seq), np.int64), np.full(len(seq), ix.new_seq(), np.int64), seq)
     ctx = np.zeros((2, MAX_N), np.int32)
     ctx[:, :2] = [6, 7]
-    toks, probs, lens, match, support = ix.lookup(np.array([0, 1]), ctx, np.array([2, 2]), 4, 0.0)
+    toks, probs, lens, match, support = ix.lookup(np.array([0, 1]), ctx, np.array([2, 2]), 4)
     assert toks[0, 0] == 8 and probs[0, 0] == pytest.approx(2 / 3)  # 8,9,8 follow "6 7"
     assert match[0] == 2 and support[0] == 3
     assert lens[1] == 0  # key 1 never sees key 0's tokens
@@ -191,7 +191,7 @@ def test_index_capacity_evicts_oldest() -> None:
     ix.insert(np.zeros(100, np.int64), np.full(100, ix.new_seq(), np.int64), filler)
     ctx = np.zeros((1, MAX_N), np.int32)
     ctx[0, :2] = [2, 3]
-    assert ix.lookup(np.array([0]), ctx, np.array([2]), 4, 0.0)[2][0] == 0
+    assert ix.lookup(np.array([0]), ctx, np.array([2]), 4)[2][0] == 0
 
 
 def test_index_threaded_lookup_equals_serial() -> None:
@@ -211,7 +211,7 @@ def test_index_threaded_lookup_equals_serial() -> None:
     def run(chunks: int) -> list[np.ndarray]:
         out = [np.zeros((n, 8), np.int32), np.zeros((n, 8))]
         out += [np.zeros(n, np.int64) for _ in range(3)]
-        args = (qkeys, ctx, ctx_len, ks, ix.arrays, 0.05, *out)
+        args = (qkeys, ctx, ctx_len, ks, ix.arrays, *out)
         if chunks:
             _lookup_par(chunks, *args)
         else:
@@ -226,7 +226,7 @@ def test_index_threaded_lookup_equals_serial() -> None:
 
 
 def _reference_lookup(
-    events: list[tuple[int, int, int]], key: int, tail: list[int], k: int, min_prob: float
+    events: list[tuple[int, int, int]], key: int, tail: list[int], k: int
 ) -> tuple[list[int], list[float], int, int]:
     """The index's lookup by brute force over the inserted ``(key, seq, token)`` events
     (none evicted): ``(tokens, probs, match, support)``."""
@@ -265,8 +265,6 @@ def _reference_lookup(
             seen = [events[c][2] for c in cands]
             best = max(dict.fromkeys(seen), key=seen.count)  # the first seen wins ties
             pr = seen.count(best) / len(cands)
-            if pr < min_prob:
-                break
             toks.append(best)
             probs.append(pr)
             cands = [nxt[c] for c in cands if events[c][2] == best and nxt[c] >= 0]
@@ -297,7 +295,7 @@ def test_index_lookup_equals_brute_force() -> None:
     for mode in ("serial", "threaded"):
         out = [np.zeros((n, 12), np.int32), np.zeros((n, 12))]
         out += [np.zeros(n, np.int64) for _ in range(3)]
-        args = (qkeys, ctx, ctx_len, ks, ix.arrays, 0.2, *out)
+        args = (qkeys, ctx, ctx_len, ks, ix.arrays, *out)
         if mode == "serial":
             _lookup_rows(0, n, *args)
         else:
@@ -308,7 +306,7 @@ def test_index_lookup_equals_brute_force() -> None:
             want = ([], [], 0, 0)
             if qkeys[r] >= 0:
                 tail = ctx[r, : ctx_len[r]].tolist()
-                want = _reference_lookup(events, int(qkeys[r]), tail, int(ks[r]), 0.2)
+                want = _reference_lookup(events, int(qkeys[r]), tail, int(ks[r]))
             got = (tok[r, : lens[r]].tolist(), prob[r, : lens[r]].tolist(), match[r], support[r])
             assert got[0] == want[0] and got[2:] == want[2:], (mode, r)
             np.testing.assert_allclose(got[1], want[1])
@@ -349,7 +347,7 @@ def test_index_lookup_results_do_not_depend_on_the_mode(monkeypatch: pytest.Monk
     ctx = rng.integers(0, 10, (n, MAX_N)).astype(np.int32)
     ctx_len = np.full(n, MAX_N, np.int64)
     qkeys = rng.integers(0, 3, n).astype(np.int64)
-    runs = [ix.lookup(qkeys, ctx, ctx_len, 8, 0.05) for _ in range(6)]
+    runs = [ix.lookup(qkeys, ctx, ctx_len, 8) for _ in range(6)]
     assert runs[0][2].sum() > 0
     for other in runs[1:]:
         for a, b in zip(runs[0], other, strict=True):
@@ -361,7 +359,7 @@ def test_index_lookup_rejects_depths_over_k() -> None:
     """Per-row depths over ``k`` (or too few of them) would overrun the output rows."""
     ix = NgramIndex(capacity=1 << 10)
     ctx = np.zeros((2, MAX_N), np.int32)
-    args = (np.zeros(2, np.int64), ctx, np.full(2, 4, np.int64), 4, 0.0)
+    args = (np.zeros(2, np.int64), ctx, np.full(2, 4, np.int64), 4)
     for bad in (np.array([4, 5]), np.array([4]), np.array([-1, 2])):
         with pytest.raises(ValueError, match="depths"):
             ix.lookup(*args, ks=bad)

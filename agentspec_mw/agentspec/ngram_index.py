@@ -285,7 +285,6 @@ def _lookup_rows(
     ctx_len: np.ndarray,
     ks: np.ndarray,
     ix: Any,
-    min_prob: float,
     out_tok: np.ndarray,
     out_prob: np.ndarray,
     out_len: np.ndarray,
@@ -306,7 +305,8 @@ def _lookup_rows(
        most :data:`MAX_CANDIDATES` with a continuation, stopping at another key's or an
        evicted record); a level without a continuation falls to the next shorter one;
     3. draft by majority vote among the continuations that still agree, one position
-       per round, until ``ks[r]`` tokens, no candidate left, or ``c / n < min_prob``.
+       per round, until ``ks[r]`` tokens or no candidate left (a drafted token's
+       ``c / n`` is at least ``1 / MAX_CANDIDATES``).
        Each candidate's next token is kept beside it (``ctok``), read once when the
        candidate advances: the vote and the survivors' filter read that small array,
        not the records.
@@ -422,8 +422,6 @@ def _lookup_rows(
                 continue
             best_t, best_c = _vote(ctok[i], na)
             pr = best_c / na
-            if pr < min_prob:
-                continue
             out_tok[r, m] = best_t
             out_prob[r, m] = pr
             out_len[r] = m + 1
@@ -467,7 +465,6 @@ def _lookup_par(
     ctx_len: np.ndarray,
     ks: np.ndarray,
     ix: Any,
-    min_prob: float,
     out_tok: np.ndarray,
     out_prob: np.ndarray,
     out_len: np.ndarray,
@@ -487,7 +484,6 @@ def _lookup_par(
             ctx_len,
             ks,
             ix,
-            min_prob,
             out_tok,
             out_prob,
             out_len,
@@ -560,7 +556,6 @@ class NgramIndex:
         ctx: np.ndarray,
         ctx_len: np.ndarray,
         k: int,
-        min_prob: float,
         out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None,
         ks: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -594,7 +589,7 @@ class NgramIndex:
         elif len(ks) < n or (n and not 0 <= ks[:n].min() <= ks[:n].max() <= k):
             # the kernels write ks[r] tokens into rows k wide, unchecked
             raise ValueError(f"ks must hold {n} depths in 0..k={k}")
-        args = (keys, ctx, ctx_len, ks[:n], self.arrays, float(min_prob))
+        args = (keys, ctx, ctx_len, ks[:n], self.arrays)
         rows_per = n // _ROWS_PER_THREAD
         threads = min(get_num_threads(), rows_per) if rows_per >= 2 else 1
         if threads < 2:

@@ -67,7 +67,6 @@ __all__ = ["AgentSpecProposer"]
 
 logger = logging.getLogger(__name__)
 
-_MIN_PROB = 0.05  # the index stops a draft at a token fewer than 5% of candidates agree on
 _MIN_BOUND = 1e-12  # a position of survival 0 is never worth scoring
 
 _warm = False
@@ -343,7 +342,7 @@ class AgentSpecProposer:
             ws.rec[:] = 0
         for h in self._off_sources:
             ws.keys[h * n_req : (h + 1) * n_req] = -1  # a negative key skips the row
-        self._index.lookup(ws.keys, ws.ctx, ws.ctx_len, k, _MIN_PROB, ws.hist, ws.ks)
+        self._index.lookup(ws.keys, ws.ctx, ws.ctx_len, k, ws.hist, ws.ks)
         if "local" in cfg.sources:
             loc = ws.loc
             K.local_drafts(

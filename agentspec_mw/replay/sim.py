@@ -237,22 +237,18 @@ def replay_workload(
     for _ in range(min(batch, len(pending))):
         arrive(pending.popleft())
     clock = time.perf_counter_ns
-    step_index = 0
     while waiting or running:
         # drafts for the decoding requests (vLLM: proposed after the previous step)
         t_prop = 0
         decoding = [r for r in running if r.decoding]
         if decoding and k > 0:
-            ctx_lens = [r.num_tokens for r in decoding]
             prefill_left = sum(r.num_tokens - r.computed for r in running if not r.decoding)
             prefill_left += sum(r.num_tokens - r.hit_at_arrival for r in waiting)
             free = kv.free_blocks
             ctx = StepContext(
                 batch_size=len(decoding),
-                num_kv_tokens=int(sum(ctx_lens)),
+                num_kv_tokens=sum(r.num_tokens for r in decoding),
                 max_num_batched_tokens=lim.max_num_batched_tokens,
-                step_index=step_index,
-                context_lens=ctx_lens,
                 num_decode_tokens=len(decoding),
                 num_prefill_tokens=prefill_left,
                 kv_capacity_tokens=lim.kv_capacity_tokens,
@@ -345,7 +341,6 @@ def replay_workload(
         res.step_decoding.append(emitting)
         res.proposer_time_s += prop_s
         res.engine_steps += 1
-        step_index += 1
         if on_tokens is not None:
             on_tokens(advanced_total)
     res.sim_time_s = now

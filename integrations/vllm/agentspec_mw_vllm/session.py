@@ -145,7 +145,6 @@ class DraftSession:
         self.metrics = metrics or get_metrics()
         self._reqs: dict[str, _Request] = {}
         self._logged: set[str] = set()
-        self._step = 0
         self.step_timer = step_timer
         self._clock = clock
         self._last_end: float | None = None
@@ -242,13 +241,15 @@ class DraftSession:
             ask_ids: list[str] = []
             ask_rows: list[int] = []
             caps: list[int] = []
-            lens: list[int] = []
+            n_decoding = kv_decoding = 0  # every decoding row, asked for a draft or not
             for i in range(n):
                 sampled = sampled_token_ids[i]
                 if not sampled:  # a partial prefill, or a discarded row
                     continue
                 rid = ctx.req_ids[i]
                 num_tokens = int(num_tokens_no_spec[i])
+                n_decoding += 1
+                kv_decoding += num_tokens
                 state = self._reqs.get(rid)
                 if state is None:
                     prompt = np.array(token_ids_cpu[i, : ctx.num_prompt_tokens[i]], dtype=np.int32)
@@ -277,17 +278,13 @@ class DraftSession:
                 ask_ids.append(rid)
                 ask_rows.append(i)
                 caps.append(cap)
-                lens.append(num_tokens)
             if ask_ids:
                 offered = sum(caps)
-                self._step += 1
                 context = StepContext(
-                    batch_size=len(ask_ids),
-                    num_kv_tokens=sum(lens),
+                    batch_size=n_decoding,
+                    num_kv_tokens=kv_decoding,
                     max_num_batched_tokens=ctx.max_num_batched_tokens,
-                    step_index=self._step,
-                    context_lens=tuple(lens),
-                    num_decode_tokens=len(ask_ids),  # the queue of prefills is not visible here
+                    num_decode_tokens=n_decoding,  # the queue of prefills is not visible here
                 )
                 out = self._propose(ask_ids, ask_rows, caps, context, out)
         except Exception as exc:

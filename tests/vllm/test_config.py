@@ -89,6 +89,9 @@ def test_engine_defaults_are_lossless_and_eager_on_cpu(
     assert argv[argv.index("--dtype") + 1] == ("float32" if cpu else "auto")
     argv = server_command(ServeConfig(model="org/model", extra_args=["--dtype", "bfloat16"]))
     assert argv[len(argv) - 1 - argv[::-1].index("--dtype") + 1] == "bfloat16"  # last wins
+    assert ("--enforce-eager" in server_command(ServeConfig(model="org/model"))) is cpu
+    argv = server_command(ServeConfig(model="org/model", extra_args=["--no-enforce-eager"]))
+    assert argv[-1] == "--no-enforce-eager"  # after ours: argparse's last flag wins
 
 
 def test_measured_cost_model_is_the_default_with_a_platform_prior(

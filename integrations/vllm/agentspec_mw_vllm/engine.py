@@ -55,6 +55,7 @@ __all__ = [
     "build_async_llm",
     "build_llm",
     "default_dtype",
+    "default_eager",
     "engine_kwargs",
     "env_defaults",
     "is_cpu_build",
@@ -92,6 +93,12 @@ def is_cpu_build() -> bool:
 def default_dtype() -> str:
     """The engine's default dtype: ``"float32"`` on vLLM's CPU build, else ``"auto"``."""
     return "float32" if is_cpu_build() else "auto"
+
+
+def default_eager() -> bool:
+    """Whether the engine skips ``torch.compile`` by default: on vLLM's CPU build (compiling
+    costs ~85-150 s per start on 2 cores and buys little there), not elsewhere."""
+    return is_cpu_build()
 
 
 def env_defaults() -> dict[str, str]:
@@ -159,7 +166,7 @@ def engine_kwargs(
         "seed": seed,
         "dtype": default_dtype(),
     }
-    if is_cpu_build():
+    if default_eager():
         kwargs["enforce_eager"] = True
     if speculative is not None:
         kwargs["per_request_spec_decode_metrics"] = "summary"

@@ -41,7 +41,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentspec_mw_vllm.config import ADDITIONAL_CONFIG_KEY, DrafterConfig
-from agentspec_mw_vllm.engine import ADAPTER_PATH, VLLM_METHODS, default_dtype, env_defaults
+from agentspec_mw_vllm.engine import (
+    ADAPTER_PATH,
+    VLLM_METHODS,
+    default_dtype,
+    default_eager,
+    env_defaults,
+)
 from agentspec_mw_vllm.metrics import LABELS_ENV, parse_labels
 from agentspec_mw_vllm.preload import preload_env
 from agentspec_mw_vllm.tenancy import (
@@ -146,6 +152,8 @@ def server_command(cfg: ServeConfig) -> list[str]:
     if cfg.model is None:  # the default model: OpenAI tool calling (tool_calling.py)
         argv += default_model_tool_args(cfg.extra_args)
     argv += ["--dtype", default_dtype()]  # float32 on CPU: lossless (engine.py)
+    if default_eager():  # as build_llm: on CPU compiling costs ~85 s per start here
+        argv += ["--enforce-eager"]  # `-- --no-enforce-eager` (later, so it wins) compiles
     argv += ["--middleware", MIDDLEWARE_PATH]  # body checks and scope binding
     return argv + list(cfg.extra_args)
 

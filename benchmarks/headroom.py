@@ -101,14 +101,12 @@ class BestOf:
             p.extend(req_id, token_ids)
 
     def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
-        truths = self.truth.propose(req_ids, k, step)
+        truths = [np.asarray(t.token_ids) for t in self.truth.propose(req_ids, k, step)]
         each = [p.propose(req_ids, k, step) for p in self.parts]
         out = []
         for i, t in enumerate(truths):
             drafts = [d[i] for d in each]
-            out.append(
-                max(drafts, key=lambda d: (accepted_length(d.token_ids, t.token_ids), -len(d)))
-            )
+            out.append(max(drafts, key=lambda d: (accepted_length(d.token_ids, t), -len(d))))
         return out
 
     def stop(self, req_id: str) -> None:
@@ -441,12 +439,50 @@ def load(
     return workloads, env
 
 
+def report(runs: Sequence[Run], names: Sequence[str], preset: str, k: int, target: float) -> None:
+    """Print the three tables (and the first-order one on linear presets)."""
+    print(f"\n{preset}, k = {k}, no proposer time\n")
+    print("\n".join(time_table(runs)))
+    print("\n" + "\n".join(ratio_rows(runs, names)))
+    pairs = [("none", n) for n in names if n != "none"]
+    if "suffix" in names:
+        pairs += [("suffix", n) for n in names if n not in ("none", "suffix")]
+    print("\n" + "\n".join(gap_rows(runs, pairs)))
+    if "suffix" in names and "agentspec" in names and get_cost_model(preset).form == "linear":
+        print(f"\nWhat agentspec needs for {target}x suffix (first order)\n")
+        print("\n".join(needed_rows(runs, "suffix", "agentspec", target)))
+
+
+def merge(paths: Sequence[str], target: float) -> int:
+    """Print the tables of several ``--json`` reports as one (same preset and k)."""
+    runs: list[Run] = []
+    names: list[str] = []
+    presets, ks = set(), set()
+    for path in paths:
+        with open(path) as fh:
+            rep = json.load(fh)
+        presets.add(rep["config"]["cost_model"])
+        ks.add(rep["config"]["k"])
+        names += [n for n in rep["config"]["names"] if n not in names]
+        for r in rep["runs"]:
+            r.pop("accepted_per_decode_step", None)
+            runs.append(Run(**r))
+    if len(presets) != 1 or len(ks) != 1:
+        raise SystemExit(f"--merge: reports mix presets {presets} or k {ks}")
+    names.remove(ORACLE)
+    report(runs, [*names, ORACLE], presets.pop(), ks.pop(), target)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--traces", nargs="+", required=True)
-    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--traces", nargs="+", default=[])
+    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument(
+        "--merge", nargs="+", default=[], help="print the tables of earlier --json files, together"
+    )
     ap.add_argument("--proposers", default="suffix,agentspec", help="besides none and oracle")
     ap.add_argument("--batch", default="32,64,256", help="comma list")
     ap.add_argument("--k", type=int, default=16)
@@ -457,6 +493,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=float, default=1.10, help="the speedup over suffix asked")
     ap.add_argument("--json", default=None, help="write every run's decomposition here")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.target)
+    if not args.traces or not args.tokenizer:
+        ap.error("--traces and --tokenizer are required (or --merge)")
     cost = get_cost_model(args.cost_model)
     names = ["none", *[p for p in args.proposers.split(",") if p not in ("none", ORACLE)], ORACLE]
     batches = sorted({int(b) for b in args.batch.split(",")})
@@ -484,16 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                     flush=True,
                 )
-    print(f"\n{args.cost_model}, k = {args.k}, no proposer time\n")
-    print("\n".join(time_table(runs)))
-    print("\n" + "\n".join(ratio_rows(runs, names)))
-    pairs = [("none", n) for n in names if n != "none"]
-    if "suffix" in names:
-        pairs += [("suffix", n) for n in names if n not in ("none", "suffix")]
-    print("\n" + "\n".join(gap_rows(runs, pairs)))
-    if "suffix" in names and "agentspec" in names and cost.linear_coefficients() is not None:
-        print(f"\nWhat agentspec needs for {args.target}x suffix (first order)\n")
-        print("\n".join(needed_rows(runs, "suffix", "agentspec", args.target)))
+    report(runs, names, args.cost_model, args.k, args.target)
     if args.json:
         out = {
             "config": {**vars(args), "names": names},

@@ -88,6 +88,8 @@ def test_end_to_end_on_the_sample(
         if r["proposer"] == "oracle":
             assert r["speedup"] >= 1.0 and r["draft_tokens"] == r["accepted"]
         assert not math.isnan(r["speedup"])
+    assert hr.main(["--merge", str(out), str(out)]) == 0  # the tables again, from the file
+    assert "| 4 | **geomean** |" in capsys.readouterr().out
 
 
 def test_best_of_picks_the_most_accepted_draft_and_the_shorter_on_a_tie() -> None:

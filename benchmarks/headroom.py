@@ -81,14 +81,25 @@ class OracleProposer:
 
 
 class BestOf:
-    """Runs several proposers on the same calls and, per request and step, drafts the one
-    draft of theirs the recorded output accepts most of (ties: the shorter): the ceiling
-    of choosing between those drafters, not of drafting better. Named ``best:a+b``."""
+    """Runs several proposers on the same calls (each sees every ``start``/``extend``/
+    ``stop``) and scores each one's draft against the recorded output at every step.
 
-    def __init__(self, parts: Sequence[Proposer], calls: Sequence[ReplayCall]) -> None:
-        self.parts = list(parts)
-        self.name = "best:" + "+".join(p.name for p in parts)
+    ``best:a+b`` drafts, per request and step, the draft of theirs the output accepts most
+    of (ties: the shorter): the ceiling of *choosing* between those drafters, not of
+    drafting better. ``shadow:a+b`` drafts ``a``'s; ``b`` only shadows it: its accepted
+    tokens are counted at ``a``'s positions (``parts_accepted``), which is how a
+    per-call-step comparison made on one drafter's steps reads the other."""
+
+    def __init__(self, parts: Sequence[Proposer], calls: Sequence[ReplayCall], mode: str) -> None:
+        if mode not in ("best", "shadow"):
+            raise ValueError(f"mode={mode!r}: expected 'best' or 'shadow'")
+        self.parts, self.mode = list(parts), mode
+        self.name = f"{mode}:" + "+".join(p.name for p in parts)
         self.truth = OracleProposer(calls)
+        self.accepted = np.zeros(len(self.parts))
+        """Per part: tokens of its drafts (whole, before the scheduler's trim) accepted."""
+        self.slots = 0
+        """Drafts asked for (decoding requests × steps)."""
 
     def start(self, req_id: str, prompt_ids: TokenIds, tags: StructureTags | None = None) -> None:
         self.truth.start(req_id, prompt_ids, tags)
@@ -104,9 +115,15 @@ class BestOf:
         truths = [np.asarray(t.token_ids) for t in self.truth.propose(req_ids, k, step)]
         each = [p.propose(req_ids, k, step) for p in self.parts]
         out = []
+        self.slots += len(req_ids)
         for i, t in enumerate(truths):
-            drafts = [d[i] for d in each]
-            out.append(max(drafts, key=lambda d: (accepted_length(d.token_ids, t), -len(d))))
+            acc = [accepted_length(d[i].token_ids, t) for d in each]
+            self.accepted += acc
+            if self.mode == "shadow":
+                out.append(each[0][i])
+            else:
+                j = max(range(len(each)), key=lambda j: (acc[j], -len(each[j][i])))
+                out.append(each[j][i])
         return out
 
     def stop(self, req_id: str) -> None:
@@ -209,6 +226,9 @@ class Run:
     mean_decode_batch: float
     """Decoding requests per pure decode step."""
     terms_s: dict[str, float] | None
+    parts_accepted: dict[str, float] | None = None
+    """``best:``/``shadow:`` runs: each part's draft, whole, accepted tokens per draft
+    asked for, at this run's positions."""
 
     @property
     def accepted_per_decode_step(self) -> float:
@@ -256,12 +276,14 @@ def replay_one(
     k: int,
     wl: str,
 ) -> Run:
-    """Replay ``calls`` with proposer ``name`` (``oracle`` or a registry name)."""
+    """Replay ``calls`` with proposer ``name``: ``oracle``, ``best:a+b``, ``shadow:a+b``
+    (see :class:`BestOf`) or a registry name."""
     prop: Proposer
     if name == ORACLE:
         prop = OracleProposer(calls)
-    elif name.startswith("best:"):
-        prop = BestOf([make_proposer(p, env) for p in name[5:].split("+")], calls)
+    elif name.startswith(("best:", "shadow:")):
+        mode, _, parts = name.partition(":")
+        prop = BestOf([make_proposer(p, env) for p in parts.split("+")], calls, mode)
     else:
         prop = make_proposer(name, env)
     with recording(cost) as steps:
@@ -271,7 +293,13 @@ def replay_one(
             f"{name} {wl} b={batch}: recorded steps add to {sum(steps.time_s)} s, the replay "
             f"to {r.sim_time_s} s: the scheduler wrapper missed steps (sim.py changed?)"
         )
-    return decompose(name, wl, batch, k, r, steps, cost)
+    run = decompose(name, wl, batch, k, r, steps, cost)
+    if isinstance(prop, BestOf):
+        slots = max(prop.slots, 1)
+        run.parts_accepted = {
+            p.name: float(a) / slots for p, a in zip(prop.parts, prop.accepted, strict=True)
+        }
+    return run
 
 
 def gap(slow: Run, fast: Run) -> dict[str, float]:
@@ -313,6 +341,24 @@ def time_table(runs: Sequence[Run]) -> list[str]:
             f"{r.kv_wait_time_s / r.time_s:.3f} | {split} |"
         )
     return rows
+
+
+def parts_rows(runs: Sequence[Run]) -> list[str]:
+    """Markdown: for ``best:``/``shadow:`` runs, each part's whole draft, accepted tokens
+    per draft asked for at that run's positions, beside each part's own run."""
+    own = {(r.workload, r.batch, r.proposer): r.accepted_per_decode_step for r in runs}
+    rows = [
+        "| workload | b | run (positions) | part | accepted per draft there | in its own run |",
+        "| --- " * 6 + "|",
+    ]
+    for r in runs:
+        for part, acc in (r.parts_accepted or {}).items():
+            mine = own.get((r.workload, r.batch, part))
+            rows.append(
+                f"| {r.workload} | {r.batch} | {r.proposer} | {part} | {acc:.3f} | "
+                f"{'–' if mine is None else f'{mine:.3f}'} |"
+            )
+    return rows if len(rows) > 2 else []
 
 
 def gap_rows(runs: Sequence[Run], pairs: Sequence[tuple[str, str]]) -> list[str]:
@@ -443,6 +489,8 @@ def report(runs: Sequence[Run], names: Sequence[str], preset: str, k: int, targe
     """Print the three tables (and the first-order one on linear presets)."""
     print(f"\n{preset}, k = {k}, no proposer time\n")
     print("\n".join(time_table(runs)))
+    print("\n" + "\n".join(parts_rows(runs)))
+    names = [n for n in names if not n.startswith("shadow:")]  # the driver's replay again
     print("\n" + "\n".join(ratio_rows(runs, names)))
     pairs = [("none", n) for n in names if n != "none"]
     if "suffix" in names:

@@ -68,13 +68,16 @@ def test_end_to_end_on_the_sample(
     hr = _script("headroom")
     out = tmp_path / "h.json"
     argv = ["--traces", str(sample_path), "--tokenizer", str(tiny_tokenizer_dir)]
-    argv += ["--proposers", "ngram,best:ngram+none", "--batch", "1,4", "--k", "4"]
+    argv += ["--proposers", "ngram,best:ngram+none,shadow:none+ngram", "--batch", "1,4", "--k", "4"]
     argv += ["--json", str(out)]
     assert hr.main(argv) == 0
     printed = capsys.readouterr().out
     assert "| 4 | **geomean** |" in printed and "oracle/ngram" not in printed
     runs = json.loads(out.read_text())["runs"]
-    assert {r["proposer"] for r in runs} == {"none", "ngram", "best:ngram+none", "oracle"}
+    names = {"none", "ngram", "best:ngram+none", "shadow:none+ngram", "oracle"}
+    assert {r["proposer"] for r in runs} == names
+    shadowed = [r for r in runs if r["proposer"] == "shadow:none+ngram"]
+    assert all(r["draft_tokens"] == 0 and r["parts_accepted"]["none"] == 0 for r in shadowed)
     for r in runs:
         assert r["prefill_step_time_s"] + r["decode_step_time_s"] == pytest.approx(r["time_s"])
         base = next(
@@ -103,13 +106,18 @@ def test_best_of_picks_the_most_accepted_draft_and_the_shorter_on_a_tie() -> Non
         ([Wrong(), right], tuple(int(t) for t in out[3:7])),
         ([Wrong(), NoProposer()], ()),  # both accepted for 0 tokens: the shorter
     ):
-        best = hr.BestOf(parts, calls)
+        best = hr.BestOf(parts, calls, "best")
         best.start(rid, calls[0].prompt)
         best.extend(rid, out[:3])
         (d,) = best.propose([rid], 4, step)
         assert d.token_ids == want
         best.stop(rid)
     assert best.name == "best:wrong+none"
+    shadow = hr.BestOf([Wrong(), hr.OracleProposer(calls)], calls, "shadow")
+    shadow.start(rid, calls[0].prompt)
+    (d,) = shadow.propose([rid], 4, step)
+    assert d.token_ids == (-1,) * 4  # the driver's draft; the shadow is only scored
+    assert list(shadow.accepted) == [0, 4] and shadow.slots == 1
 
 
 def test_calibration_split_labels_and_table(

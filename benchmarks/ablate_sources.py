@@ -43,7 +43,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> dict[str, Path]:
         print(f"== sources {_name(sources)}", file=sys.stderr, flush=True)
         opts = ["--traces", *args.traces, "--tokenizer", args.tokenizer]
         opts += ["--proposers", "none,agentspec", "--batch", args.batch, "--k", str(args.k)]
-        opts += ["--add-proposer-time", "--set", f"agentspec.sources={json.dumps(list(sources))}"]
+        chosen = f"agentspec.experimental.sources={json.dumps(list(sources))}"
+        opts += ["--add-proposer-time", "--set", chosen]
         path = out / f"sources_{'_'.join(sources)}.json"
         reports[_name(sources)] = replay_cli([*opts, *extra], path)
     return reports

@@ -42,6 +42,14 @@ MODELS: list[tuple[str, str, str]] = [
         "agentspec.OPTION=VALUE`.",
     ),
     (
+        "AgentSpec proposer: experimental",
+        "agentspec_mw.agentspec.config:_ExperimentalConfig",
+        "Ablation switches and model constants of the AgentSpec proposer, for benchmarks: "
+        '`experimental={...}` of the options above (`{"experimental": {"sources": ["iso"]}}`),'
+        " or `agentspec replay --set agentspec.experimental.OPTION=VALUE`. The defaults are "
+        "the design; their former top-level names still work, with a `DeprecationWarning`.",
+    ),
+    (
         "vLLM drafter",
         "agentspec_mw_vllm.config:DrafterConfig",
         'Which proposer the vLLM adapter drives: `additional_config={"agentspec": {...}}`, '

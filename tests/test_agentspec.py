@@ -826,7 +826,7 @@ def test_agentspec_sources_option_limits_where_drafts_come_from(tiny_tokenizer, 
     out = _ids(tiny_tokenizer, "Fixed:\n") + text
     acc = {}
     for srcs in (("iso", "agent", "local"), ("iso", "agent"), ("local",)):
-        p = _prop(tb, sources=srcs)
+        p = _prop(tb, experimental={"sources": srcs})
         acc[srcs] = _run(p, "r", text, out, StructureTags(agent_id="coder", query_id="q1"))
     assert acc[("iso", "agent", "local")] > len(text) // 2
     assert acc[("local",)] > len(text) // 2
@@ -834,7 +834,7 @@ def test_agentspec_sources_option_limits_where_drafts_come_from(tiny_tokenizer, 
     assert acc[("iso", "agent")] < acc[("local",)] // 3
     tags = [StructureTags(agent_id="coder", query_id=f"q{i}") for i in range(2)]
     for srcs, want_drafts in ((("agent",), True), (("scope",), True), (("iso", "local"), False)):
-        p = _prop(tb, sources=srcs)
+        p = _prop(tb, experimental={"sources": srcs})
         _run(p, "a", [1, 2], out, tags[0])  # the agent's earlier output, another query
         got = _run(p, "b", [3, 4], out, tags[1])
         assert (got > len(text) // 2) if want_drafts else got < len(text) // 4, (srcs, got)
@@ -846,16 +846,16 @@ def test_agentspec_sources_option_limits_where_drafts_come_from(tiny_tokenizer, 
         (("iso", "agent", "local"), StructureTags(agent_id="reviewer", query_id="q1"), False),
         (("scope",), StructureTags(scope="t2", agent_id="reviewer", query_id="q1"), False),
     ):
-        p = _prop(tb, sources=srcs)
+        p = _prop(tb, experimental={"sources": srcs})
         _run(p, "a", [1, 2], out, coder)
         got = _run(p, "b", [3, 4], out, tags_b)
         assert (got > len(text) // 2) if want_drafts else got < len(text) // 4, (srcs, got)
     with pytest.raises(ValueError, match="twice"):
-        _prop(tb, sources=("iso", "iso"))
+        _prop(tb, experimental={"sources": ("iso", "iso")})
     with pytest.raises(ValueError, match="at least one"):
-        _prop(tb, sources=())
+        _prop(tb, experimental={"sources": ()})
     with pytest.raises(ValueError):
-        _prop(tb, sources=("global",))
+        _prop(tb, experimental={"sources": ("global",)})
 
 
 def test_agentspec_candidates_diagnostics(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
@@ -890,11 +890,11 @@ def test_agentspec_walk_depth_follows_the_floor_at_large_batch(tiny_tokenizer, t
         return int(p.candidates["lens"].max())
 
     for walk_batch, batch, want in ((4, 4, 2), (4, 3, 8), (None, 512, 8)):
-        p = _prop(tb, index_walk_batch=walk_batch, index_walk_min=2)
+        p = _prop(tb, index_walk_batch=walk_batch, experimental={"index_walk_min": 2})
         p.start("r", text, tags)
         p.extend("r", text[:4])  # the prompt's start again: local has the whole rest
         assert longest(p, batch) == want, (walk_batch, batch)
-    p = _prop(tb, index_walk_batch=4, index_walk_min=2)
+    p = _prop(tb, index_walk_batch=4, experimental={"index_walk_min": 2})
     p.start("r", text, tags)
     p.extend("r", text[:4])
     slot = p._reqs["r"]
@@ -1017,7 +1017,7 @@ def test_agentspec_agent_history_is_live(tiny_tokenizer, tb) -> None:  # type: i
     # agent: the same agent on another query; scope: another agent
     for source, agent_b in (("agent", "coder"), ("scope", "tester")):
         for live in (True, False):
-            p = _prop(tb, sources=(source,), index_agent_live=live)
+            p = _prop(tb, experimental={"sources": (source,), "index_agent_live": live})
             p.start("a", [1, 2], StructureTags(agent_id="coder", query_id="q1"))
             p.extend("a", out)  # still in flight: no stop
             p.start("b", [3, 4], StructureTags(agent_id=agent_b, query_id="q2"))
@@ -1106,3 +1106,19 @@ def test_agentspec_kernels_are_loaded_at_construction(tb) -> None:  # type: igno
         assert f.signatures, f"{f.__name__} was not loaded by the warm-up"
     assert p.stats == {"steps": 0, "offered": 0, "drafted": 0}
     assert p._index.written == 0 and not p._keys
+
+
+def test_config_keeps_at_most_12_public_fields_and_routes_experimental_ones() -> None:
+    """Ablation switches live in ``experimental``; their former top-level keywords still
+    work with a DeprecationWarning, and ``experimental.OPTION`` keys (``--set``) too."""
+    from agentspec_mw.agentspec.config import AgentSpecConfig
+
+    assert len(AgentSpecConfig.model_fields) <= 12
+    with pytest.warns(DeprecationWarning, match="experimental"):
+        old = AgentSpecConfig(sources=("iso",), index_walk_min=2)  # type: ignore[call-arg]
+    new = AgentSpecConfig(experimental={"sources": ("iso",), "index_walk_min": 2})  # type: ignore[arg-type]
+    dotted = AgentSpecConfig(**{"experimental.sources": ["iso"], "experimental.index_walk_min": 2})
+    assert old == new == dotted
+    assert new.experimental.sources == ("iso",) and new.experimental.index_walk_min == 2
+    with pytest.raises(ValueError, match="extra|experimental.nope"):
+        AgentSpecConfig(**{"experimental.nope": 1})

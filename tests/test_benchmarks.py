@@ -100,12 +100,12 @@ def test_proposer_ab_times_both_option_sets_on_the_same_steps(
     mod = _script("proposer_ab")
     argv = ["--traces", str(sample_path), "--tokenizer", str(tiny_tokenizer_dir)]
     argv += ["--batch", "2", "--k", "4", "--set-a", "index_walk_batch=null"]
-    argv += ["--set-b", "index_walk_batch=1", "--set-b", "index_walk_min=2"]
+    argv += ["--set-b", "index_walk_batch=1", "--set-b", "experimental.index_walk_min=2"]
     assert mod.main([*argv, "--json", str(tmp_path / "ab.json")]) == 0
     out = capsys.readouterr().out
     assert "A: agentspec {'index_walk_batch': None}" in out
     report = json.loads((tmp_path / "ab.json").read_text())
-    assert report["b"] == {"index_walk_batch": 1, "index_walk_min": 2}
+    assert report["b"] == {"index_walk_batch": 1, "experimental.index_walk_min": 2}
     assert report["rows"] and all(r["full_steps"] > 0 for r in report["rows"])
     assert all(r["ratio_p25"] <= r["ratio_p50"] <= r["ratio_p75"] for r in report["rows"])
     with pytest.raises(SystemExit):

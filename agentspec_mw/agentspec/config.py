@@ -1,36 +1,31 @@
-"""Configuration of the AgentSpec proposer: every constant in one documented place."""
+"""Configuration of the AgentSpec proposer: every option in one documented place.
+
+:class:`AgentSpecConfig` holds what a user deploying the proposer may need to change
+(memory, tenants, block kinds, the step-time preset, CPU time at large batch).
+:class:`_ExperimentalConfig` (the ``experimental`` field) holds the switches that exist
+for ablations and the model's own constants: changing them is for benchmarks
+(``benchmarks/ablate_sources.py``), not for deployments.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+import warnings
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentspec_mw.agentspec.blocks import DEFAULT_BLOCKS
 
 __all__ = ["AgentSpecConfig"]
 
 
-class AgentSpecConfig(BaseModel):
-    """Options of :class:`~agentspec_mw.agentspec.proposer.AgentSpecProposer`.
-
-    Field names are grouped by feature: ``index_*`` (history indexes), ``calib_*``
-    (acceptance calibration), ``budget_*`` (per-step allocation), ``tagfree_*`` (requests
-    without tags).
-    """
+class _ExperimentalConfig(BaseModel):
+    """Ablation switches and model constants of the AgentSpec proposer (``experimental``
+    of :class:`AgentSpecConfig`; ``--set agentspec.experimental.OPTION=VALUE`` in the
+    replay). The defaults are the design; each switch turns one part of it off."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    blocks: tuple[tuple[str, str, str], ...] = tuple(
-        (b.name, b.start, b.end) for b in DEFAULT_BLOCKS
-    )
-    """Block kinds ``(name, start, end)`` used when a request's tags name none."""
-    blocks_max_per_scope: int = Field(default=16, ge=1)
-    """Grammar rows (distinct block delimiter sets from tags) one isolation scope may
-    hold of the proposer's 63; past this, its least recently started set no live request
-    uses is replaced, or its request uses the default blocks
-    (:mod:`~agentspec_mw.agentspec.grammars`). Keeps one tenant's delimiter sets from
-    locking the others' out."""
     sources: tuple[Literal["iso", "agent", "scope", "local"], ...] = (
         "iso",
         "agent",
@@ -39,36 +34,20 @@ class AgentSpecConfig(BaseModel):
     )
     """Candidate sources drafted from: ``iso`` (same scope, agent, query group and block
     kind), ``agent`` (the agent's outputs, any query), ``scope`` (every agent's outputs
-    in the isolation scope), ``local`` (the request's own prompt and output). Leaving one
-    out is for ablations; all four are the default at every batch size (calibration and
-    the budget decide what each contributes)."""
+    in the isolation scope), ``local`` (the request's own prompt and output). All four
+    at every batch size (calibration and the budget decide what each contributes);
+    leaving one out is an ablation."""
     index_agent_live: bool = True
     """``agent`` and ``scope`` histories grow token by token as requests decode, so
     concurrent requests (fan-out siblings on other queries, other agents) draft from each
     other; ``False``: a request's output joins them only when the request stops."""
-    index_max_tokens: int = Field(default=1 << 20, ge=1024)
-    """Tokens the history index holds (all keys together, rounded up to a power of two);
-    the oldest are evicted first. Memory: 128 bytes per token (a 64-byte record and its
-    hash-table entries; 1M tokens = 128 MiB)."""
-    index_walk_batch: int | None = Field(default=32, ge=1)
-    """From this many requests in a step, each request's candidates are walked only as
-    deep as its last candidate could use: ``min(k, max(index_walk_min, 2 × n))`` tokens,
-    ``n`` = the positions of its previous candidate whose survival reached that step's
-    admission bound (the least survival that can pay for its slot,
-    :func:`~agentspec_mw.agentspec.budget.admission_bound`), so a request drafting deep
-    walks deeper the next step, doubling. Positions under the bound are never drafted;
-    they feed the calibration of deep positions and the choice between sources, which
-    smaller steps keep doing in full. ``None``: always walk ``k`` (the per-step time
-    grows with ``k`` at large batch)."""
     index_walk_min: int = Field(default=8, ge=1)
     """Shallowest walk of a request under ``index_walk_batch``."""
-    index_max_keys: int = Field(default=200_000, ge=1)
-    """Identities (scope, agent, query group) remembered — each one's block kinds and its
-    agent-wide history are keys of the index; the least recently used go."""
     calib_prior_strength: float = Field(default=8.0, gt=0)
-    """Weight, in observations, of the prior in each calibration bucket."""
+    """Weight, in observations, of the prior in each calibration cell (and of a cell's
+    acceptance in each of its fine cells)."""
     calib_prior_scale: float = Field(default=0.9, gt=0, le=1)
-    """Prior acceptance of a drafted token = scale × the index's count ratio."""
+    """Prior acceptance of a drafted token = scale × the paper's redundancy score."""
     calib_token_classes: bool = True
     """Split every calibration cell by the drafted token's text class (whitespace,
     symbols, a word starting, a word going on; :mod:`~agentspec_mw.agentspec.token_classes`)
@@ -82,20 +61,8 @@ class AgentSpecConfig(BaseModel):
     not, so only what the verifier has already seen), shrunk toward the cell like the
     token classes. Takes effect with ``calib_token_classes`` (whose shrinkage it uses).
     ``False``: one record bucket (the ablation)."""
-    calib_max_scopes: int = Field(default=16, ge=1)
-    """Isolation scopes whose learned state (calibration, verified draft counts) is
-    kept: each scope learns only from its own verified drafts, starting from the same
-    fixed prior, so one tenant's traffic never moves another's drafting. About 3.4 MB per
-    scope, allocated as scopes arrive; past this many, the least recently started scope
-    with no live request forgets its state (:mod:`~agentspec_mw.agentspec.scopes`)."""
-    budget_cost_model: str = "llama8b-h100"
-    """Step-time preset used when the host gives no cost model."""
     redundancy_g_min: float = Field(default=0.5, ge=0, le=1)
     """g_min of the paper's p(n) = g_min + (1 - g_min)(1 - e^(1-n)) (agreement prior)."""
-    tagfree_agent_tokens: int = Field(default=64, ge=1)
-    """Tag-free agent id = hash of this many leading prompt tokens."""
-    tagfree_query_tokens: int = Field(default=1024, ge=1)
-    """Tag-free query id = hash of this many leading prompt tokens."""
     tagfree_scan_tokens: int = Field(default=64, ge=1)
     """Prompt tokens scanned at start to find the open block (e.g. ReAct ``Thought 3:``)."""
 
@@ -107,6 +74,99 @@ class AgentSpecConfig(BaseModel):
         if len(set(v)) != len(v):
             raise ValueError(f"sources {v!r} names a source twice")
         return v
+
+
+_EXPERIMENTAL = frozenset(_ExperimentalConfig.model_fields)
+
+
+class AgentSpecConfig(BaseModel):
+    """Options of :class:`~agentspec_mw.agentspec.proposer.AgentSpecProposer`.
+
+    Field names are grouped by feature: ``blocks*`` (block kinds), ``index_*`` (history
+    indexes), ``calib_*`` (acceptance calibration), ``budget_*`` (per-step allocation),
+    ``tagfree_*`` (requests without tags). Ablation switches and model constants are in
+    ``experimental``; passing one of them at the top level (the former place) still
+    works, with a ``DeprecationWarning``. A key ``"experimental.OPTION"`` (as ``--set
+    agentspec.experimental.OPTION=VALUE`` gives) sets that experimental option.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    blocks: tuple[tuple[str, str, str], ...] = tuple(
+        (b.name, b.start, b.end) for b in DEFAULT_BLOCKS
+    )
+    """Block kinds ``(name, start, end)`` used when a request's tags name none: set them
+    to your agents' own delimiters (a block kind is part of the ``iso`` history's key)."""
+    blocks_max_per_scope: int = Field(default=16, ge=1)
+    """Grammar rows (distinct block delimiter sets from tags) one isolation scope may
+    hold of the proposer's 63; past this, its least recently started set no live request
+    uses is replaced, or its request uses the default blocks
+    (:mod:`~agentspec_mw.agentspec.grammars`). Keeps one tenant's delimiter sets from
+    locking the others' out: lower it when many tenants send their own delimiters."""
+    index_max_tokens: int = Field(default=1 << 20, ge=1024)
+    """Tokens the history index holds (all keys together, rounded up to a power of two);
+    the oldest are evicted first. Memory: 128 bytes per token (a 64-byte record and its
+    hash-table entries; 1M tokens = 128 MiB)."""
+    index_max_keys: int = Field(default=200_000, ge=1)
+    """Identities (scope, agent, query group) remembered — each one's block kinds and its
+    agent-wide history are keys of the index; the least recently used go. Raise it when
+    more distinct agents and queries than this are live within the index's span."""
+    index_walk_batch: int | None = Field(default=32, ge=1)
+    """From this many requests in a step, each request's candidates are walked only as
+    deep as its last candidate could use: ``min(k, max(experimental.index_walk_min,
+    2 × n))`` tokens, ``n`` = the positions of its previous candidate whose survival
+    reached that step's admission bound (the least survival that can pay for its slot,
+    :func:`~agentspec_mw.agentspec.budget.admission_bound`), so a request drafting deep
+    walks deeper the next step, doubling. Positions under the bound are never drafted;
+    they feed the calibration of deep positions and the choice between sources, which
+    smaller steps keep doing in full. ``None``: always walk ``k`` (the per-step time
+    grows with ``k`` at large batch; for a host with CPU time to spare)."""
+    calib_max_scopes: int = Field(default=16, ge=1)
+    """Isolation scopes whose learned state (calibration, verified draft counts) is
+    kept: each scope learns only from its own verified drafts, starting from the same
+    fixed prior, so one tenant's traffic never moves another's drafting. About 3.4 MB per
+    scope, allocated as scopes arrive; past this many, the least recently started scope
+    with no live request forgets its state (:mod:`~agentspec_mw.agentspec.scopes`). Set
+    it to the number of tenants active at once."""
+    budget_cost_model: str = "llama8b-h100"
+    """Step-time preset used when the host gives no cost model: the preset nearest your
+    model and GPU (``agentspec replay --help`` lists them)."""
+    tagfree_agent_tokens: int = Field(default=64, ge=1)
+    """Tag-free agent id = hash of this many leading prompt tokens: about the length of
+    your agents' distinct system prompt heads (untagged traffic only)."""
+    tagfree_query_tokens: int = Field(default=1024, ge=1)
+    """Tag-free query id = hash of this many leading prompt tokens: long enough to reach
+    past the shared instructions into the query (untagged traffic only)."""
+    experimental: _ExperimentalConfig = Field(default_factory=_ExperimentalConfig)
+    """Ablation switches and model constants (:class:`_ExperimentalConfig`, listed
+    below): for benchmarks, not deployments."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _route_experimental(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        moved = [k for k in data if k in _EXPERIMENTAL]
+        dotted = [k for k in data if isinstance(k, str) and k.startswith("experimental.")]
+        if not moved and not dotted:
+            return data
+        data = dict(data)
+        exp = data.get("experimental", {})
+        exp = dict(exp.model_dump() if isinstance(exp, BaseModel) else exp)
+        for k in dotted:
+            exp[k.removeprefix("experimental.")] = data.pop(k)
+        if moved:
+            warnings.warn(
+                f"AgentSpecConfig({', '.join(moved)}=...): experimental options moved to "
+                f"experimental={{{', '.join(repr(k) + ': ...' for k in moved)}}} "
+                "(replay: --set agentspec.experimental.OPTION=VALUE)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            for k in moved:
+                exp[k] = data.pop(k)
+        data["experimental"] = exp
+        return data
 
     @field_validator("blocks")
     @classmethod

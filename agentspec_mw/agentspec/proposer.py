@@ -87,7 +87,7 @@ def _warm_kernels() -> None:
     text = b"Thought: look up the flight.\nAction: search[flight 42]\n" * 4
     prompt = np.frombuffer(text, dtype=np.uint8).astype(np.int64)
     for live, n in ((True, 48), (False, 1)):
-        p = AgentSpecProposer(env, index_max_tokens=1024, index_agent_live=live)
+        p = AgentSpecProposer(env, index_max_tokens=1024, experimental={"index_agent_live": live})
         rids = [f"warm{i}" for i in range(n)]
         for rid in rids:
             p.start(rid, prompt[:-20])
@@ -109,6 +109,7 @@ class AgentSpecProposer:
 
     def __init__(self, env: ProposerEnv | None = None, **options: Any) -> None:
         self.config = cfg = AgentSpecConfig(**options)
+        exp = cfg.experimental
         env = env or ProposerEnv()
         if env.token_bytes is None:
             raise ValueError(
@@ -135,18 +136,18 @@ class AgentSpecProposer:
         self._pend_stop: list[int] = []
         self._calib = Calibration(
             self.token_bytes,
-            g_min=cfg.redundancy_g_min,
-            prior_scale=cfg.calib_prior_scale,
-            prior_strength=cfg.calib_prior_strength,
+            g_min=exp.redundancy_g_min,
+            prior_scale=exp.calib_prior_scale,
+            prior_strength=exp.calib_prior_strength,
             max_scopes=cfg.calib_max_scopes,
-            token_classes_on=cfg.calib_token_classes,
+            token_classes_on=exp.calib_token_classes,
         )
         self._scopes = self._calib.scopes
         self._overhead_s = 0.0
         self.stats: dict[str, int] = {"steps": 0, "offered": 0, "drafted": 0}
         self._ws = Workspaces()
         self._off_sources = [
-            h for h, name in enumerate(SOURCES[: K.N_HIST]) if name not in cfg.sources
+            h for h, name in enumerate(SOURCES[: K.N_HIST]) if name not in exp.sources
         ]
         self.candidates: dict[str, np.ndarray] | None = None
         """Set to ``{}`` to have each ``propose`` leave its candidates here (diagnostics,
@@ -180,6 +181,7 @@ class AgentSpecProposer:
             self.stop(req_id)
         prompt = np.asarray(prompt_ids, dtype=np.int32).reshape(-1)
         cfg = self.config
+        exp = cfg.experimental
         scope, agent, group = identity(
             prompt, tags, cfg.tagfree_agent_tokens, cfg.tagfree_query_tokens
         )
@@ -196,10 +198,10 @@ class AgentSpecProposer:
         row[K.C_GID] = gid
         row[K.C_SEQBLK] = -1
         row[K.C_LPTR] = -1
-        row[K.C_ASEQ] = self._index.new_seq() if cfg.index_agent_live else -1
-        if "scope" in cfg.sources:
+        row[K.C_ASEQ] = self._index.new_seq() if exp.index_agent_live else -1
+        if "scope" in exp.sources:
             row[K.C_GBASE] = self._keys.base(("scope", scope))
-            row[K.C_GSEQ] = self._index.new_seq() if cfg.index_agent_live else -1
+            row[K.C_GSEQ] = self._index.new_seq() if exp.index_agent_live else -1
         else:
             row[K.C_GBASE] = row[K.C_GSEQ] = -1
         self._reqs[req_id] = s
@@ -230,12 +232,13 @@ class AgentSpecProposer:
         slots = self._slots
         ix = self._index.arrays
         cfg = self.config
+        exp = cfg.experimental
         if self._pend_start:
             st = np.array(self._pend_start, dtype=np.int64)
             self._pend_start.clear()
             K.scan_prompts(
                 st,
-                cfg.tagfree_scan_tokens,
+                exp.tagfree_scan_tokens,
                 slots.si,
                 slots.stack,
                 slots.tail,
@@ -267,13 +270,13 @@ class AgentSpecProposer:
                 ix,
                 self._scopes.calib,
                 self._calib.prior_strength,
-                cfg.index_agent_live,
+                exp.index_agent_live,
                 self._scopes.ledger,
             )
         if self._pend_stop:
             done = self._pend_stop
             self._pend_stop = []
-            if not cfg.index_agent_live:
+            if not exp.index_agent_live:
                 dn = np.array(done, dtype=np.int64)
                 K.insert_outputs(dn, self._out_seq, slots.si, slots.ctx, ix, K.C_ABASE)
                 K.insert_outputs(dn, self._out_gseq, slots.si, slots.ctx, ix, K.C_GBASE)
@@ -311,6 +314,7 @@ class AgentSpecProposer:
         if n_req == 0 or k <= 0:
             return [EMPTY_DRAFT] * n_req
         cfg = self.config
+        exp = cfg.experimental
         sl = np.fromiter(map(self._reqs.__getitem__, req_ids), np.int64, n_req)
         slots = self._slots
         cal = slots.si[sl, K.C_CAL]  # each request's scope row
@@ -323,7 +327,7 @@ class AgentSpecProposer:
         ws = self._ws.get(n_req, kk)
         cand = ws.cand
         walk = cfg.index_walk_batch is not None and step.batch_size >= cfg.index_walk_batch
-        walk_min = cfg.index_walk_min if walk else 0
+        walk_min = exp.index_walk_min if walk else 0
         K.gather(
             sl,
             slots.si,
@@ -338,12 +342,12 @@ class AgentSpecProposer:
             walk_min,
             ws.ks,
         )
-        if not cfg.calib_request_record:
+        if not exp.calib_request_record:
             ws.rec[:] = 0
         for h in self._off_sources:
             ws.keys[h * n_req : (h + 1) * n_req] = -1  # a negative key skips the row
         self._index.lookup(ws.keys, ws.ctx, ws.ctx_len, k, ws.hist, ws.ks)
-        if "local" in cfg.sources:
+        if "local" in exp.sources:
             loc = ws.loc
             K.local_drafts(
                 sl, ws.ks, slots.si, slots.ctx, loc.tok, loc.prob, loc.lens, loc.match, loc.support

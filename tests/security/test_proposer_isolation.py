@@ -93,7 +93,7 @@ def _foreign(drafts: dict[str, list[Draft]], rid: str) -> int:
 
 
 def _isolation_run(sources: tuple[str, ...], x_tags: StructureTags, y_tags: StructureTags) -> int:
-    p = _prop(sources=sources)
+    p = _prop(experimental={"sources": sources})
     # Y's history: two finished requests, then one still decoding beside X's request
     _run(p, {f"y{i}": (X_ONLY[:20], _y_text(i), y_tags) for i in range(2)})
     drafts = _run(p, {"x": _x_request(x_tags), "y-live": (X_ONLY[:20], _y_text(0), y_tags)})

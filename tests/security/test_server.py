@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
 SCOPE_DRAFTED = "agentspec_scope_drafted_tokens_total"
 #: Draft only from finished requests' outputs of the same scope (no prompt lookup).
-HISTORY_ONLY = {"sources": ["agent", "scope"], "index_agent_live": False}
+HISTORY_ONLY = {"experimental": {"sources": ["agent", "scope"], "index_agent_live": False}}
 PROBE = "Write the alphabet in capital letters separated by spaces: A B C D"
 
 

@@ -37,7 +37,48 @@ import numpy as np
 
 from agentspec_mw.costmodel import PRESETS, StepTimeModel
 
-__all__ = ["MeasuredStepTime"]
+__all__ = ["MeasuredStepTime", "fit_step_times"]
+
+
+def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares ``a x ~ b`` with ``x >= 0``: a coefficient the fit makes negative is
+    fixed at 0 and the rest refitted (the active-set step of :class:`MeasuredStepTime`)."""
+    free = list(range(a.shape[1]))
+    coef = np.zeros(a.shape[1])
+    while free:
+        sub = np.linalg.lstsq(a[:, free], b, rcond=None)[0]
+        negative = [j for j, c in zip(free, sub, strict=True) if c < 0.0]
+        if not negative:
+            coef[free] = sub
+            break
+        free.remove(negative[int(np.argmin([sub[free.index(j)] for j in negative]))])
+    return coef
+
+
+def fit_step_times(
+    num_batched: np.ndarray,
+    num_kv: np.ndarray,
+    num_rows: np.ndarray,
+    seconds: np.ndarray,
+) -> np.ndarray:
+    """Offline fit of ``T = c_fix + c_tok N_batched + c_kv N_kv + c_row N_rows`` to timed
+    steps (how the ``cpu-smollm2`` preset is made, ``benchmarks/fit_step_time.py``).
+
+    ``N_rows`` is the step's logits rows: one per scheduled request (vLLM computes the
+    last position's logits of every scheduled request, a partial prefill chunk's too)
+    plus one per draft token (each verified position is sampled) — the LM head and the
+    sampler run once per row. Every coefficient is non-negative; the fit minimises the
+    *relative* error of each step (weights ``1 / seconds``), so a few multi-second prefill
+    steps do not outweigh hundreds of decode steps.
+
+    Returns ``(c_fix, c_tok, c_kv, c_row)`` in seconds.
+    """
+    y = np.asarray(seconds, dtype=np.float64)
+    if y.ndim != 1 or y.size < 4 or np.any(y <= 0):
+        raise ValueError(f"fit_step_times needs >= 4 positive step times, got {y.size}")
+    x = np.column_stack([np.ones_like(y), num_batched, num_kv, num_rows]).astype(np.float64)
+    w = 1.0 / y
+    return _nonnegative_lstsq(x * w[:, None], y * w)
 
 
 class MeasuredStepTime:
@@ -72,7 +113,9 @@ class MeasuredStepTime:
         self.min_steps = int(min_steps)
         self.outlier_ratio = float(outlier_ratio)
         self._decay = 2.0 ** (-1.0 / half_life_steps)
-        self._p = np.array([prior.c_fix + prior.c_oh, prior.c_tok, prior.c_kv])
+        # the online fit has no row feature: its tokens are decode and draft tokens, each
+        # a logits row, so the prior's per-token cost is c_tok + c_row
+        self._p = np.array([prior.c_fix + prior.c_oh, prior.c_tok + prior.c_row, prior.c_kv])
         # decayed sums over the steps, x = (1, N, kv): x x^T (its first row holds the weight
         # and the sums of x), x y, and the preset's time for the same steps
         self._xx = np.zeros((3, 3))

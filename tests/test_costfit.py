@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from agentspec_mw.agentspec.budget import allocate
-from agentspec_mw.costfit import MeasuredStepTime
-from agentspec_mw.costmodel import PRESETS
+from agentspec_mw.costfit import MeasuredStepTime, fit_step_times
+from agentspec_mw.costmodel import PRESETS, StepTimeModel, step_time_of
 
 #: A CPU-like engine: 30 ms per step, 3.2 ms per batched token, 200 ns per KV token.
 TRUE = (0.030, 0.0032, 2e-7)
@@ -111,3 +111,40 @@ def test_an_expensive_token_makes_the_budget_draft_less() -> None:
     # one costs ~10 %, and the 5-10 %-likely positions no longer pay for their slot
     assert preset.counts == [4, 4]
     assert measured.counts == [2, 2]
+
+
+def test_the_offline_fit_separates_prefill_tokens_from_logits_rows() -> None:
+    # decode steps (every token a row) and prefill steps (one row per chunk) of an engine
+    # whose rows cost 0.5 ms on top of 2 ms per token
+    truth = np.array([0.060, 0.002, 8e-6, 0.0005])
+    rng = np.random.default_rng(4)
+    steps = []
+    for _ in range(300):
+        if rng.random() < 0.2:
+            reqs = int(rng.integers(1, 33))
+            tokens, rows = reqs * int(rng.integers(16, 128)), reqs
+        else:
+            tokens = rows = int(rng.integers(1, 65))
+        kv = int(rng.integers(100, 16_000))
+        seconds = truth @ [1.0, tokens, kv, rows] * rng.lognormal(0.0, 0.03)
+        steps.append((tokens, kv, rows, seconds))
+    a = np.array(steps)
+    coef = fit_step_times(a[:, 0], a[:, 1], a[:, 2], a[:, 3])
+    assert coef == pytest.approx(truth, rel=0.1)
+    with pytest.raises(ValueError, match="positive step times"):
+        fit_step_times(a[:3, 0], a[:3, 1], a[:3, 2], a[:3, 3])
+
+
+def test_a_row_term_costs_decode_and_draft_tokens_not_prefill_tokens() -> None:
+    m = StepTimeModel(c_fix=0.05, c_tok=0.002, c_kv=0.0, c_oh=0.0, c_row=0.001)
+    decode = m.step_time(32, 0)  # rows = tokens: a decode/draft step, as budgets see it
+    assert decode == pytest.approx(0.05 + 32 * 0.003)
+    assert m.step_time(32, 0, num_rows=2) == pytest.approx(0.05 + 32 * 0.002 + 2 * 0.001)
+    assert m.marginal_token_cost(32, 0) == pytest.approx(0.003)
+    assert m.step_time_array(np.array([32.0]), 0)[0] == pytest.approx(decode)
+    c_fix, c_tok, _, _ = m.linear_coefficients()  # type: ignore[misc]
+    assert (c_fix, c_tok) == pytest.approx((0.05, 0.003))
+    assert step_time_of(m, 512, 0, 4) == pytest.approx(m.step_time(512, 0, 4))
+    fit = MeasuredStepTime(m)  # no row feature online: the prior's token is c_tok + c_row
+    assert fit.step_time(32, 0) == pytest.approx(decode)
+    assert step_time_of(fit, 32, 0, 1) == pytest.approx(decode)

@@ -42,12 +42,24 @@ def test_compare_prints_measured_against_predicted(
         {"drafter": "none", "concurrency": 8, "tok_s": 50.0, "outputs_sha256": "x"},
         {"drafter": "suffix", "concurrency": 8, "tok_s": 75.0, "outputs_sha256": "x"},
     ]
+    # a repeat of none in another file, with the engine's CPU seconds: the median counts
+    again = [
+        {**live[0], "tok_s": 40.0, "output_tokens": 100, "engine_cpu_s": 2.0},
+        {**live[0], "tok_s": 60.0, "output_tokens": 100, "engine_cpu_s": 2.0},
+    ]
+    live[1] |= {"output_tokens": 100, "engine_cpu_s": 1.25}
     rows = [
         {"proposer": p, "workload": "ALL", "batch": 8, "speedup": s, "throughput_tok_s": t}
         for p, s, t in (("none", 1.0, 55.0), ("suffix", 1.65, 90.75))
     ]
     (tmp_path / "live.json").write_text(json.dumps(live))
+    (tmp_path / "again.json").write_text(json.dumps(again))
     (tmp_path / "r8.json").write_text(json.dumps({"results": rows}))
-    assert v.main(["compare", str(tmp_path / "live.json"), str(tmp_path / "r8.json")]) == 0
+    files = [str(tmp_path / f) for f in ("live.json", "again.json", "r8.json")]
+    assert v.main(["compare", *files]) == 0
     out = capsys.readouterr().out
-    assert "| suffix | 8 | 75.0 | 1.500 | 90.8 | 1.650 | +10.0 % | yes |" in out
+    assert "| none | 8 | 3 | 50.0 | 1.000 |" in out
+    assert (
+        "| suffix | 8 | 1 | 75.0 | 1.500 | +10.0 % | 80.0 | 1.600 | +3.1 % | 90.8 | 1.650 | yes |"
+        in out
+    )

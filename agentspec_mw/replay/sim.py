@@ -21,10 +21,12 @@ Each engine step is scheduled as vLLM 0.32's ``Scheduler.schedule`` does
    its last token), then gets ``min(uncached tokens, budget left)`` — chunked prefill — if
    its blocks fit and fewer than ``max_num_seqs`` requests run; the first that does not
    fit stops admission for this step (a *KV wait*).
-3. The step takes ``cost_model.step_time(N_batched, N_kv)`` with ``N_batched`` every token
-   scheduled (prefill chunks + decodes + drafts) and ``N_kv`` the context the scheduled
-   requests hold after it. A request whose prompt is fully computed samples its first
-   token (TTFT ends); a decoding request advances by its accepted drafts + 1.
+3. The step takes ``cost_model.step_time(N_batched, N_kv, N_rows)`` with ``N_batched``
+   every token scheduled (prefill chunks + decodes + drafts), ``N_kv`` the context the
+   scheduled requests hold after it and ``N_rows`` its logits rows (each decode and draft
+   token, one per prefill chunk; models without a row term get the first two). A request
+   whose prompt is fully computed samples its first token (TTFT ends); a decoding request
+   advances by its accepted drafts + 1.
 
 Simplified from vLLM: one KV group; no ``long_prefill_token_threshold`` (off by default),
 no async scheduling, no structured output, encoder or connector paths; a call's whole
@@ -49,7 +51,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentspec_mw.costmodel import ServingLimits, StepTimeFn
+from agentspec_mw.costmodel import ServingLimits, StepTimeFn, step_time_of
 from agentspec_mw.proposer import Proposer, StepContext
 from agentspec_mw.replay.kvcache import BlockHashes, PrefixKVCache, block_hashes
 from agentspec_mw.tags import StructureTags
@@ -276,7 +278,9 @@ def replay_workload(
 
         num_batched = sum(scheduled.values())
         num_kv = sum(r.computed + n for r, n in scheduled.items())
-        step_s = cost_model.step_time(num_batched, num_kv)
+        # logits rows: every decode and draft token, a prefill chunk's last position
+        num_rows = sum(n if r.decoding else 1 for r, n in scheduled.items())
+        step_s = step_time_of(cost_model, num_batched, num_kv, num_rows)
 
         # verify, advance, finish
         emitting = advanced_total = 0

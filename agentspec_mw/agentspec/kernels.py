@@ -3,13 +3,16 @@
 Per-request state lives in the rows of a few arrays (see :mod:`.slots`); the proposer
 queues ``start``/``extend``/``stop`` calls and applies them here at the next ``propose``:
 
+* :func:`scan_prompts` — at ``start``, the block automaton run over the prompt's last
+  tokens (a prompt may end inside a block);
 * :func:`apply_extends` — per accepted token: score the last candidate (calibration: its
   fine cells and their cells, see :func:`score`) and
   count a resolved draft in the rejection ledger, attribute the token to its block,
   append it to the block occurrence's sequence in the index (and to the agent's history
   when live), follow the ``local`` match, append it to the request's context;
 * :func:`insert_outputs` — at ``stop``, a request's whole output joins its agent's history
-  (only with ``index_agent_live=False``; otherwise ``apply_extends`` adds each token);
+  (only with ``experimental.index_agent_live=False``; otherwise ``apply_extends`` adds
+  each token);
 * :func:`gather` — each request's last :data:`MAX_N` tokens and its index keys;
 * :func:`local_drafts` — the ``local`` source (own-context match, followed or scanned);
 * :func:`score` — calibrated survivals, and each request's best source;
@@ -20,7 +23,10 @@ queues ``start``/``extend``/``stop`` calls and applies them here at the next ``p
 * :func:`release_rows` — stopped requests: their open drafts into the rejection ledger,
   their index sequences to release.
 
-Columns of the int64 slot table are the ``C_*`` constants.
+Columns of the int64 slot table are the ``C_*`` constants. Arrays that travel together
+are named tuples: ``calib`` (:class:`~agentspec_mw.agentspec.scopes.CalibArrays`), ``fine``
+(:class:`~agentspec_mw.agentspec.calibration.FineCells`); the per-step arrays are
+:class:`~agentspec_mw.agentspec.workspace.StepWorkspace` fields.
 """
 
 from __future__ import annotations
@@ -504,11 +510,12 @@ def score(
     ``(source, agree, match bucket, support bucket, position bucket, c/n bucket)``, where
     ``agree`` = another source drafts the same first token and the position buckets are
     0, 1, 2-3, 4-7, 8+ (acceptance given the earlier positions were accepted). Each
-    cell is split into :data:`NF` fine cells by the token's text class and whether the
-    draft crossed a line break before it; ``fine = (succ, tot, codes, strength)`` holds
-    their counts, the token codes (:func:`~agentspec_mw.agentspec.token_classes.token_classes`)
-    and the shrinkage weight (:func:`_acceptance`); request ``r`` reads its scope's row
-    ``cal[r]`` of them and of ``table``. Written cells are fine cells.
+    cell is split into :data:`NF` fine cells by the token's text class, whether the
+    draft crossed a line break before it and the request's record bucket ``rec[r]``;
+    ``fine`` (``FineCells``: ``fsucc, ftot, codes, strength``) holds their counts, the
+    token codes (:func:`~agentspec_mw.agentspec.token_classes.token_classes`) and the
+    shrinkage weight (:func:`_acceptance`); request ``r`` reads its scope's row ``cal[r]``
+    of them and of ``table``. Written cells are fine cells.
     The picked row maximises the expected accepted tokens among its positions whose
     survival is at least ``bounds[r]`` (the budget's admission bound for the request this
     step: positions under it can never pay for their slot,

@@ -75,7 +75,7 @@ _warm = False
 def _warm_kernels() -> None:
     """Load (or compile) the numba kernels once per process, at construction: tiny
     private proposers draft for and verify a batch of requests (48: enough index rows for
-    the threaded lookup) and stop them, live and not (``index_agent_live``). Otherwise
+    the threaded lookup) and stop them, live and not (``experimental.index_agent_live``). Otherwise
     the engine's first decoding steps pay it (~0.3 s with a warm numba cache here, and
     the compilation itself on a cold one) — a hitch on the first requests, and in the
     replay a cost charged to the first workload's step times."""
@@ -221,8 +221,8 @@ class AgentSpecProposer:
             self._pend_ids.append(token_ids)
 
     def stop(self, req_id: str) -> None:
-        """Release the request (with ``index_agent_live=False`` its output joins the
-        agent-wide history now)."""
+        """Release the request (with ``experimental.index_agent_live=False`` its output
+        joins the agent-wide history now)."""
         s = self._reqs.pop(req_id, None)
         if s is not None:
             self._pend_stop.append(s)

@@ -103,10 +103,6 @@ class ScopeStates:
         """Rows allocated (:data:`FROZEN` included)."""
         return len(self.succ)
 
-    def row_of(self, scope: str) -> int | None:
-        """The scope's row, if it has one (no LRU update)."""
-        return self._rows.get(scope)
-
     def acquire(self, scope: str) -> int:
         """The row of ``scope`` for one more live request (see the module docstring)."""
         row = self._rows.get(scope)
@@ -147,8 +143,3 @@ class ScopeStates:
         self.fsucc[row] = 0.0
         self.ftot[row] = 0.0
         self.ledger[row] = 0.0
-
-    def nbytes(self) -> int:
-        """Bytes held by the rows' arrays."""
-        arrays = (self.succ, self.tot, self.table, self.fsucc, self.ftot, self.ledger)
-        return int(sum(a.nbytes for a in arrays))

@@ -263,7 +263,7 @@ def test_another_tenants_rejected_traffic_does_not_move_a_tenants_drafts() -> No
     beside = _victim_sequence(p, noisy=True)
     assert alone == beside
     assert sum(len(d) for req in alone for d in req) > 100
-    n_row = p._scopes.row_of("N")
+    n_row = p._scopes._rows.get("N")
     assert n_row is not None and p._scopes.tot[n_row].sum() > 500  # N's drafts were verified
     # the check is sensitive: the same traffic in V's own scope moves V's drafts (their
     # calibrated acceptances at least; N's agent and queries differ from V's, so only
@@ -324,12 +324,12 @@ def test_scope_rows_are_bounded_and_overflow_learns_nothing() -> None:
     a = StructureTags(scope="A", agent_id="a", query_id="q")
     b = StructureTags(scope="B", agent_id="a", query_id="q")
     drafts = _run(p, {"a": (X_ONLY[:20], out, a), "b": (X_ONLY[:20], out, b)})
-    assert p._scopes.row_of("A") == 2 and p._scopes.row_of("B") is None
+    assert p._scopes._rows.get("A") == 2 and p._scopes._rows.get("B") is None
     assert p._scopes.overflows == 1 and sum(map(len, drafts["b"])) > 0
     assert p._scopes.tot[FROZEN].sum() == 0 and p._scopes.ledger[FROZEN].sum() == 0
     assert p._scopes.tot[2].sum() > 0  # A learned
     _run(p, {"b2": (X_ONLY[:20], out, b)})  # A has no live request now: B takes its row
-    assert p._scopes.row_of("B") == 2 and p._scopes.row_of("A") is None
+    assert p._scopes._rows.get("B") == 2 and p._scopes._rows.get("A") is None
     p.propose([], 8, StepContext(1))  # applies the stops
     assert p._scopes.rows == 3 and sum(p._scopes.live) == 1
 

@@ -11,9 +11,13 @@ the vLLM adapter times the interval between two draft calls, see
 
 * **prior** — the fit is a ridge regression toward a preset (default ``llama8b-h100``)
   *scaled to this engine's speed* (by the ratio of the measured times to the preset's
-  times for the same steps): each slope is pulled toward the scaled preset's with the
-  weight of ``prior_steps`` steps of the data's own spread in that feature (plus a tenth
-  of its mean, so a feature that never varies keeps the preset's relative cost). Before
+  times for the same steps): each slope has a Gaussian prior centred on the scaled
+  preset's, with a standard deviation of ``prior_spread`` times that value (default 1),
+  weighed against a step-time noise of ``noise`` times the mean step (default 10 %). The
+  prior's weight does not grow with the number of steps, so a slope leaves the preset's
+  value only as far as the steps' spread in its feature identifies it: a feature the
+  steps barely vary in (the resident KV of one or two short requests) keeps the preset's
+  relative cost instead of absorbing the host's speed drifting over time. Before
   ``min_steps`` steps are observed the model *is* the scaled preset. A preset describes
   another engine's absolute times, so it only says how the costs compare;
 * **forgetting** — observations decay with a half-life of ``half_life_steps`` steps, so the
@@ -93,22 +97,30 @@ class MeasuredStepTime:
         self,
         prior: StepTimeModel | None = None,
         *,
-        prior_steps: float = 4.0,
+        prior_spread: float = 1.0,
+        noise: float = 0.1,
         half_life_steps: float = 4096.0,
         refit_every: int = 8,
         min_steps: int = 16,
         outlier_ratio: float = 4.0,
     ) -> None:
-        if prior_steps < 0 or half_life_steps <= 0 or refit_every < 1 or outlier_ratio <= 1:
+        if (
+            not prior_spread > 0
+            or not noise > 0
+            or half_life_steps <= 0
+            or refit_every < 1
+            or outlier_ratio <= 1
+        ):
             raise ValueError(
-                "MeasuredStepTime needs prior_steps >= 0, half_life_steps > 0, "
+                "MeasuredStepTime needs prior_spread > 0, noise > 0, half_life_steps > 0, "
                 "refit_every >= 1 and outlier_ratio > 1"
             )
         prior = prior if prior is not None else PRESETS["llama8b-h100"]
         if prior.form != "linear":
             prior = prior.model_copy(update={"form": "linear"})
         self.prior = prior
-        self.prior_steps = float(prior_steps)
+        self.prior_spread = float(prior_spread)
+        self.noise = float(noise)
         self.refit_every = int(refit_every)
         self.min_steps = int(min_steps)
         self.outlier_ratio = float(outlier_ratio)
@@ -166,8 +178,12 @@ class MeasuredStepTime:
         if self.observed < self.min_steps:
             return scaled
         mean = self._xx[0] / weight
-        spread = np.diag(self._xx) / weight - mean**2 + (0.1 * mean) ** 2
-        ridge = self.prior_steps * np.maximum(spread, 1e-30)
+        # prior sd of each slope: prior_spread x the scaled preset's (at least the slope
+        # that adds 1 % of the mean step at the feature's mean), against the step noise
+        mean_step = self._xy[0] / weight
+        floor = 0.01 * mean_step / np.maximum(mean, 1.0)
+        sd = self.prior_spread * np.maximum(scaled, floor)
+        ridge = (self.noise * mean_step) ** 2 / np.maximum(sd, 1e-30) ** 2
         ridge[0] = 0.0  # the intercept is the data's
         a = self._xx + np.diag(ridge)
         b = self._xy + ridge * scaled

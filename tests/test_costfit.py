@@ -148,3 +148,23 @@ def test_a_row_term_costs_decode_and_draft_tokens_not_prefill_tokens() -> None:
     fit = MeasuredStepTime(m)  # no row feature online: the prior's token is c_tok + c_row
     assert fit.step_time(32, 0) == pytest.approx(decode)
     assert step_time_of(fit, 32, 0, 1) == pytest.approx(decode)
+
+
+def test_a_feature_the_steps_barely_vary_keeps_the_presets_cost() -> None:
+    # one short request at batch 1: its KV grows 1 token a step while the host slows down
+    # (another process takes more of the core); without a prior that drift becomes a KV
+    # cost 20x the preset's that predicts the next, longer call's steps 2x too slow
+    noise = np.random.default_rng(5).lognormal(0.0, 0.15, 100)
+
+    def fitted(**kw: float) -> MeasuredStepTime:
+        fit = MeasuredStepTime(PRESETS["cpu-smollm2"], **kw)
+        for i in range(100):
+            tokens = 1 + 8 * (i % 2)
+            fit.observe(tokens, 40 + i, (0.070 + 0.0002 * i + 0.002 * (tokens - 1)) * noise[i])
+        return fit
+
+    for fit, most in ((fitted(), 1.3), (fitted(prior_spread=float("inf")), 3.0)):
+        assert fit.step_time(1, 600) / fit.step_time(1, 100) < most
+    assert fitted(prior_spread=float("inf")).step_time(1, 600) > 1.8 * fitted().step_time(1, 100)
+    with pytest.raises(ValueError, match="prior_spread > 0"):
+        MeasuredStepTime(prior_spread=0.0)

@@ -291,6 +291,24 @@ def test_engine_steps_are_timed_between_draft_calls() -> None:
     assert len(timer.calls) == 2
 
 
+def test_a_step_clock_times_the_steps_and_the_clock_the_proposer() -> None:
+    metrics = DrafterMetrics(prometheus=False)
+    timer = RecordingTimer()
+    session = DraftSession(
+        ProbeProposer(draft_len=2),
+        k=4,
+        metrics=metrics,
+        step_timer=timer,
+        clock=_clock([10.0, 10.001, 10.500, 10.501]),  # wall: 499 ms between the calls
+        step_clock=_clock([1.0, 1.001, 1.080, 1.081]),  # the engine thread's CPU: 79 ms
+    )
+    batch = Batch()
+    batch.add("a", [1, 2, 3])
+    step(session, batch, {"a": [6]}, scheduled={"a": 3})
+    step(session, batch, {"a": [6, 6]}, scheduled={"a": 3})
+    assert timer.calls == [(3, 6, pytest.approx(0.079))]
+
+
 def test_a_throwing_step_timer_costs_nothing_but_its_fit() -> None:
     metrics = DrafterMetrics(prometheus=False)
     session = DraftSession(

@@ -21,7 +21,9 @@ it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import os
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,6 +61,19 @@ def _prior(config: DrafterConfig) -> str:
     from agentspec_mw_vllm.engine import is_cpu_build
 
     return "cpu-smollm2" if is_cpu_build() else "llama8b-h100"
+
+
+def _step_clock() -> Callable[[], float] | None:
+    """The clock the measured cost model times steps on: on vLLM's CPU build with one
+    OpenMP thread, the engine thread's CPU time (it does the step's compute; its wall
+    time also counts the time other processes held the core, which made the fit's error
+    50-200 % on a busy 2-core host); elsewhere ``None`` (wall time: CPU time would miss
+    the GPU's work)."""
+    from agentspec_mw_vllm.engine import is_cpu_build
+
+    if is_cpu_build() and os.environ.get("OMP_NUM_THREADS") == "1":
+        return time.thread_time
+    return None
 
 
 def _vocab_size(model_config: Any) -> int:
@@ -99,6 +114,7 @@ class AgentSpecDrafter:
             self.k,
             max_model_len=int(vllm_config.model_config.max_model_len),
             step_timer=self.step_timer,
+            step_clock=_step_clock(),
             vocab_size=_vocab_size(vllm_config.model_config),
         )
         self._batch: BatchContext | None = None

@@ -23,7 +23,10 @@ session times the engine between two draft calls — from the end of one to the 
 the next, which is one engine step without the proposer's own time — and reports it with
 the step's scheduled tokens (``BatchContext.num_scheduled_tokens``, prefill included) and
 resident KV tokens. A gap after which no request of the previous call is still in the
-batch is not reported: the engine may have been idle in it.
+batch is not reported: the engine may have been idle in it. The gap is read on
+``step_clock`` (default ``clock``, wall time); with a per-thread clock (the adapter passes
+``time.thread_time`` on vLLM's CPU build) a gap between calls on two threads is not
+reported either.
 
 Error policy: wire tags that fail to decode make that request tag-free (a warning and
 ``tag_rejections``); a proposer exception is caught, logged once per kind (verb and
@@ -36,6 +39,7 @@ never sees the exception or the bad row.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -130,6 +134,7 @@ class DraftSession:
         metrics: DrafterMetrics | None = None,
         step_timer: MeasuredStepTime | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        step_clock: Callable[[], float] | None = None,
         vocab_size: int | None = None,
     ) -> None:
         if k < 1:
@@ -147,7 +152,9 @@ class DraftSession:
         self._logged: set[str] = set()
         self.step_timer = step_timer
         self._clock = clock
+        self._step_clock = step_clock
         self._last_end: float | None = None
+        self._last_step_end: tuple[int, float] | None = None  # (thread, step clock)
         self._last_ids: frozenset[str] = frozenset()
         block_of = getattr(proposer, "block_of", None)
         self._block_of: Callable[[str], str | None] | None = (
@@ -224,7 +231,8 @@ class DraftSession:
         t0 = self._clock()
         n = len(sampled_token_ids)
         if self.step_timer is not None and ctx is not None:
-            self._time_step(ctx, n, num_tokens_no_spec, t0)
+            start = t0 if self._step_clock is None else self._step_clock()
+            self._time_step(ctx, n, num_tokens_no_spec, start)
         out: list[list[int]] = [[] for _ in range(n)]
         offered = 0
         try:
@@ -291,6 +299,9 @@ class DraftSession:
             self._fault("adapter", exc)
             out = [[] for _ in range(n)]
         self._last_end = self._clock()
+        if self.step_timer is not None:
+            end = self._last_end if self._step_clock is None else self._step_clock()
+            self._last_step_end = (threading.get_ident(), end)
         self.metrics.record_step(offered, sum(map(len, out)), self._last_end - t0)
         return out
 
@@ -301,11 +312,16 @@ class DraftSession:
         assert self.step_timer is not None
         try:
             ids = frozenset(ctx.req_ids[:n])
-            if self._last_end is not None and not ids.isdisjoint(self._last_ids):
+            last = self._last_step_end
+            if (
+                last is not None
+                and last[0] == threading.get_ident()  # a per-thread step clock: same thread
+                and not ids.isdisjoint(self._last_ids)
+            ):
                 used = self.step_timer.observe(
                     sum(ctx.num_scheduled_tokens.values()),
                     int(np.sum(num_tokens_no_spec[:n], dtype=np.int64)),
-                    t0 - self._last_end,
+                    t0 - last[1],
                 )
                 if used:
                     c = self.step_timer.linear_coefficients()

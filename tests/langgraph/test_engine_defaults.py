@@ -13,12 +13,13 @@ from typing import Annotated, Any, TypedDict
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import HumanMessage
-from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 
 from agentspec_mw_langgraph import ChatAgentSpecVLLM, TaggingConfig, with_agentspec
 from agentspec_mw_langgraph.backend import VLLMBackend
 from agentspec_mw_langgraph.shared import release_shared_engines
+
+from .graphs import fan_out_graph
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -69,15 +70,7 @@ def build_graph(model: BaseChatModel) -> Any:
         msg = model.invoke([HumanMessage(f"Summarize in one sentence:\n{notes}")])
         return {"final": str(msg.content)}
 
-    g = StateGraph(State)
-    g.add_node("planner", planner)
-    g.add_node("worker", worker)
-    g.add_node("writer", writer)
-    g.add_edge(START, "planner")
-    g.add_conditional_edges("planner", fan_out, ["worker"])
-    g.add_edge("worker", "writer")
-    g.add_edge("writer", END)
-    return g.compile()
+    return fan_out_graph(State, planner, fan_out, worker, writer)
 
 
 def test_default_wrapped_graph_equals_no_speculation(

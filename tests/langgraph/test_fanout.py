@@ -13,6 +13,7 @@ from langgraph.types import Send
 from agentspec_mw_langgraph import TaggingConfig, get_handler, with_agentspec
 
 from .fake_chat import ScriptedChatModel
+from .graphs import fan_out_graph
 
 
 def echo(messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessage:
@@ -43,15 +44,7 @@ def build_map_reduce(model: ScriptedChatModel):  # type: ignore[no-untyped-def]
             "summary": str(model.invoke("summarize " + ";".join(sorted(state["notes"]))).content)
         }
 
-    g = StateGraph(MapState)
-    g.add_node("planner", planner)
-    g.add_node("worker", worker)
-    g.add_node("reducer", reducer)
-    g.add_edge(START, "planner")
-    g.add_conditional_edges("planner", fan_out, ["worker"])
-    g.add_edge("worker", "reducer")
-    g.add_edge("reducer", END)
-    return g.compile()
+    return fan_out_graph(MapState, planner, fan_out, worker, reducer)
 
 
 def test_send_fanout(strict: TaggingConfig) -> None:

@@ -13,7 +13,6 @@ import httpx
 import pytest
 from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
-from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 from pydantic import ValidationError
 
@@ -28,6 +27,7 @@ from agentspec_mw_langgraph import (
 from agentspec_mw_langgraph.routing import routing_key
 
 from .fake_openai import FakeOpenAI
+from .graphs import fan_out_graph
 
 pytest.importorskip("langchain_openai")
 
@@ -80,15 +80,7 @@ def fanout_graph(llm: Any, width: int = 3, calls: int = 1) -> Any:
         llm.invoke([HumanMessage(f"write {state['question']}")])
         return {}
 
-    g = StateGraph(FanState)
-    g.add_node("plan", plan)
-    g.add_node("work", work)
-    g.add_node("write", write)
-    g.add_edge(START, "plan")
-    g.add_conditional_edges("plan", dispatch, ["work"])
-    g.add_edge("work", "write")
-    g.add_edge("write", END)
-    return g.compile()
+    return fan_out_graph(FanState, plan, dispatch, work, write)
 
 
 def _calls(server: FakeOpenAI) -> list[tuple[StructureTags, str | None]]:

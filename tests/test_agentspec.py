@@ -443,8 +443,7 @@ def _score_one(
     1 with record bucket ``rec``: returns (picked row, its cells, positions at or above the
     floor, their survivals)."""
     from agentspec_mw.agentspec import kernels as K
-    from agentspec_mw.agentspec.calibration import N_Q, SUPPORT_EDGES
-    from agentspec_mw.agentspec.ngram_index import LEVELS
+    from agentspec_mw.agentspec.calibration import MATCH_EDGES, N_Q, SUPPORT_EDGES
 
     n_src, k = tok.shape
     ones = np.ones(n_src, dtype=np.int64)
@@ -461,7 +460,7 @@ def _score_one(
         np.zeros(1, np.int64),  # the request's scope row: row 0 of one-row tables
         np.atleast_2d(table),
         (np.atleast_2d(fine[0]), np.atleast_2d(fine[1]), *fine[2:]),
-        LEVELS,
+        MATCH_EDGES,
         SUPPORT_EDGES,
         N_Q,
         np.full(1, floor),

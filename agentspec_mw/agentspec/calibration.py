@@ -27,6 +27,7 @@ from agentspec_mw.agentspec.scopes import ScopeStates
 from agentspec_mw.agentspec.token_classes import token_classes
 
 __all__ = [
+    "MATCH_EDGES",
     "N_ML",
     "N_Q",
     "N_SUP",
@@ -40,7 +41,9 @@ __all__ = [
 SOURCES = ("iso", "agent", "scope", "local")
 """Candidate sources, in candidate-row order (the first three are index lookups)."""
 N_Q = 10  # buckets of c/n
-N_ML = len(LEVELS)  # match-length buckets (index levels; local uses the same edges)
+MATCH_EDGES = np.array([1, *LEVELS], dtype=np.int64)
+"""Match-length buckets: 1 (only ``local`` matches a single token), then the index levels."""
+N_ML = len(MATCH_EDGES)
 SUPPORT_EDGES = np.array([2, 4, 8], dtype=np.int64)  # support buckets: 1, 2-3, 4-7, 8+
 N_SUP = len(SUPPORT_EDGES) + 1
 _AGREE_BOOST = 1.1  # prior of a cell whose sources agree: 10% more trust (capped at 1)

@@ -77,7 +77,10 @@ REC_EDGES = (1, 4, 16)  # record buckets by streak: 0, 1-3, 4-15, 16+
 N_REC = len(REC_EDGES) + 1
 NF = 2 * N_CLASSES * N_REC  # fine cells per cell: token class x line break x record
 N_HIST = 3  # index-backed sources, in lookup-row order: iso, agent, scope
-_LOCAL_MIN_MATCH = 3
+# the local source drafts after a 1-token match too (SuffixDecoding's prompt tree does): an
+# answer that names what its prompt named ("The history of" -> "ink") continues from one
+# token; calibration keeps 1-token matches in their own bucket (calibration.MATCH_EDGES)
+_LOCAL_MIN_MATCH = 1
 _LOCAL_MAX_BACKOFF = 16  # steps a request skips the local scan after failing, at most
 
 

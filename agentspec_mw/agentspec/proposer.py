@@ -52,11 +52,11 @@ import numpy as np
 from agentspec_mw.agentspec import kernels as K
 from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec, current
 from agentspec_mw.agentspec.budget import admission_bound, allocate, step_shape
-from agentspec_mw.agentspec.calibration import N_Q, SOURCES, SUPPORT_EDGES, Calibration
+from agentspec_mw.agentspec.calibration import MATCH_EDGES, N_Q, SOURCES, SUPPORT_EDGES, Calibration
 from agentspec_mw.agentspec.config import AgentSpecConfig
 from agentspec_mw.agentspec.grammars import GrammarRegistry
 from agentspec_mw.agentspec.identity import KeyBases, identity
-from agentspec_mw.agentspec.ngram_index import LEVELS, NgramIndex
+from agentspec_mw.agentspec.ngram_index import NgramIndex
 from agentspec_mw.agentspec.slots import SlotTable
 from agentspec_mw.agentspec.workspace import Workspaces
 from agentspec_mw.costmodel import StepTimeFn, get_cost_model
@@ -369,7 +369,7 @@ class AgentSpecProposer:
             cal,
             self._scopes.table,
             fine,
-            LEVELS,
+            MATCH_EDGES,
             SUPPORT_EDGES,
             N_Q,
             bounds,

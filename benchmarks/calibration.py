@@ -173,13 +173,20 @@ def _rows(cells: np.ndarray, prefix: str = "") -> list[str]:
 
 def split_table(split: dict[str, np.ndarray]) -> list[str]:
     """Markdown: per split label and source, deciles as :func:`table`, then a summary per
-    label and source: tokens, mean predicted, realised, gap, token-weighted mean |gap|."""
+    label and source: tokens, mean predicted, realised, gap, token-weighted mean |gap|, and
+    the gap minus the source's gap over every split (what the split adds to the estimate);
+    last, the expected accepted tokens those split-specific gaps amount to."""
     rows = ["| split | source | decile | predicted | realised | tokens | gap (points) |"]
     rows.append("| --- " * 7 + "|")
     for label in sorted(split):
         rows += _rows(split[label], prefix=f"{label} | ")
-    rows += ["", "| split | source | tokens | predicted | realised | gap | mean abs gap |"]
-    rows.append("| --- " * 7 + "|")
+    rows += [
+        "",
+        "| split | source | tokens | predicted | realised | gap | mean abs gap | gap vs pooled |",
+    ]
+    rows.append("| --- " * 8 + "|")
+    pooled = sum(split.values(), np.zeros((len(SOURCES), DECILES, 3))).sum(axis=1)
+    moved = scored = 0.0
     for label in sorted(split):
         for s, name in enumerate(SOURCES):
             c = split[label][s]
@@ -188,11 +195,21 @@ def split_table(split: dict[str, np.ndarray]) -> list[str]:
                 continue
             has = c[:, 2] > 0
             abs_gap = np.abs(c[has, 1] - c[has, 0]).sum() / n  # sum_d n_d |gap_d| / n
+            gap = (c[:, 1].sum() - c[:, 0].sum()) / n
+            vs = gap - (pooled[s, 1] - pooled[s, 0]) / pooled[s, 2]
+            moved += abs(vs) * n
+            scored += n
             rows.append(
                 f"| {label} | {name} | {int(n)} | {c[:, 0].sum() / n:.3f} | "
-                f"{c[:, 1].sum() / n:.3f} | {100 * (c[:, 1].sum() - c[:, 0].sum()) / n:+.1f} | "
-                f"{100 * abs_gap:.1f} |"
+                f"{c[:, 1].sum() / n:.3f} | {100 * gap:+.1f} | {100 * abs_gap:.1f} | "
+                f"{100 * vs:+.1f} |"
             )
+    rows += [
+        "",
+        f"Split-specific error: Σ tokens × |gap vs pooled| = {moved:.0f} expected accepted "
+        f"tokens over {scored:.0f} scored ({100 * moved / max(scored, 1):.2f} %): the most a "
+        "per-split correction of the estimate could move.",
+    ]
     return rows
 
 

@@ -148,6 +148,8 @@ def test_calibration_split_labels_and_table(
     argv = ["--traces", str(sample_path), "--tokenizer", str(tiny_tokenizer_dir)]
     argv += ["--batch", "4", "--k", "4", "--holdout", "0", "--split-by", "group_kind"]
     assert cal.main(argv) == 0
-    summary = [ln for ln in capsys.readouterr().out.splitlines() if ln.count(" | ") == 6]
+    printed = capsys.readouterr().out
+    summary = [ln for ln in printed.splitlines() if ln.count(" | ") == 7]  # 8 columns
     labels = {ln.split(" | ")[0].lstrip("| ") for ln in summary}
     assert labels <= {"retry", "none", "split", "---"} and "retry" in labels
+    assert "Split-specific error: " in printed

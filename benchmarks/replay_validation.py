@@ -235,11 +235,11 @@ def _run(
     steps: list[Step] = []
     try:
         llm.generate(["Hello"], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-        _time_steps(llm, steps)
         backend = MeteredBackend(llm)
         chat = ChatAgentSpecVLLM(engine=backend, max_tokens=max_tokens)
         chat.invoke("Hello")
         backend.reset()
+        _time_steps(llm, steps)  # the workload's steps only (the engine is idle here)
         config = TaggingConfig(trace_path=trace, trace_workload="validation")
         app = with_agentspec(build_graph(chat), config=config)
         states = _states(queries_at(n), topics)

@@ -1,22 +1,32 @@
-"""Check the AgentSpec acceptance bars on `agentspec replay --json` reports.
+"""Check issue 28's bars on `agentspec replay --json` reports.
 
-For each k and workload: rejection rate at the largest batch, the lowest predicted speedup
-over all batch sizes, speedup vs SuffixDecoding at the largest batch (and the geometric
-mean over workloads), and mean accepted tokens per step vs SuffixDecoding at batch 1.
-Prints a markdown table per k; exits 1 if any bar fails.
+For each cost-model preset, k and mode (the drafts alone, or with ``--add-proposer-time``;
+read from each report's config): AgentSpec's predicted speedup over SuffixDecoding's
+(the ratio of their speedups over no speculation) per workload and batch, and its
+geometric mean over the workloads per batch. The bars:
 
-    python benchmarks/check_bars.py [--median] docs/results/replay_main.json [more.json ...]
+* drafts alone: the geometric mean >= 1.10 at every batch >= 32 and >= 1.02 below
+  (batch 1 and 8); every workload >= 0.97 at every batch;
+* everywhere: AgentSpec >= 1.0x no speculation;
+* with proposer time: AgentSpec >= 1.0x SuffixDecoding on every workload and batch.
 
-Several reports are read as one; where two hold the same (proposer, workload, batch, k)
-the later one wins, so a workload may be pieced together from several runs (put the run
-whose AgentSpec and SuffixDecoding rows at the largest batch belong together last; the
-batch-1 bar compares tokens per step, which do not depend on timing). A workload replayed
-without batch 1 has no batch-1 bar.
+Rejection is not a bar (``--rejection`` prints it as a diagnostic). A row whose workload
+does not fill its batch (``batch_filled`` false: the mean requests emitting per step,
+``effective_batch``, is under 80 % of the batch) is a replay at that smaller batch: its
+cell shows ``[effective batch]`` and the geometric mean is also printed over filled rows
+only. Prints markdown tables and one PASS/MISS line per bar; exits 1 if a bar misses.
 
-With ``--median`` the reports are repeats of one command instead: each row's speedup is
-the median over the reports that hold it (with ``--add-proposer-time`` the speedups
-depend on the proposers' measured CPU time, which drifts between runs; the other
-columns do not), and the pooled ``ALL`` rows are kept under one name.
+    python benchmarks/check_bars.py docs/results/issue28/*.json
+
+Several reports are read as one, so a workload's none/suffix and agentspec rows may come
+from separate commands (the ``none`` replay has no proposer and takes no time of its own,
+so every command's speedups share the same baseline; without proposer time no speedup
+depends on the host's timing). Where two reports hold the same row the later one wins.
+``ALL`` rows (a command's pooled workloads) are ignored.
+
+With ``--median`` the reports are repeats of the same commands: each row's speedup is the
+median over the reports that hold it (with ``--add-proposer-time`` the speedups depend on
+each proposer's measured CPU time, which drifts between runs).
 """
 
 from __future__ import annotations
@@ -26,53 +36,182 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-BARS = {"rej": 0.20, "min_speedup": 1.0, "vs_suffix": 1.1, "geo": 1.3, "mat1": 0.95}
+GEO_BIG = 1.10
+"""Geometric mean of AgentSpec / SuffixDecoding over the workloads, at batch >= BIG_BATCH."""
+GEO_SMALL = 1.02
+"""The same below BIG_BATCH (the issue's batch 1 and 8)."""
+BIG_BATCH = 32
+PER_WORKLOAD = 0.97
+"""AgentSpec / SuffixDecoding on every workload at every batch (drafts alone)."""
+VS_NONE = 1.0
+"""AgentSpec / no speculation, everywhere."""
+VS_SUFFIX_TIMED = 1.0
+"""AgentSpec / SuffixDecoding everywhere, with each proposer's time on the step."""
 
-
-def speedup_tables(rows: list[dict]) -> None:  # type: ignore[type-arg]
-    """Print predicted speedup vs none: a row per workload × proposer, a column per batch."""
-    batches = sorted({r["batch"] for r in rows})
-    for k in sorted({r["k"] for r in rows}):
-        print(f"\n#### Predicted speedup vs no speculation, k = {k}\n")
-        print("| workload | proposer | " + " | ".join(f"b={b}" for b in batches) + " |")
-        print("| --- | --- | " + " | ".join("---" for _ in batches) + " |")
-        seen = dict.fromkeys((r["workload"], r["proposer"]) for r in rows if r["k"] == k)
-        for wl, prop in seen:
-            if prop == "none":
-                continue
-            cells = {
-                r["batch"]: r["speedup"]
-                for r in rows
-                if r["k"] == k and r["workload"] == wl and r["proposer"] == prop
-            }
-            print(
-                f"| {wl} | {prop} | "
-                + " | ".join(f"{cells[b]:.3f}" if b in cells else "–" for b in batches)
-                + " |"
-            )
+Row = dict[str, Any]
+Key = tuple[str, bool, int]
+"""A table's scope: (cost-model preset, with proposer time, k)."""
 
 
-def _load(paths: list[str], median: bool = False) -> list[dict]:  # type: ignore[type-arg]
-    """Rows of every report; each report's pooled ``ALL`` rows are named after its file
-    when there are several (they pool different workloads). ``median``: one row per
-    (proposer, workload, batch, k), its speedup the median over the reports."""
-    rows = []
+def load_rows(paths: Iterable[str], median: bool = False) -> list[Row]:
+    """Every report's per-workload rows, each with its report's ``preset`` and ``timed``
+    (``--add-proposer-time``); one row per (preset, timed, proposer, workload, batch, k):
+    the last report's, or with ``median`` the median speedup over the reports."""
+    groups: dict[tuple[Any, ...], list[Row]] = {}
     for p in paths:
-        for r in json.loads(Path(p).read_text())["results"]:
-            if r["workload"] == "ALL" and len(paths) > 1 and not median:
-                r = {**r, "workload": f"ALL ({Path(p).stem})"}
-            rows.append(r)
+        report = json.loads(Path(p).read_text())
+        cfg = report.get("config", {})
+        preset = str(cfg.get("cost_model", "?"))
+        timed = bool(cfg.get("add_proposer_time", False))
+        for r in report["results"]:
+            if r["workload"] == "ALL":
+                continue
+            r = {**r, "preset": preset, "timed": timed}
+            key = (preset, timed, r["proposer"], r["workload"], r["batch"], r["k"])
+            groups.setdefault(key, []).append(r)
     if not median:
-        return rows
-    groups: dict[tuple[str, str, int, int], list[dict]] = {}  # type: ignore[type-arg]
-    for r in rows:
-        groups.setdefault((r["proposer"], r["workload"], r["batch"], r["k"]), []).append(r)
+        return [g[-1] for g in groups.values()]
     return [
         {**g[-1], "speedup": statistics.median(r["speedup"] for r in g), "repeats": len(g)}
         for g in groups.values()
     ]
+
+
+def geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
+
+
+def _cell(x: float, filled: bool, eff: float, miss: bool) -> str:
+    s = f"{x:.3f}" if not math.isnan(x) else "–"
+    if not filled:
+        s += f" [{eff:.0f}]"
+    return s + (" ✗" if miss else "")
+
+
+@dataclass
+class Bar:
+    """One bar's verdict: what it checks, its worst value and where."""
+
+    scope: str
+    what: str
+    ok: bool
+    worst: str
+
+    def line(self) -> str:
+        return f"{'PASS' if self.ok else 'MISS'}  {self.scope}: {self.what} (worst {self.worst})"
+
+
+def check_scope(rows: list[Row], key: Key, rejection: bool = False) -> list[Bar]:
+    """Print the tables of one (preset, timed, k) and return its bars' verdicts."""
+    preset, timed, k = key
+    mine = [r for r in rows if (r["preset"], r["timed"], r["k"]) == key]
+    by = {(r["proposer"], r["workload"], r["batch"]): r for r in mine}
+    wls = list(dict.fromkeys(r["workload"] for r in mine if r["proposer"] == "agentspec"))
+    batches = sorted({r["batch"] for r in mine if r["proposer"] == "agentspec"})
+    mode = "with proposer time" if timed else "drafts alone"
+    scope = f"{preset}, k = {k}, {mode}"
+    head = "| " + " | ".join(f"b={b}" for b in batches) + " |"
+    rule = "| --- | " + " | ".join("---" for _ in batches) + " |"
+    print(f"\n### {scope}\n")
+    print("AgentSpec / SuffixDecoding (`[n]`: the workload fills only n of the batch)\n")
+    print("| workload " + head + "\n" + rule)
+    ratio: dict[tuple[str, int], float] = {}
+    per_floor = VS_SUFFIX_TIMED if timed else PER_WORKLOAD
+    for wl in wls:
+        cells = []
+        for b in batches:
+            a, s = by.get(("agentspec", wl, b)), by.get(("suffix", wl, b))
+            if a is None or s is None:
+                cells.append("–")
+                continue
+            x = ratio[wl, b] = a["speedup"] / s["speedup"]
+            filled = a.get("batch_filled", True)
+            cells.append(_cell(x, filled, a.get("effective_batch", b), x < per_floor))
+        print(f"| {wl} | " + " | ".join(cells) + " |")
+    geo: dict[int, float] = {}
+    geo_cells, filled_cells = [], []
+    for b in batches:
+        xs = [ratio[w, b] for w in wls if (w, b) in ratio]
+        if not xs:
+            geo_cells.append("–")
+            filled_cells.append("–")
+            continue
+        geo[b] = geomean(xs)
+        bar = GEO_BIG if b >= BIG_BATCH else GEO_SMALL
+        miss = not timed and not geo[b] >= bar
+        geo_cells.append(f"**{geo[b]:.3f}**" + (" ✗" if miss else "") + f" ({len(xs)})")
+        full = [
+            ratio[w, b]
+            for w in wls
+            if (w, b) in ratio and by["agentspec", w, b].get("batch_filled", True)
+        ]
+        filled_cells.append(f"{geomean(full):.3f} ({len(full)})" if full else "–")
+    print("| **geometric mean** (workloads) | " + " | ".join(geo_cells) + " |")
+    print("| geometric mean, filled rows only | " + " | ".join(filled_cells) + " |")
+
+    print("\nPredicted speedup over no speculation: AgentSpec / SuffixDecoding\n")
+    print("| workload " + head + "\n" + rule)
+    vs_none: dict[tuple[str, int], float] = {}
+    for wl in wls:
+        cells = []
+        for b in batches:
+            a, s = by.get(("agentspec", wl, b)), by.get(("suffix", wl, b))
+            if a is None:
+                cells.append("–")
+                continue
+            x = vs_none[wl, b] = a["speedup"]
+            cell = f"{x:.3f}" + (" ✗" if x < VS_NONE else "")
+            cells.append(cell + (f" / {s['speedup']:.3f}" if s else ""))
+        print(f"| {wl} | " + " | ".join(cells) + " |")
+    if rejection:
+        print("\nRejection rate (diagnostic, not a bar): AgentSpec / SuffixDecoding\n")
+        print("| workload " + head + "\n" + rule)
+        for wl in wls:
+            cells = []
+            for b in batches:
+                a, s = by.get(("agentspec", wl, b)), by.get(("suffix", wl, b))
+                cells.append(
+                    f"{a['rejection_rate']:.2f} / {s['rejection_rate']:.2f}" if a and s else "–"
+                )
+            print(f"| {wl} | " + " | ".join(cells) + " |")
+
+    missing = [f"{w} b={b}" for w in wls for b in batches if (w, b) not in ratio]
+    if missing:
+        print(f"\nnot replayed (agentspec or suffix row missing): {', '.join(missing)}")
+    bars: list[Bar] = []
+
+    def add(what: str, values: dict[Any, float], floor: float) -> None:
+        """One bar: the lowest of ``values`` (keyed by batch or by (workload, batch))."""
+        if not values:
+            bars.append(Bar(scope, what, True, "no rows"))
+            return
+        at = min(values, key=lambda kk: values[kk])
+        where = f"b={at}" if isinstance(at, int) else f"{at[0]} b={at[1]}"
+        bars.append(Bar(scope, what, values[at] >= floor, f"{values[at]:.3f} at {where}"))
+
+    if timed:
+        add(f"AgentSpec >= {VS_SUFFIX_TIMED}x SuffixDecoding everywhere", ratio, VS_SUFFIX_TIMED)
+    else:
+        big = {b: g for b, g in geo.items() if b >= BIG_BATCH}
+        small = {b: g for b, g in geo.items() if b < BIG_BATCH}
+        if big:
+            add(
+                f"geometric mean >= {GEO_BIG}x SuffixDecoding at batch >= {BIG_BATCH}", big, GEO_BIG
+            )
+        if small:
+            add(
+                f"geometric mean >= {GEO_SMALL}x SuffixDecoding at batch < {BIG_BATCH}",
+                small,
+                GEO_SMALL,
+            )
+        add(f"every workload >= {PER_WORKLOAD}x SuffixDecoding at every batch", ratio, PER_WORKLOAD)
+    add(f"AgentSpec >= {VS_NONE}x no speculation everywhere", vs_none, VS_NONE)
+    return bars
 
 
 def main(argv: list[str]) -> int:
@@ -81,73 +220,20 @@ def main(argv: list[str]) -> int:
     )
     ap.add_argument("reports", nargs="+", help="`agentspec replay --json` files")
     ap.add_argument("--median", action="store_true", help="the reports are repeats")
+    ap.add_argument("--rejection", action="store_true", help="also print rejection rates")
     args = ap.parse_args(argv)
-    median, paths = args.median, args.reports
-    rows = _load(paths, median)
-    if median:
+    rows = load_rows(args.reports, args.median)
+    if args.median:
         n = sorted({r["repeats"] for r in rows})
         print(f"speedups: median over {'/'.join(map(str, n))} reports per row")
-    speedup_tables(rows)
-    by = {(r["proposer"], r["workload"], r["batch"], r["k"]): r for r in rows}
-    ks = sorted({r["k"] for r in rows if r["proposer"] == "agentspec"})
-    if not ks or not any(r["proposer"] == "suffix" for r in rows):
-        print("no agentspec and suffix rows to compare")
+    keys = sorted({(r["preset"], r["timed"], r["k"]) for r in rows if r["proposer"] == "agentspec"})
+    if not keys:
+        print("no agentspec rows")
         return 1
-    ok = True
-    for k in ks:
-        wls = sorted(
-            {r["workload"] for r in rows if r["k"] == k and not r["workload"].startswith("ALL")}
-        )
-        big = max(r["batch"] for r in rows if r["k"] == k)
-        print(f"\n### k = {k} (largest batch {big})\n")
-        print(
-            "| workload | rejection @max | min speedup (batch) | agentspec / suffix @max | "
-            "MAT @1 agentspec / suffix |"
-        )
-        print("| --- | --- | --- | --- | --- |")
-        ratios = []
-        for wl in wls:
-            a = {
-                b: by[("agentspec", wl, b, k)]
-                for (p, w, b, kk) in by
-                if p == "agentspec" and w == wl and kk == k
-            }
-            s = {
-                b: by[("suffix", wl, b, k)]
-                for (p, w, b, kk) in by
-                if p == "suffix" and w == wl and kk == k
-            }
-            rej = a[big]["rejection_rate"]
-            mins = min(a.values(), key=lambda r: r["speedup"])
-            ratio = a[big]["speedup"] / s[big]["speedup"]
-            ratios.append(ratio)
-            has1 = 1 in a and 1 in s
-            mat = a[1]["mat"] / s[1]["mat"] if has1 else float("nan")
-            flags = [
-                rej <= BARS["rej"],
-                mins["speedup"] >= BARS["min_speedup"],
-                ratio >= BARS["vs_suffix"],
-                not mat < BARS["mat1"],
-            ]
-            ok &= all(flags)
-            mark = lambda good: "" if good else " ✗"  # noqa: E731
-            print(
-                f"| {wl} | {rej:.3f}{mark(flags[0])} | {mins['speedup']:.3f} ({mins['batch']})"
-                f"{mark(flags[1])} | {a[big]['speedup']:.3f} / {s[big]['speedup']:.3f} = "
-                f"{ratio:.2f}{mark(flags[2])} | "
-                + (
-                    f"{a[1]['mat']:.3f} / {s[1]['mat']:.3f} = {mat:.3f}{mark(flags[3])} |"
-                    if has1
-                    else "not replayed at batch 1 |"
-                )
-            )
-        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-        ok &= geo >= BARS["geo"]
-        print(
-            f"\ngeometric mean of agentspec / suffix at batch {big}: {geo:.2f}"
-            f"{'' if geo >= BARS['geo'] else ' ✗'}"
-        )
-    print("\nall bars hold" if ok else "\nsome bars fail (✗)")
+    bars = [bar for key in keys for bar in check_scope(rows, key, args.rejection)]
+    print("\n" + "\n".join(bar.line() for bar in bars))
+    ok = all(bar.ok for bar in bars)
+    print("\nall bars hold" if ok else "\nsome bars miss")
     return 0 if ok else 1
 
 

@@ -211,3 +211,95 @@ def test_calibration_scores_held_out_runs(
         assert src.lstrip("| ") in ("iso", "agent", "scope", "local")
         assert lo <= float(pred) <= hi and 0.0 <= float(real) <= 1.0 and int(n) > 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _replay_report(
+    path: Path,
+    speedups: dict[tuple[str, str, int], float],
+    *,
+    k: int = 16,
+    timed: bool = False,
+    unfilled: dict[tuple[str, int], float] | None = None,
+) -> str:
+    """An ``agentspec replay --json`` report with these (proposer, workload, batch) speedups;
+    ``unfilled`` (workload, batch): the effective batch of rows the workload does not fill."""
+    unfilled = unfilled or {}
+    rows = [
+        {
+            "proposer": p,
+            "workload": w,
+            "batch": b,
+            "k": k,
+            "speedup": x,
+            "rejection_rate": 0.5,
+            "batch_filled": (w, b) not in unfilled,
+            "effective_batch": unfilled.get((w, b), float(b)),
+        }
+        for (p, w, b), x in speedups.items()
+    ]
+    rows.append({**rows[0], "workload": "ALL", "speedup": 0.1})  # pooled rows are ignored
+    cfg = {"cost_model": "llama8b-h100", "add_proposer_time": timed, "k": [k]}
+    path.write_text(json.dumps({"version": 1, "config": cfg, "results": rows}))
+    return str(path)
+
+
+def test_check_bars_passes_the_issue_bars_and_marks_unfilled_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bars = _script("check_bars")
+    # none/suffix from one command, agentspec from another: read as one
+    cells = [(w, b) for w in ("a", "b") for b in (1, 8, 32, 256)]
+    base = {("suffix", w, b): 1.5 for w, b in cells}
+    spec = {("agentspec", w, b): 1.5 * (1.03 if b < 32 else 1.12) for w, b in cells}
+    r1 = _replay_report(tmp_path / "ns.json", base)
+    r2 = _replay_report(tmp_path / "as.json", spec, unfilled={("b", 256): 44.0})
+    assert bars.main([r1, r2]) == 0
+    out = capsys.readouterr().out
+    assert "1.120 [44]" in out  # the row the workload does not fill shows its effective batch
+    assert "| **geometric mean** (workloads) | **1.030** (2) | **1.030** (2) |" in out
+    assert "1.120 (1)" in out  # the filled rows' geometric mean at 256 leaves b out
+    assert out.count("PASS") == 4 and "MISS" not in out and "all bars hold" in out
+
+
+@pytest.mark.parametrize(
+    ("ratio_a", "ratio_b", "speedup_a", "missed"),
+    [
+        (1.05, 1.05, 1.5, "geometric mean >= 1.1x"),  # the batch-32 mean 1.05
+        (0.96, 1.30, 1.5, "every workload >= 0.97x"),  # mean 1.117, workload a 0.96
+        (1.20, 1.20, 0.8, "no speculation"),  # agentspec below none on workload a
+    ],
+)
+def test_check_bars_misses_exit_1(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    ratio_a: float,
+    ratio_b: float,
+    speedup_a: float,
+    missed: str,
+) -> None:
+    bars = _script("check_bars")
+    rows = {("suffix", "a", 32): speedup_a / ratio_a, ("agentspec", "a", 32): speedup_a}
+    rows |= {("suffix", "b", 32): 1.5, ("agentspec", "b", 32): 1.5 * ratio_b}
+    assert bars.main([_replay_report(tmp_path / "r.json", rows)]) == 1
+    misses = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("MISS")]
+    assert len(misses) == 1 and missed in misses[0]
+
+
+def test_check_bars_with_proposer_time_and_median(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bars = _script("check_bars")
+    reps = [
+        _replay_report(
+            tmp_path / f"r{i}.json",
+            {("suffix", "a", 256): 1.0, ("agentspec", "a", 256): x},
+            timed=True,
+        )
+        for i, x in enumerate((0.9, 1.1, 1.2))
+    ]
+    # with proposer time the bar is >= 1.0x SuffixDecoding everywhere, on the median (1.1)
+    assert bars.main(["--median", *reps]) == 0
+    out = capsys.readouterr().out
+    assert "median over 3 reports" in out and "with proposer time" in out
+    assert "PASS  llama8b-h100, k = 16, with proposer time: AgentSpec >= 1.0x Suff" in out
+    assert bars.main([reps[0]]) == 1  # one report alone: 0.9

@@ -11,17 +11,25 @@ budget, 256 sequences, 1 GiB of KV cache).
 ``live``: for each drafter and concurrency N, a fresh engine runs the first ``queries(N)``
 queries with at most N in flight (``graph.batch(..., max_concurrency=N)``); printed and
 written per (drafter, N): output tokens (the engine's), wall seconds, tokens/s, drafted
-and accepted tokens, and whether every final state equals the no-speculation run's.
+and accepted tokens, a digest of the final states (every drafter's must equal the
+no-speculation run's), the process's CPU seconds and the engine's steps summed (wall
+and the engine thread's CPU seconds in ``EngineCore.step``); ``--steps-prefix`` also
+writes every step. ``--topics-from`` runs a recording's own first runs.
 
-``compare``: the live JSON beside ``agentspec replay --json`` reports of the recording
-(one per N, made with ``--max-runs queries(N) --batch N --cost-model cpu-smollm2``):
-measured and predicted speedups over ``none`` at each N.
+``direct``: the recording's calls on the engine without LangGraph (one client thread,
+``LLMEngine.add_request`` / ``step``): what LangGraph's threads add to a live run.
+
+``compare``: live JSONs (a (drafter, N) run more than once counts by its median) beside
+``agentspec replay --json`` reports of the recording (one per N, made with ``--max-runs
+queries(N) --batch N --cost-model cpu-smollm2``): measured speedups over ``none`` by wall
+time and by the engine's CPU time, and the predicted ones, at each N.
 
     python benchmarks/replay_validation.py record --out val/trace.jsonl --queries 32
-    python benchmarks/replay_validation.py live --out val/live.json --concurrency 1,8,32
+    python benchmarks/replay_validation.py live --out val/live.json --concurrency 1,8,32 \
+        --topics-from val/trace.jsonl --steps-prefix val/steps-
     agentspec replay --traces val/trace.jsonl --tokenizer MODEL_DIR --cost-model cpu-smollm2 \
         --proposers none,ngram,suffix,agentspec --batch 8 --max-runs 8 --json val/replay8.json
-    python benchmarks/replay_validation.py compare val/live.json val/replay*.json
+    python benchmarks/replay_validation.py compare val/live*.json val/replay*.json
 """
 
 from __future__ import annotations
@@ -291,7 +299,8 @@ def _run_direct(
     """The recording's calls on the engine without LangGraph: one thread adds each run's
     next call to the engine (``LLMEngine.add_request``) when its previous call finishes
     and steps the engine itself; ``n`` runs in flight (all of ``queries(n)`` at once when
-    ``n`` >= that). Greedy decoding reproduces the recorded outputs."""
+    ``n`` >= that), ``drafter`` as in ``live``. Greedy decoding reproduces the recorded
+    outputs."""
     from vllm import SamplingParams
 
     from agentspec_mw_langgraph.toolformat import render_chat_prompt

@@ -49,6 +49,8 @@ from agentspec_mw.tokens import token_bytes_table
 from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
 
 ORACLE = "oracle"
+#: The ways :class:`BestOf` combines drafters (``MODE:a+b`` proposer names).
+MODES = ("best", "trim", "shadow")
 #: The step-time terms of a linear preset, in the order :func:`terms` returns them.
 TERMS = ("fixed", "prefill", "decode", "draft", "kv")
 
@@ -86,13 +88,16 @@ class BestOf:
 
     ``best:a+b`` drafts, per request and step, the draft of theirs the output accepts most
     of (ties: the shorter): the ceiling of *choosing* between those drafters, not of
-    drafting better. ``shadow:a+b`` drafts ``a``'s; ``b`` only shadows it: its accepted
-    tokens are counted at ``a``'s positions (``parts_accepted``), which is how a
-    per-call-step comparison made on one drafter's steps reads the other."""
+    drafting better. ``trim:a+b`` (or ``trim:a``) drafts that one cut to its accepted
+    prefix: a perfect choice *and* a perfect length (no rejected token is drafted), the
+    ceiling of any budget over those drafts as they come. ``shadow:a+b`` drafts ``a``'s;
+    ``b`` only shadows it: its accepted tokens are counted at ``a``'s positions
+    (``parts_accepted``), which is how a per-call-step comparison made on one drafter's
+    steps reads the other."""
 
     def __init__(self, parts: Sequence[Proposer], calls: Sequence[ReplayCall], mode: str) -> None:
-        if mode not in ("best", "shadow"):
-            raise ValueError(f"mode={mode!r}: expected 'best' or 'shadow'")
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r}: expected one of {MODES}")
         self.parts, self.mode = list(parts), mode
         self.name = f"{mode}:" + "+".join(p.name for p in parts)
         self.truth = OracleProposer(calls)
@@ -121,9 +126,12 @@ class BestOf:
             self.accepted += acc
             if self.mode == "shadow":
                 out.append(each[0][i])
-            else:
-                j = max(range(len(each)), key=lambda j: (acc[j], -len(each[j][i])))
-                out.append(each[j][i])
+                continue
+            j = max(range(len(each)), key=lambda j: (acc[j], -len(each[j][i])))
+            d = each[j][i]
+            if self.mode == "trim" and len(d) > acc[j]:
+                d = Draft(d.token_ids[: acc[j]], d.probs[: acc[j]])
+            out.append(d)
         return out
 
     def stop(self, req_id: str) -> None:
@@ -276,12 +284,12 @@ def replay_one(
     k: int,
     wl: str,
 ) -> Run:
-    """Replay ``calls`` with proposer ``name``: ``oracle``, ``best:a+b``, ``shadow:a+b``
-    (see :class:`BestOf`) or a registry name."""
+    """Replay ``calls`` with proposer ``name``: ``oracle``, ``best:a+b``, ``trim:a+b``,
+    ``shadow:a+b`` (see :class:`BestOf`) or a registry name."""
     prop: Proposer
     if name == ORACLE:
         prop = OracleProposer(calls)
-    elif name.startswith(("best:", "shadow:")):
+    elif name.partition(":")[0] in MODES:
         mode, _, parts = name.partition(":")
         prop = BestOf([make_proposer(p, env) for p in parts.split("+")], calls, mode)
     else:

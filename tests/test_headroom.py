@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 from agentspec_mw.costmodel import get_cost_model
 from agentspec_mw.peers.none import NoProposer
-from agentspec_mw.proposer import StepContext
+from agentspec_mw.proposer import Draft, StepContext
 from agentspec_mw.replay import sim
 from agentspec_mw.replay.sim import ReplayCall
 from agentspec_mw.traces.tokenized import CallMeta
@@ -68,13 +69,14 @@ def test_end_to_end_on_the_sample(
     hr = _script("headroom")
     out = tmp_path / "h.json"
     argv = ["--traces", str(sample_path), "--tokenizer", str(tiny_tokenizer_dir)]
-    argv += ["--proposers", "ngram,best:ngram+none,shadow:none+ngram", "--batch", "1,4", "--k", "4"]
+    argv += ["--proposers", "ngram,best:ngram+none,shadow:none+ngram,trim:ngram"]
+    argv += ["--batch", "1,4", "--k", "4"]
     argv += ["--json", str(out)]
     assert hr.main(argv) == 0
     printed = capsys.readouterr().out
     assert "| 4 | **geomean** |" in printed and "oracle/ngram" not in printed
     runs = json.loads(out.read_text())["runs"]
-    names = {"none", "ngram", "best:ngram+none", "shadow:none+ngram", "oracle"}
+    names = {"none", "ngram", "best:ngram+none", "shadow:none+ngram", "trim:ngram", "oracle"}
     assert {r["proposer"] for r in runs} == names
     shadowed = [r for r in runs if r["proposer"] == "shadow:none+ngram"]
     assert all(r["draft_tokens"] == 0 and r["parts_accepted"]["none"] == 0 for r in shadowed)
@@ -88,7 +90,7 @@ def test_end_to_end_on_the_sample(
             and x["batch"] == r["batch"]
         )
         assert r["speedup"] == pytest.approx(base["time_s"] / r["time_s"])
-        if r["proposer"] == "oracle":
+        if r["proposer"] in ("oracle", "trim:ngram"):
             assert r["speedup"] >= 1.0 and r["draft_tokens"] == r["accepted"]
         assert not math.isnan(r["speedup"])
     assert hr.main(["--merge", str(out), str(out)]) == 0  # the tables again, from the file
@@ -97,6 +99,17 @@ def test_end_to_end_on_the_sample(
 
 def test_best_of_picks_the_most_accepted_draft_and_the_shorter_on_a_tie() -> None:
     hr = _script("headroom")
+
+    class Half(hr.OracleProposer):  # type: ignore[name-defined,misc]
+        """Right for 2 tokens, then wrong."""
+
+        name = "half"
+
+        def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+            return [
+                Draft(d.token_ids[:2] + (-1,) * (k - 2)) for d in super().propose(req_ids, k, step)
+            ]
+
     calls = _calls(n_runs=1, per_run=1)
     rid, out = calls[0].req_id, calls[0].output
     step = StepContext(batch_size=1, num_kv_tokens=0)
@@ -113,6 +126,10 @@ def test_best_of_picks_the_most_accepted_draft_and_the_shorter_on_a_tie() -> Non
         assert d.token_ids == want
         best.stop(rid)
     assert best.name == "best:wrong+none"
+    trim = hr.BestOf([Wrong(), Half(calls)], calls, "trim")
+    trim.start(rid, calls[0].prompt)
+    (d,) = trim.propose([rid], 4, step)
+    assert d.token_ids == tuple(int(t) for t in out[:2])  # cut to what is accepted
     shadow = hr.BestOf([Wrong(), hr.OracleProposer(calls)], calls, "shadow")
     shadow.start(rid, calls[0].prompt)
     (d,) = shadow.propose([rid], 4, step)

@@ -171,6 +171,32 @@ def _rows(cells: np.ndarray, prefix: str = "") -> list[str]:
     return rows
 
 
+def brier(cells: np.ndarray) -> list[str]:
+    """Plain lines: per source, the Brier score of its per-token predictions split by
+    decile (Murphy's decomposition over the decile bins): ``reliability`` (how far each
+    decile's mean prediction is from its realised rate: 0 is calibrated) and
+    ``resolution`` (how far the deciles' realised rates spread around the source's mean:
+    the share of the ``uncertainty`` ō(1 − ō) the estimate tells apart). A budget can cut
+    rejected tokens from its drafts only as far as the estimate resolves them."""
+    out = []
+    for s, name in enumerate(SOURCES):
+        pred, acc, n = cells[s, :, 0], cells[s, :, 1], cells[s, :, 2]
+        total = n.sum()
+        if total == 0:
+            continue
+        has = n > 0
+        rate = acc.sum() / total
+        p_d, o_d, n_d = pred[has] / n[has], acc[has] / n[has], n[has]
+        rel = float((n_d * (p_d - o_d) ** 2).sum() / total)
+        res = float((n_d * (o_d - rate) ** 2).sum() / total)
+        unc = rate * (1 - rate)
+        out.append(
+            f"Brier {name}: reliability {rel:.4f}, resolution {res:.4f} of uncertainty "
+            f"{unc:.4f} ({res / unc if unc else 0:.0%}), {int(total)} tokens"
+        )
+    return out
+
+
 def split_table(split: dict[str, np.ndarray]) -> list[str]:
     """Markdown: per split label and source, deciles as :func:`table`, then a summary per
     label and source: tokens, mean predicted, realised, gap, token-weighted mean |gap|, and
@@ -282,9 +308,11 @@ def main(argv: list[str] | None = None) -> int:
             total_split[label] = total_split.get(label, 0) + cells
         print(f"\n{workload}: batch {args.batch}, k = {args.k}, {len(scored)} scored calls\n")
         print("\n".join(split_table(prop.split) if labels else table(prop.cells)))
+        print("\n" + "\n".join(brier(prop.cells)))
     if len(setup.workloads) > 1:
         print("\nall workloads\n")
         print("\n".join(split_table(total_split) if labels else table(total)))
+        print("\n" + "\n".join(brier(total)))
     if args.png:
         names = ", ".join(setup.workloads)
         plot(total, args.png, f"{names}: batch {args.batch}, k = {args.k}")

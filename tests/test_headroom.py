@@ -170,3 +170,10 @@ def test_calibration_split_labels_and_table(
     labels = {ln.split(" | ")[0].lstrip("| ") for ln in summary}
     assert labels <= {"retry", "none", "split", "---"} and "retry" in labels
     assert "Split-specific error: " in printed
+    brier = [ln for ln in printed.splitlines() if ln.startswith("Brier ")]
+    assert brier and all("resolution" in ln for ln in brier)
+    cells = np.zeros((4, 10, 3))
+    cells[0, 1] = (1.5, 0, 10)  # a source that says 0.15 and 0.95 and is right about both
+    cells[0, 9] = (9.5, 10, 10)
+    (line,) = cal.brier(cells)
+    assert "reliability 0.0125" in line and "(100%)" in line

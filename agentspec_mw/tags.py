@@ -112,7 +112,8 @@ class StructureTags(BaseModel):
     group_id: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     """Redundancy group: siblings of one fan-out, repeats of a node, retries of a task."""
     group_kind: GroupKind | None = None
-    """How the members of ``group_id`` relate."""
+    """How the members of ``group_id`` relate. Client-side only (routing keys, traces):
+    :func:`tags_to_wire` leaves it out; one sent by an older client is still decoded."""
 
     @model_validator(mode="after")
     def _check(self) -> StructureTags:
@@ -137,7 +138,12 @@ class StructureTags(BaseModel):
 
 def tags_to_wire(tags: StructureTags) -> dict[str, str | int | float]:
     """Encode tags as a flat ``{str: str|int|float}`` dict (keys prefixed ``agentspec_``;
-    ``None`` fields are left out)."""
+    ``None`` fields are left out).
+
+    ``group_kind`` is not sent: measured on held-out traces it would not change the
+    proposer's survival estimate or choice of source (docs/experiments/headroom.md §4),
+    and the server reads nothing else from it. ``segment`` is sent: the server labels its
+    per-block acceptance metrics with it (:mod:`agentspec_mw_vllm.metrics`)."""
     out: dict[str, str | int | float] = {
         f"{WIRE_PREFIX}v": WIRE_VERSION,
         f"{WIRE_PREFIX}scope": tags.scope,
@@ -152,9 +158,7 @@ def tags_to_wire(tags: StructureTags) -> dict[str, str | int | float]:
         out[f"{WIRE_PREFIX}blocks"] = json.dumps([list(b) for b in tags.blocks])
     if tags.group_id is not None:
         out[f"{WIRE_PREFIX}group"] = tags.group_id
-    if tags.group_kind is not None:
-        out[f"{WIRE_PREFIX}group_kind"] = tags.group_kind
-    return out
+    return out  # group_kind stays client-side (routing, traces): no proposer reads it
 
 
 def has_wire_tags(extra: Mapping[str, Any] | None) -> bool:

@@ -24,7 +24,10 @@ def test_wire_round_trip_is_flat() -> None:
     )
     wire = tags_to_wire(tags)
     assert all(isinstance(v, str | int | float) for v in wire.values())
-    assert tags_from_wire({**wire, "other_key": 1}) == tags
+    assert "agentspec_group_kind" not in wire  # client-side only (no proposer reads it)
+    assert tags_from_wire({**wire, "other_key": 1}) == tags.model_copy(update={"group_kind": None})
+    older = {**wire, "agentspec_group_kind": "fanout"}  # an older client still decodes
+    assert tags_from_wire(older) == tags
 
 
 def test_no_tags_means_none() -> None:

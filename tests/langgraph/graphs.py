@@ -1,4 +1,4 @@
-"""The fan-out graph shape several tests share: head -> ``Send`` workers -> tail."""
+"""Helpers several LangGraph tests share: the fan-out graph shape, a group id's kind."""
 
 from __future__ import annotations
 
@@ -29,3 +29,9 @@ def fan_out_graph(
     g.add_edge(names[1], names[2])
     g.add_edge(names[2], END)
     return g.compile()
+
+
+def group_kind_of(group_id: str | None) -> str | None:
+    """The kind inside a derived group id (``<query_id>|<kind>|<key>``); the tags'
+    ``group_kind`` itself stays client-side and does not cross the wire."""
+    return None if group_id is None else group_id.split("|")[-2]

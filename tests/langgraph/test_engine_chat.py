@@ -67,7 +67,8 @@ def test_create_agent_with_engine_model(
     t1, t2 = tags_from_wire(r1.extra_args), tags_from_wire(r2.extra_args)
     assert t1 is not None and t2 is not None
     assert (t1.agent_id, t1.segment, t1.blocks) == ("model", "tool_call", BLOCKS)
-    assert (t2.agent_id, t2.segment, t2.group_kind) == ("model", "answer", "repeat")
+    assert (t2.agent_id, t2.segment, t2.group_kind) == ("model", "answer", None)
+    assert t2.group_id is not None and "|repeat|" in t2.group_id  # the group itself travels
     assert t1.query_id == t2.query_id
     assert (r1.max_tokens, r1.temperature) == (32, 0.0)
 

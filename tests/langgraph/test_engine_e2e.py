@@ -98,12 +98,13 @@ def test_identical_outputs_and_tags_reach_the_engine(
 
     received = probe_proposer.RECEIVED
     assert all(t is not None for t in received)
-    assert sorted((t.agent_id, t.segment, t.group_kind) for t in received) == [  # type: ignore[union-attr]
-        ("planner", "plan", None),
-        ("worker", "answer", "fanout"),
-        ("worker", "answer", "fanout"),
-        ("writer", "answer", None),
+    assert sorted((t.agent_id, t.segment, t.group_id is not None) for t in received) == [  # type: ignore[union-attr]
+        ("planner", "plan", False),
+        ("worker", "answer", True),  # fan-out siblings: one group (group_kind stays client-side)
+        ("worker", "answer", True),
+        ("writer", "answer", False),
     ]
+    assert len({t.group_id for t in received if t.agent_id == "worker"}) == 1  # type: ignore[union-attr]
     assert len({t.query_id for t in received}) == 1  # type: ignore[union-attr]
     handler = get_handler(app)
     assert handler is not None and handler.stats.tags_derived == 4

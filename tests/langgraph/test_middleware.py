@@ -28,6 +28,7 @@ from agentspec_mw_langgraph import (
 
 from .fake_engine import FakeBackend
 from .fake_openai import FakeOpenAI
+from .graphs import group_kind_of
 
 pytest.importorskip("langchain_openai")
 URL = "http://127.0.0.1:9/v1"
@@ -82,7 +83,7 @@ def test_create_agent_chat_openai_sync_and_async() -> None:
     assert "agentspec_query" not in out  # private state
     asyncio.run(agent.ainvoke({"messages": [HumanMessage("q2")]}))
     tags = _tags(server)
-    assert [(t.scope, t.agent_id, t.segment, t.group_kind) for t in tags] == [
+    assert [(t.scope, t.agent_id, t.segment, group_kind_of(t.group_id)) for t in tags] == [
         ("tenant-a", "model", "tool_call", None),
         ("tenant-a", "model", "answer", "repeat"),
     ] * 2

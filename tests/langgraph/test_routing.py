@@ -27,7 +27,7 @@ from agentspec_mw_langgraph import (
 from agentspec_mw_langgraph.routing import routing_key
 
 from .fake_openai import FakeOpenAI
-from .graphs import fan_out_graph
+from .graphs import fan_out_graph, group_kind_of
 
 pytest.importorskip("langchain_openai")
 
@@ -109,7 +109,7 @@ def test_one_query_one_key_different_queries_differ(strict: TaggingConfig) -> No
     assert all(len(k) == 1 for k in by_query.values())  # plan, 3 siblings, write: one key
     assert keys[0] != keys[1] and all(k and k.startswith("as-") for k in keys)
     # the fan-out siblings were tagged as one group and still share the query's key
-    assert sum(t.group_kind == "fanout" for t, _ in calls) == 2 * 3
+    assert sum(group_kind_of(t.group_id) == "fanout" for t, _ in calls) == 2 * 3
 
 
 def test_granularity_fanout_tenant_off(strict: TaggingConfig) -> None:
@@ -123,8 +123,8 @@ def test_granularity_fanout_tenant_off(strict: TaggingConfig) -> None:
 
     fanout = run("fanout")
     first = [(t, k) for t, k in fanout if t.query_id == fanout[0][0].query_id]
-    siblings = {k for t, k in first if t.group_kind == "fanout"}
-    others = {k for t, k in first if t.group_kind != "fanout"}
+    siblings = {k for t, k in first if group_kind_of(t.group_id) == "fanout"}
+    others = {k for t, k in first if group_kind_of(t.group_id) != "fanout"}
     assert len(first) == 1 + 3 * 2 + 1  # plan, three workers with two calls each, write
     assert len(siblings) == 1 and len(others) == 1 and siblings != others  # both positions
     assert len({k for _, k in run("tenant")}) == 1  # one scope: one key for both queries

@@ -18,22 +18,19 @@ KV, whether a waiting call found no KV room, and its simulated time. Per run it 
     python benchmarks/headroom.py --traces ../shared/traces/tau_bench_airline.jsonl.xz \\
         --tokenizer ../shared/tokenizers/qwen2.5 --batch 32,64,256 --k 16
 
-The per-step record comes from wrapping the replay's scheduler function
-(``agentspec_mw.replay.sim._schedule``) for the duration of a run: what it schedules is
-read, never changed (``test_headroom.py`` checks that the steps' times add up to the
-replay's own). Deterministic: no wall-clock time enters the numbers.
+The per-step record comes from the replay's ``on_step`` hook
+(:class:`agentspec_mw.replay.sim.StepRecord`; ``test_headroom.py`` checks that the steps'
+times add up to the replay's own). Deterministic: no wall-clock time enters the numbers.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import numpy as np
 from _replay_setup import load_workloads  # noqa: F401  (puts this checkout first on sys.path)
@@ -41,9 +38,14 @@ from _replay_setup import load_workloads  # noqa: F401  (puts this checkout firs
 from agentspec_mw.costmodel import StepTimeModel, get_cost_model
 from agentspec_mw.proposer import Draft, Proposer, ProposerEnv, StepContext, TokenIds
 from agentspec_mw.registry import make_proposer
-from agentspec_mw.replay import sim
 from agentspec_mw.replay.run import build_calls
-from agentspec_mw.replay.sim import ReplayCall, WorkloadRun, accepted_length, replay_workload
+from agentspec_mw.replay.sim import (
+    ReplayCall,
+    StepRecord,
+    WorkloadRun,
+    accepted_length,
+    replay_workload,
+)
 from agentspec_mw.tags import StructureTags
 from agentspec_mw.tokens import token_bytes_table
 from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
@@ -152,57 +154,40 @@ class Steps:
     """Draft tokens kept by the scheduler."""
     kv: list[int] = field(default_factory=list)
     """Resident KV tokens of the scheduled requests after the step (the model's N_kv)."""
+    rows: list[int] = field(default_factory=list)
+    """Logits rows (decode and draft tokens, one per prefill chunk)."""
     kv_wait: list[bool] = field(default_factory=list)
     """A waiting call found no KV room in this step."""
     time_s: list[float] = field(default_factory=list)
 
 
-@contextlib.contextmanager
-def recording(cost: StepTimeModel) -> Iterator[Steps]:
-    """Record every step the replay schedules while the block runs (see the module doc)."""
-    steps = Steps()
-    original = sim._schedule
+def recorder(steps: Steps) -> Callable[[StepRecord], None]:
+    """An ``on_step`` hook for :func:`replay_workload` that appends each step to ``steps``."""
 
-    def schedule(running: Any, waiting: Any, kv: Any, lim: Any, res: WorkloadRun) -> Any:
-        waits = res.kv_waits
-        scheduled = original(running, waiting, kv, lim, res)
-        if not scheduled:  # the replay skips an empty step (everything preempted)
-            return scheduled
-        pre = dec = dra = n_kv = 0
-        for r, n in scheduled.items():
-            n_kv += r.computed + n
-            if r.decoding:
-                dec += 1
-                dra += n - 1
-            else:
-                pre += n
-        steps.prefill.append(pre)
-        steps.decode.append(dec)
-        steps.draft.append(dra)
-        steps.kv.append(n_kv)
-        steps.kv_wait.append(res.kv_waits > waits)
-        steps.time_s.append(cost.step_time(pre + dec + dra, n_kv))
-        return scheduled
+    def on_step(st: StepRecord) -> None:
+        steps.prefill.append(st.prefill_tokens)
+        steps.decode.append(st.decoding)
+        steps.draft.append(st.draft_tokens)
+        steps.kv.append(st.kv_tokens)
+        steps.rows.append(st.rows)
+        steps.kv_wait.append(st.kv_wait)
+        steps.time_s.append(st.time_s)
 
-    sim._schedule = schedule  # type: ignore[assignment]
-    try:
-        yield steps
-    finally:
-        sim._schedule = original
+    return on_step
 
 
 def terms(cost: StepTimeModel, s: Steps) -> dict[str, float] | None:
     """Seconds of each step-time term over the run (linear presets; ``None`` otherwise)."""
-    c = cost.linear_coefficients()
-    if c is None:
+    if cost.form != "linear":
         return None
-    c_fix, c_tok, c_kv, c_oh = (float(x) for x in c)
+    c_row = cost.c_row  # a logits row: each decode and draft token, one per prefill chunk
+    chunks = sum(s.rows) - sum(s.decode) - sum(s.draft)
     return {
-        "fixed": (c_fix + c_oh) * len(s.time_s),
-        "prefill": c_tok * sum(s.prefill),
-        "decode": c_tok * sum(s.decode),
-        "draft": c_tok * sum(s.draft),
-        "kv": c_kv * float(sum(s.kv)),
+        "fixed": (cost.c_fix + cost.c_oh) * len(s.time_s),
+        "prefill": cost.c_tok * sum(s.prefill) + c_row * chunks,
+        "decode": (cost.c_tok + c_row) * sum(s.decode),
+        "draft": (cost.c_tok + c_row) * sum(s.draft),
+        "kv": cost.c_kv * float(sum(s.kv)),
     }
 
 
@@ -294,12 +279,19 @@ def replay_one(
         prop = BestOf([make_proposer(p, env) for p in parts.split("+")], calls, mode)
     else:
         prop = make_proposer(name, env)
-    with recording(cost) as steps:
-        r = replay_workload(calls, prop, batch=batch, k=0 if name == "none" else k, cost_model=cost)
+    steps = Steps()
+    r = replay_workload(
+        calls,
+        prop,
+        batch=batch,
+        k=0 if name == "none" else k,
+        cost_model=cost,
+        on_step=recorder(steps),
+    )
     if not math.isclose(sum(steps.time_s), r.sim_time_s, rel_tol=1e-9, abs_tol=1e-9):
         raise RuntimeError(
             f"{name} {wl} b={batch}: recorded steps add to {sum(steps.time_s)} s, the replay "
-            f"to {r.sim_time_s} s: the scheduler wrapper missed steps (sim.py changed?)"
+            f"to {r.sim_time_s} s (proposer time added?)"
         )
     run = decompose(name, wl, batch, k, r, steps, cost)
     if isinstance(prop, BestOf):

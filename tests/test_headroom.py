@@ -35,7 +35,7 @@ def _calls(n_runs: int = 3, per_run: int = 2) -> list[ReplayCall]:
     return out
 
 
-@pytest.mark.parametrize("preset", ["llama8b-h100", "llama8b-h100-roofline"])
+@pytest.mark.parametrize("preset", ["llama8b-h100", "llama8b-h100-roofline", "cpu-smollm2"])
 def test_steps_add_up_and_the_oracle_is_never_rejected(preset: str) -> None:
     hr = _script("headroom")
     cost = get_cost_model(preset)

@@ -56,7 +56,7 @@ from agentspec_mw.proposer import Proposer, StepContext
 from agentspec_mw.replay.kvcache import BlockHashes, PrefixKVCache, block_hashes
 from agentspec_mw.tags import StructureTags
 
-__all__ = ["ReplayCall", "WorkloadRun", "accepted_length", "replay_workload"]
+__all__ = ["ReplayCall", "StepRecord", "WorkloadRun", "accepted_length", "replay_workload"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +68,26 @@ class ReplayCall:
     prompt: np.ndarray
     output: np.ndarray
     tags: StructureTags | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One engine step as the replay scheduled it (``replay_workload(on_step=...)``)."""
+
+    prefill_tokens: int
+    """Prompt tokens prefilled in chunks this step."""
+    decoding: int
+    """Decoding requests (one verified token each)."""
+    draft_tokens: int
+    """Draft tokens the scheduler kept."""
+    kv_tokens: int
+    """Context the scheduled requests hold after the step."""
+    rows: int
+    """Logits rows (each decode and draft token, one per prefill chunk)."""
+    kv_wait: bool
+    """A waiting call found no KV room in this step."""
+    time_s: float
+    """The step's time from the cost model (without proposer time)."""
 
 
 @dataclass
@@ -200,8 +220,12 @@ def replay_workload(
     limits: ServingLimits | None = None,
     add_proposer_time: bool = False,
     on_tokens: Callable[[int], None] | None = None,
+    on_step: Callable[[StepRecord], None] | None = None,
 ) -> WorkloadRun:
     """Replay ``calls`` (in file order) at ``batch`` runs in flight; see the module doc.
+
+    ``on_tokens`` gets the tokens each step advanced (progress bars); ``on_step`` each
+    step's :class:`StepRecord` (analyses of where the time goes, ``benchmarks/headroom.py``).
 
     ``limits`` default to the cost model's (``cost_model.limits``), else
     :class:`ServingLimits`' defaults.
@@ -271,6 +295,7 @@ def replay_workload(
                     )
                 r.draft = tuple(draft.token_ids)
 
+        waits_before = res.kv_waits
         scheduled = _schedule(running, waiting, kv, lim, res)
         if not scheduled:  # every running request was preempted: admit next step
             assert running or kv.used_blocks == 0, "an empty step with blocks held"
@@ -281,6 +306,20 @@ def replay_workload(
         # logits rows: every decode and draft token, a prefill chunk's last position
         num_rows = sum(n if r.decoding else 1 for r, n in scheduled.items())
         step_s = step_time_of(cost_model, num_batched, num_kv, num_rows)
+        if on_step is not None:
+            decoding_n = sum(1 for r in scheduled if r.decoding)
+            prefill_n = sum(n for r, n in scheduled.items() if not r.decoding)
+            on_step(
+                StepRecord(
+                    prefill_tokens=prefill_n,
+                    decoding=decoding_n,
+                    draft_tokens=num_batched - prefill_n - decoding_n,
+                    kv_tokens=num_kv,
+                    rows=num_rows,
+                    kv_wait=res.kv_waits > waits_before,
+                    time_s=step_s,
+                )
+            )
 
         # verify, advance, finish
         emitting = advanced_total = 0

@@ -125,8 +125,10 @@ class MeasuredStepTime:
         self.min_steps = int(min_steps)
         self.outlier_ratio = float(outlier_ratio)
         self._decay = 2.0 ** (-1.0 / half_life_steps)
-        # the online fit has no row feature: its tokens are decode and draft tokens, each
-        # a logits row, so the prior's per-token cost is c_tok + c_row
+        # the online fit has no row feature; its tokens are the step's scheduled tokens,
+        # mostly decode and draft tokens (each a logits row) once the engine is busy, so
+        # the prior's per-token cost is c_tok + c_row (a prefill chunk's tokens are
+        # over-charged by c_row each in the prior only; the fit follows the steps)
         self._p = np.array([prior.c_fix + prior.c_oh, prior.c_tok + prior.c_row, prior.c_kv])
         # decayed sums over the steps, x = (1, N, kv): x x^T (its first row holds the weight
         # and the sums of x), x y, and the preset's time for the same steps

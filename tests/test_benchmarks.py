@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-
-
-def _script(name: str) -> ModuleType:
-    """Import ``benchmarks/<name>.py`` as the scripts run: their folder on ``sys.path``."""
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.insert(0, str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from tests.helpers import script
 
 
 @pytest.fixture()
@@ -45,7 +31,7 @@ def script_argv(
 def test_ablate_sources_end_to_end(
     script_argv: Callable[..., list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ablate = _script("ablate_sources")
+    ablate = script("ablate_sources")
     out = tmp_path / "ablation"
     assert ablate.main(script_argv(out, "--batch", "1,4", "--k", "4")) == 0
     printed = capsys.readouterr().out
@@ -73,7 +59,7 @@ def test_proposer_profile_end_to_end(
     argv = ["proposer_profile.py", "--trace", str(sample_path), "--batch", batch]
     argv += ["--full-steps"] if full_steps else []
     monkeypatch.setattr(sys, "argv", [*argv, "--tokenizer", str(tiny_tokenizer_dir)])
-    mod = _script("proposer_profile")
+    mod = script("proposer_profile")
     try:
         mod.main()
     finally:
@@ -97,7 +83,7 @@ def test_proposer_ab_times_both_option_sets_on_the_same_steps(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("AGENTSPEC_CACHE", str(tmp_path / "cache"))
-    mod = _script("proposer_ab")
+    mod = script("proposer_ab")
     argv = ["--traces", str(sample_path), "--tokenizer", str(tiny_tokenizer_dir)]
     argv += ["--batch", "2", "--k", "4", "--set-a", "index_walk_batch=null"]
     argv += ["--set-b", "index_walk_batch=1", "--set-b", "experimental.index_walk_min=2"]
@@ -140,7 +126,7 @@ class _Recorder:
 def test_proposer_ab_pairing_returns_a_and_mirrors_every_call_on_b() -> None:
     from agentspec_mw.proposer import StepContext
 
-    mod = _script("proposer_ab")
+    mod = script("proposer_ab")
     a, b = _Recorder(1), _Recorder(2)
     pair = mod.Paired(a, b)
     pair.start("r", [1, 2])
@@ -159,7 +145,7 @@ def test_cost_model_ab_pairs_each_repeat_with_its_own_baseline(
     minutes; ``docs/results.md`` §5 has a real run)."""
     from agentspec_mw_langgraph.demo import AgentCounts, DemoRun
 
-    mod = _script("cost_model_ab")
+    mod = script("cost_model_ab")
     walls = iter([20.0, 10.0, 16.0, 8.0, 40.0, 20.0, 32.0, 16.0])  # repeat 2: a 2x slower VM
     seen: list[tuple[str, str | None, dict[str, object]]] = []
 
@@ -196,7 +182,7 @@ def test_calibration_scores_held_out_runs(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    cal = _script("calibration")
+    cal = script("calibration")
     assert cal.held_out("any run", 0)
     share = sum(cal.held_out(f"run-{i}", 4) for i in range(4000)) / 4000
     assert 0.22 < share < 0.28  # one bucket of four
@@ -246,7 +232,7 @@ def _replay_report(
 def test_check_bars_passes_the_issue_bars_and_marks_unfilled_rows(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bars = _script("check_bars")
+    bars = script("check_bars")
     # none/suffix from one command, agentspec from another: read as one
     cells = [(w, b) for w in ("a", "b") for b in (1, 8, 32, 256)]
     base = {("suffix", w, b): 1.5 for w, b in cells}
@@ -277,7 +263,7 @@ def test_check_bars_misses_exit_1(
     speedup_a: float,
     missed: str,
 ) -> None:
-    bars = _script("check_bars")
+    bars = script("check_bars")
     rows = {("suffix", "a", 32): speedup_a / ratio_a, ("agentspec", "a", 32): speedup_a}
     rows |= {("suffix", "b", 32): 1.5, ("agentspec", "b", 32): 1.5 * ratio_b}
     assert bars.main([_replay_report(tmp_path / "r.json", rows)]) == 1
@@ -288,7 +274,7 @@ def test_check_bars_misses_exit_1(
 def test_check_bars_with_proposer_time_and_median(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bars = _script("check_bars")
+    bars = script("check_bars")
     reps = [
         _replay_report(
             tmp_path / f"r{i}.json",

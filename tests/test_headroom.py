@@ -16,8 +16,7 @@ from agentspec_mw.proposer import Draft, StepContext
 from agentspec_mw.replay import sim
 from agentspec_mw.replay.sim import ReplayCall
 from agentspec_mw.traces.tokenized import CallMeta
-from tests.test_benchmarks import _script
-from tests.test_replay import Wrong
+from tests.helpers import Wrong, script
 
 
 def _calls(n_runs: int = 3, per_run: int = 2) -> list[ReplayCall]:
@@ -37,7 +36,7 @@ def _calls(n_runs: int = 3, per_run: int = 2) -> list[ReplayCall]:
 
 @pytest.mark.parametrize("preset", ["llama8b-h100", "llama8b-h100-roofline", "cpu-smollm2"])
 def test_steps_add_up_and_the_oracle_is_never_rejected(preset: str) -> None:
-    hr = _script("headroom")
+    hr = script("headroom")
     cost = get_cost_model(preset)
     calls = _calls()
     original = sim._schedule
@@ -66,7 +65,7 @@ def test_end_to_end_on_the_sample(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("AGENTSPEC_CACHE", str(tmp_path / "cache"))
-    hr = _script("headroom")
+    hr = script("headroom")
     out = tmp_path / "h.json"
     argv = ["--traces", str(sample_path), "--tokenizer", str(tiny_tokenizer_dir)]
     argv += ["--proposers", "ngram,best:ngram+none,shadow:none+ngram,trim:ngram"]
@@ -98,7 +97,7 @@ def test_end_to_end_on_the_sample(
 
 
 def test_best_of_picks_the_most_accepted_draft_and_the_shorter_on_a_tie() -> None:
-    hr = _script("headroom")
+    hr = script("headroom")
 
     class Half(hr.OracleProposer):  # type: ignore[name-defined,misc]
         """Right for 2 tokens, then wrong."""
@@ -145,7 +144,7 @@ def test_calibration_split_labels_and_table(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("AGENTSPEC_CACHE", str(tmp_path / "cache"))
-    cal = _script("calibration")
+    cal = script("calibration")
     meta = [
         CallMeta("w", run, i, "a", seg, group)
         for run, i, seg, group in [

@@ -17,6 +17,7 @@ from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.run import ReplayConfig, build_calls, order_runs, run_replay
 from agentspec_mw.replay.sim import ReplayCall, replay_workload
 from agentspec_mw.traces.tokenized import tokenize_trace
+from tests.helpers import Wrong
 
 COST = get_cost_model("llama8b-h100")
 
@@ -43,19 +44,6 @@ class Oracle:
 
     def stop(self, req_id: str) -> None:
         del self.pos[req_id]
-
-
-class Wrong:
-    """Always drafts k tokens that are never right."""
-
-    name = "wrong"
-
-    def start(self, req_id: str, prompt_ids: TokenIds, tags: object = None) -> None: ...
-    def extend(self, req_id: str, token_ids: TokenIds) -> None: ...
-    def stop(self, req_id: str) -> None: ...
-
-    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
-        return [Draft((-1,) * k) for _ in req_ids]
 
 
 def _calls(lengths: list[int], runs: int = 1) -> list[ReplayCall]:

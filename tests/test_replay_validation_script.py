@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_benchmarks import _script
+from tests.helpers import script
 
 
 def _planner(run: str, topic: str) -> dict[str, object]:
@@ -25,7 +25,7 @@ def _planner(run: str, topic: str) -> dict[str, object]:
 
 
 def test_topics_follow_the_recordings_run_order(tmp_path: Path) -> None:
-    v = _script("replay_validation")
+    v = script("replay_validation")
     trace = tmp_path / "t.jsonl"
     recs = [_planner("r1", "salt"), {**_planner("r1", "salt"), "agent": "writer"}]
     recs.append(_planner("r2", "tea"))
@@ -37,7 +37,7 @@ def test_topics_follow_the_recordings_run_order(tmp_path: Path) -> None:
 def test_compare_prints_measured_against_predicted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    v = _script("replay_validation")
+    v = script("replay_validation")
     live = [
         {"drafter": "none", "concurrency": 8, "tok_s": 50.0, "outputs_sha256": "x"},
         {"drafter": "suffix", "concurrency": 8, "tok_s": 75.0, "outputs_sha256": "x"},

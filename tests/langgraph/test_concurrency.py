@@ -72,9 +72,10 @@ def test_50_concurrent_async_react(strict: TaggingConfig) -> None:
         calls = graph.llm_calls()
         assert [(c.step, c.segment, c.group_kind) for c in calls] == [
             (1, "tool_call", None),
-            (3, "answer", "repeat"),
-            (5, "tool_call", "repeat"),
+            (3, "answer", None),
+            (5, "tool_call", None),
         ], run
+        assert [g.members for g in graph.groups_of("repeat")] == [[c.call_id for c in calls]]
         assert len([c for c in graph.calls.values() if c.kind == "tool"]) == 2
         assert len(graph.edges) == 4
     assert handler.stats.adapter_errors == 0

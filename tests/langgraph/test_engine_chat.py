@@ -68,7 +68,7 @@ def test_create_agent_with_engine_model(
     assert t1 is not None and t2 is not None
     assert (t1.agent_id, t1.segment, t1.blocks) == ("model", "tool_call", BLOCKS)
     assert (t2.agent_id, t2.segment, t2.group_kind) == ("model", "answer", None)
-    assert t2.group_id is not None and "|repeat|" in t2.group_id  # the group itself travels
+    assert t1.group_id is None and t2.group_id is None  # a repeat keys with its first call
     assert t1.query_id == t2.query_id
     assert (r1.max_tokens, r1.temperature) == (32, 0.0)
 

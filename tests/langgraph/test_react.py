@@ -63,12 +63,8 @@ def test_react_loop_tags_and_graph(strict: TaggingConfig) -> None:
     assert [t.segment for t in tags] == ["tool_call", "answer", "tool_call"]  # type: ignore[union-attr]
     blocks = (("```", "```"), ("<tool_call>", "</tool_call>"))
     assert [t.blocks for t in tags] == [blocks] * 3  # type: ignore[union-attr]
-    repeat = f"{qid}|repeat|agent"
-    assert [(t.group_id, t.group_kind) for t in tags] == [  # type: ignore[union-attr]
-        (None, None),
-        (repeat, "repeat"),
-        (repeat, "repeat"),
-    ]
+    # one drafting key for the loop's turns: same agent, same query, no group of their own
+    assert [(t.group_id, t.group_kind) for t in tags] == [(None, None)] * 3  # type: ignore[union-attr]
 
     graph = handler.graph(qid)
     llm = graph.llm_calls()

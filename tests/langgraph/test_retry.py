@@ -57,9 +57,10 @@ def test_node_retry_policy(strict: TaggingConfig) -> None:
     first, second, check = graph.llm_calls()
     retry_gid = f"{qid}|retry|{first.namespace}#0"
     assert first.namespace == second.namespace and first.namespace.startswith("writer:")
+    # the retry shares the failed attempt's drafting key (same agent, same query)
     assert [(t.agent_id, t.group_id, t.group_kind) for t in tags] == [  # type: ignore[union-attr]
         ("writer", None, None),
-        ("writer", retry_gid, "retry"),
+        ("writer", None, None),
         ("critic", None, None),
     ]
     assert [(g.group_id, g.members) for g in graph.groups_of("retry")] == [
@@ -104,8 +105,10 @@ def test_model_with_retry(strict: TaggingConfig) -> None:
     # the failed attempt does not take an ordinal: the retry reuses it, the next call is #1
     assert [c.ordinal for c in (failed, retried, second)] == [0, 0, 1]
     gid = f"{qid}|retry|{failed.namespace}#0"
-    assert [(t.group_id, t.group_kind) for t in tags] == [  # type: ignore[union-attr]
-        (None, None),
-        (gid, "retry"),
-        (f"{qid}|repeat|solo", "repeat"),
+    assert [(t.group_id, t.group_kind) for t in tags] == [(None, None)] * 3  # type: ignore[union-attr]
+    assert [(g.group_id, g.members) for g in graph.groups_of("retry")] == [
+        (gid, [failed.call_id, retried.call_id])
+    ]
+    assert [(g.group_id, g.members) for g in graph.groups_of("repeat")] == [
+        (f"{qid}|repeat|solo", [retried.call_id, second.call_id])
     ]

@@ -490,7 +490,10 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             graph.add_call(call)
             qid = root.query_id
             tmpl = "/".join(f"{n}@{s}" for n, s in template)
-            # relations: retry > fanout > repeat on the tags; all of them in the graph
+            # relations: all of them in the graph; on the tags only the fan-out group. A
+            # node's retries and repeats are the same agent in the same query, so they share
+            # the proposer's (agent, query) key with its first call: a group id of their own,
+            # known only from the second call on, would split that key in two.
             group: tuple[str, Any] | None = None
             attempt_key = (namespace, ordinal)
             previous_attempt = root.attempts.get(attempt_key) if inner else None
@@ -499,13 +502,12 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                 graph.join(gid, "retry", previous_attempt)
                 graph.join(gid, "retry", call.call_id)
                 graph.link(previous_attempt, call.call_id, "retry")
-                group = (gid, "retry")
             if inner is not None:
                 root.attempts[attempt_key] = call.call_id
             if any(lv.push_index is not None for lv in levels):
                 gid = _bounded(f"{qid}|fanout|{tmpl}#{ordinal}")
                 graph.join(gid, "fanout", call.call_id)
-                group = group or (gid, "fanout")
+                group = (gid, "fanout")
             if inner is not None:  # same superstep at every graph level: parallel agents
                 steps = "/".join(str(s) for _, s in template)
                 graph.join(_bounded(f"{qid}|superstep|{steps}"), "superstep", call.call_id)
@@ -523,7 +525,6 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                 graph.join(gid, "repeat", previous)
                 graph.join(gid, "repeat", call.call_id)
                 graph.link(previous, call.call_id, "repeat")
-                group = group or (gid, "repeat")
             query.last_by_instance[instance] = call.call_id
             for tool_call_id in trailing:
                 obs = query.observations.get(tool_call_id)

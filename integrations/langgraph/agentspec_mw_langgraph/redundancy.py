@@ -54,8 +54,11 @@ class CallNode:
     actual_segment: Segment | None = None
     """What the call produced (set when it ends)."""
     group_id: str | None = None
-    """The group put on the call's tags."""
-    group_kind: Literal["fanout", "repeat", "retry"] | None = None
+    """The group put on the call's tags: its ``fanout`` group, if any. Retries and repeats
+    are recorded in :attr:`RedundancyGraph.groups` only: they are the same agent in the
+    same query, which the tags' ``agent_id`` + ``query_id`` already key together."""
+    group_kind: Literal["fanout"] | None = None
+    """The kind of :attr:`group_id`."""
     name: str | None = None
     """The tool name (tool runs) or model run name."""
     status: Literal["running", "ok", "error"] = "running"

@@ -186,8 +186,9 @@ class StepTimeModel(BaseModel):
 
     def linear_coefficients(self) -> np.ndarray | None:
         """``(c_fix, c_tok + c_row, c_kv, c_oh)`` for the linear form — the step whose
-        batched tokens are all logits rows, as a drafting budget sees it (budgets evaluate
-        it in a kernel); ``None`` for the roofline form."""
+        batched tokens are all logits rows, as a drafting budget sees its decode and draft
+        tokens (budgets evaluate it in a kernel; :mod:`agentspec_mw.agentspec.budget` takes
+        the rows its prefill tokens lack back out); ``None`` for the roofline form."""
         if self.form != "linear":
             return None
         return np.array(

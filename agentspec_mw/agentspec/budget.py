@@ -20,8 +20,14 @@ it costs that step's marginal token time ``c_disp = t(b + F + 1) − t(b + F)``.
 
     T(n) = t(b + n + p(n), kv) + c_disp · d(n).
 
-Under the linear model ``c_disp`` is its ``c_tok`` and ``T(n) = t(b + p(0) + n, kv)``:
-a draft costs one batched token whether or not it displaces a chunk. Under the roofline a
+A prefill token is a batched token without a logits row (a chunk adds one row, at its
+last position; the step context does not say how many requests prefill, so one row is
+charged while any prefill waits, in this step or, displaced, in a later one): with a row
+term ``c_row`` (``cpu-smollm2``) a draft costs ``c_tok + c_row`` and a prefill token, in
+this step or displaced, ``c_tok``.
+Under the linear model ``c_disp`` is its ``c_tok`` and ``T(n) = t(b + p(0) + n, kv) −
+c_row · (p(0) − 1)`` (for ``p(0) > 0``): a draft costs the same whether or not it
+displaces a chunk. Under the roofline a
 step whose drafts fit under the ridge gets them free only while no prefill waits; once
 the chunks fill the budget, each draft pays the full step's ``c_tok`` (such a step is
 compute-bound), even where the decodes alone would be memory-bound.
@@ -94,9 +100,13 @@ def step_times(cost: StepTimeFn, shape: StepShape, n: np.ndarray) -> np.ndarray:
         t = np.asarray(vec(tokens, kv), dtype=np.float64)
     else:
         t = np.fromiter((cost.step_time(float(x), kv) for x in tokens), np.float64, len(tokens))
+    # the models charge every batched token a logits row; the prefill chunks have one (in
+    # this step, or in the later one a displaced chunk is computed in)
+    c_row = float(getattr(cost, "c_row", 0.0))
+    t = t - c_row * (tokens - b - n - min(waiting, 1))
     if budget is not None and waiting > 0:
         full = b + budget
-        c_disp = cost.step_time(full + 1, kv) - cost.step_time(full, kv)
+        c_disp = cost.step_time(full + 1, kv) - cost.step_time(full, kv) - c_row
         t = t + c_disp * displaced
     return t
 
@@ -194,10 +204,16 @@ def allocate(
     coef = linear() if linear is not None else None
     base_tokens = batch_size
     if coef is not None:
-        # the kernel evaluates the linear model itself; a displaced prefill token costs
-        # c_tok like a draft, so T(n) = t(b + p(0) + n) (module docstring)
+        # the kernel evaluates the linear model itself: T(n) = t(b + p(0) + n) less the
+        # logits rows the prefill tokens do not have (module docstring), a constant folded
+        # into c_oh (a no-op without a row term)
         times = _NO_TIMES
-        base_tokens += waiting if budget is None else min(waiting, budget)
+        prefill = waiting if budget is None else min(waiting, budget)
+        base_tokens += prefill
+        rowless = float(getattr(cost, "c_row", 0.0)) * max(prefill - 1, 0)
+        if rowless > 0.0:
+            coef = coef.copy()
+            coef[3] -= rowless
     else:
         coef = _NO_TIMES
         times = step_times(cost, shape, np.arange(cap + 1))

@@ -168,6 +168,13 @@ def check_scope(rows: list[Row], key: Key, rejection: bool = False) -> list[Bar]
             cell = f"{x:.3f}" + (" ✗" if x < VS_NONE else "")
             cells.append(cell + (f" / {s['speedup']:.3f}" if s else ""))
         print(f"| {wl} | " + " | ".join(cells) + " |")
+    geo_none = []
+    for b in batches:
+        a_x = [by["agentspec", w, b]["speedup"] for w in wls if ("agentspec", w, b) in by]
+        s_x = [by["suffix", w, b]["speedup"] for w in wls if ("suffix", w, b) in by]
+        cell = f"{geomean(a_x):.3f}" if a_x else "–"
+        geo_none.append(cell + (f" / {geomean(s_x):.3f}" if s_x else ""))
+    print("| **geometric mean** (workloads) | " + " | ".join(geo_none) + " |")
     if rejection:
         print("\nRejection rate (diagnostic, not a bar): AgentSpec / SuffixDecoding\n")
         print("| workload " + head + "\n" + rule)

@@ -142,7 +142,7 @@ def test_cost_model_ab_pairs_each_repeat_with_its_own_baseline(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The script's arithmetic and verdict on scripted runs (the real engine runs take
-    minutes; ``docs/results.md`` §5 has a real run)."""
+    minutes; ``docs/experiments/results_2026-12-02_superseded.md`` has a real run)."""
     from agentspec_mw_langgraph.demo import AgentCounts, DemoRun
 
     mod = script("cost_model_ab")

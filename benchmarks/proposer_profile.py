@@ -3,11 +3,11 @@
 Replays one trace at a batch size twice with the AgentSpec proposer (the first pass
 compiles and warms up) and prints, per engine step averaged over all steps of the second
 pass, the time inside each kernel and public method (nested: ``propose`` includes
-``_flush``, which includes ``apply_extends`` and ``insert_outputs``). With
-``--full-steps`` only the steps with ``--batch`` requests count (the steps the proposer
-benchmark's median is over): the calls after a step's ``propose`` (its ``extend`` and
-``stop``) count with that step, the next step's ``start`` calls (made before its
-``propose``) with it too.
+``_flush``, which includes ``apply_extends`` and ``insert_outputs``). Each step's timers
+cover what the replay's proposer time of that step covers (its ``propose``, then the
+``start``, ``extend`` and ``stop`` calls after it). With ``--full-steps`` only the steps
+with ``--batch`` requests running count: the steps ``benchmarks/proposer_speed.py``'s
+median is over.
 
     python benchmarks/proposer_profile.py --trace ../shared/traces/tot_parallel_sampling.jsonl.xz \\
         --tokenizer ../shared/tokenizers/qwen2.5 --batch 256 --k 16
@@ -30,9 +30,10 @@ from agentspec_mw.agentspec.ngram_index import NgramIndex
 from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.sim import replay_workload
 
-TOTALS: collections.defaultdict[str, float] = collections.defaultdict(float)
-COUNTING = [True]
-"""Whether the timers count now (``--full-steps``: set by each ``propose`` call)."""
+STEP: collections.defaultdict[str, float] = collections.defaultdict(float)
+"""The timers' totals since the last step ended (the replay's ``on_tokens``)."""
+STEPS: list[dict[str, float]] = []
+"""Each ended step's totals, aligned with the replay's ``propose_us``."""
 ORIGINALS: list[tuple[Any, dict[str, Any]]] = []
 """``(owner, {name: original})`` of every function the timers replaced."""
 
@@ -50,10 +51,16 @@ def _timed(owner: Any, name: str) -> None:
         try:
             return fn(*args, **kwargs)
         finally:
-            if COUNTING[0]:
-                TOTALS[name] += time.perf_counter() - t0
+            STEP[name] += time.perf_counter() - t0
 
     setattr(owner, name, wrapper)
+
+
+def _end_step(_tokens: int) -> None:
+    """The replay ended a step (called once per ``propose_us`` entry, after the step's
+    ``extend`` and ``stop`` calls)."""
+    STEPS.append(dict(STEP))
+    STEP.clear()
 
 
 def main() -> None:
@@ -76,30 +83,33 @@ def main() -> None:
     _timed(NgramIndex, "lookup")
     for name in ("propose", "_flush", "extend", "start", "stop"):
         _timed(P.AgentSpecProposer, name)
-    if args.full_steps:
-        timed_propose = P.AgentSpecProposer.propose
-
-        def propose(self: Any, req_ids: Any, k: int, step: Any) -> Any:
-            COUNTING[0] = step.batch_size >= args.batch
-            return timed_propose(self, req_ids, k, step)
-
-        P.AgentSpecProposer.propose = propose  # type: ignore[method-assign]
     setup = load_workloads([args.trace], args.tokenizer, max_k=args.k)
     env, cost = setup.env, setup.cost
     calls = next(iter(setup.workloads.values()))
     for _ in range(2):
-        TOTALS.clear()
-        COUNTING[0] = not args.full_steps  # the first step's starts: no step before them
+        STEP.clear()
+        STEPS.clear()
         r = replay_workload(
-            calls, make_proposer("agentspec", env), batch=args.batch, k=args.k, cost_model=cost
+            calls,
+            make_proposer("agentspec", env),
+            batch=args.batch,
+            k=args.k,
+            cost_model=cost,
+            on_tokens=_end_step,
         )
+    assert len(STEPS) == len(r.propose_us), "one timer record per replay step"
     us = np.asarray(r.propose_us)
+    counted = np.ones(len(us), dtype=bool)
     if args.full_steps:
-        us = us[np.asarray(r.step_batch) >= args.batch]
-    steps = len(us)
+        counted = np.asarray(r.step_batch) >= args.batch
+    steps = int(counted.sum())
+    totals: collections.defaultdict[str, float] = collections.defaultdict(float)
+    for rec in (s for s, c in zip(STEPS, counted.tolist(), strict=True) if c):
+        for name, t in rec.items():
+            totals[name] += t
     what = "full engine steps" if args.full_steps else "engine steps"
-    print(f"{steps} {what}; mean proposer time {np.mean(us) / 1e3:.3f} ms/step")
-    for name, total in sorted(TOTALS.items(), key=lambda x: -x[1]):
+    print(f"{steps} {what}; mean proposer time {np.mean(us[counted]) / 1e3:.3f} ms/step")
+    for name, total in sorted(totals.items(), key=lambda x: -x[1]):
         print(f"{name:>15} {total / steps * 1e3:.3f} ms/step")
 
 

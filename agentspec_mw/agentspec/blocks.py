@@ -234,14 +234,17 @@ class GrammarTable:
         _fill(self.arrays, gi, grammar.parts)
 
 
-@njit(cache=True, nogil=True, inline="always")
+# current and advance are called per token from the kernels' loops: compiled without numba's
+# reference counting (they allocate nothing), as counting their array arguments at every
+# call cost more than their work (~0.1 us per token, docs/experiments/proposer_speed.md)
+@njit(cache=True, nogil=True, _nrt=False)
 def current(stack: np.ndarray, st: np.ndarray) -> int:  # pragma: no cover
     """The innermost open block id of one automaton (0 = root)."""
     d = st[DEPTH]
     return stack[d - 1] if d > 0 else 0
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, _nrt=False)
 def advance(
     tok: int, stack: np.ndarray, tail: np.ndarray, st: np.ndarray, g: Any, gi: int
 ) -> None:  # pragma: no cover

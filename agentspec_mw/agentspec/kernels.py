@@ -99,13 +99,15 @@ def scan_prompts(
     each slot with its grammar (column ``C_GID``, a row of the grammar table ``g``)."""
     for i in range(slots.shape[0]):
         s = slots[i]
-        bst[s, 0] = 0
-        bst[s, 1] = 0
-        tail[s, 0] = 0  # the hash of no bytes
+        stack_s, tail_s, bst_s = stack[s], tail[s], bst[s]  # views made once per request
+        bst_s[0] = 0
+        bst_s[1] = 0
+        tail_s[0] = 0  # the hash of no bytes
         a = si[s, C_CSTART]
         n = si[s, C_CLEN]
+        gi = si[s, C_GID]
         for p in range(a + max(0, n - n_scan), a + n):
-            advance(ctx[p], stack[s], tail[s], bst[s], g, si[s, C_GID])
+            advance(ctx[p], stack_s, tail_s, bst_s, g, gi)
 
 
 @njit(cache=True, nogil=True)
@@ -182,13 +184,15 @@ def apply_extends(
         # 2. blocks and the index: one sequence per block occurrence
         seq = si[s, C_SEQ]
         base = si[s, C_KBASE] * NB
+        stack_s, tail_s, bst_s = stack[s], tail[s], bst[s]  # views made once per request
+        gi = si[s, C_GID]
         for j in range(a, b):
-            blk = current(stack[s], bst[s])
+            blk = current(stack_s, bst_s)
             if blk != si[s, C_SEQBLK]:
                 reset_seq(seq, ix)
                 si[s, C_SEQBLK] = blk
             stage_insert(base + blk, seq, toks[j], ix, stage)
-            advance(toks[j], stack[s], tail[s], bst[s], g, si[s, C_GID])
+            advance(toks[j], stack_s, tail_s, bst_s, g, gi)
         if live:
             aseq = si[s, C_ASEQ]
             akey = si[s, C_ABASE] * NB
@@ -620,9 +624,10 @@ def emit_drafts(
         si[slots[r], C_DSENT] = c
         row = pick[r]
         cs = cal[r]
+        tab, fs, ft = table[cs], fsucc[cs], ftot[cs]  # the request's scope row
         for j in range(c):
             flat_tok[t] = tok[row, j]
-            flat_p[t] = _acceptance(cells[r, j], table[cs], fsucc[cs], ftot[cs], strength)
+            flat_p[t] = _acceptance(cells[r, j], tab, fs, ft, strength)
             t += 1
         rows[q] = r
         ends[q] = t

@@ -36,9 +36,14 @@ def test_kernel_and_step_times_agree_under_a_row_term() -> None:
     for waiting in (0, 200):
         shape = StepShape(16, 8000.0, 4000, waiting)
         alloc = allocate(
-            survival, lens, batch_size=16, num_kv=8000.0, cost=cpu, budget=4000,
+            survival,
+            lens,
+            batch_size=16,
+            num_kv=8000.0,
+            cost=cpu,
+            budget=4000,
             prefill_tokens=waiting,
-        )  # fmt: skip
+        )
         t = step_times(cpu, shape, np.array([float(alloc.used)]))[0]
         assert alloc.goodput == pytest.approx(alloc.expected / t, rel=1e-9)
 

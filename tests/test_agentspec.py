@@ -16,7 +16,7 @@ from agentspec_mw.agentspec import (
     ngram_index,
     redundancy_score,
 )
-from agentspec_mw.agentspec.budget import StepShape, admission_bound, step_times
+from agentspec_mw.agentspec.budget import StepShape, admission_bound, prefill_time, step_times
 from agentspec_mw.agentspec.calibration import SOURCES
 from agentspec_mw.agentspec.kernels import C_CAL, C_CCAP, C_CLEN, C_CSTART, C_OK
 from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex, _lookup_par, _lookup_rows
@@ -616,6 +616,8 @@ def _allocate_reference(
     times = np.array(
         [_step_time_reference(cost, b, kv, budget, waiting, n) for n in range(cap + 1)]
     )
+    if waiting and (budget is None or budget > 0):
+        times -= times[0] - cost.step_time(b, kv)  # the conserved prefill is not charged
     best = int(np.argmax(exp / (times + 1e-3)))
     owner = np.repeat(np.arange(len(lens)), lens)
     return np.bincount(owner[order[:best]], minlength=len(lens)).tolist(), cap
@@ -703,14 +705,16 @@ def test_budget_charges_the_prefill_drafts_displace() -> None:
         t = step_times(lin, StepShape(b, kv, budget, waiting), n)
         p0 = min(waiting, budget)
         assert t == pytest.approx([lin.step_time(b + p0 + x, kv) for x in n])
-    # the bound: nothing under it pays, from G(0) x the first slot's marginal time
+    # the bound: nothing under it pays, from G(0) x the first slot's marginal time, G(0)
+    # without the conserved prefill (the decodes' own step, t(b, kv))
     shape = StepShape(b, kv, budget, 100_000)
     t0, t1 = step_times(roof, shape, np.array([0.0, 1.0]))
-    assert admission_bound(roof, shape) == pytest.approx(b / t0 * (t1 - t0))
+    assert prefill_time(roof, shape) == pytest.approx(t0 - roof.step_time(b, kv))
+    assert admission_bound(roof, shape) == pytest.approx(b / roof.step_time(b, kv) * (t1 - t0))
     assert admission_bound(roof, StepShape(b, kv, budget, 0)) == 0.0
     assert admission_bound(roof, StepShape(b, kv, 0, 0)) == float("inf")
     # a 5 %-likely position: drafted when its slot is free, and when it displaces a
-    # prefill token too (that step is long: one token of it costs little of its goodput)
+    # prefill token too (64 long contexts: a decode step is worth ~57 ms, 21 us is cheap)
     s = np.array([0.05])
     for waiting in (0, 100_000):
         a = allocate(
@@ -720,6 +724,29 @@ def test_budget_charges_the_prefill_drafts_displace() -> None:
         assert a.used == 1, waiting
     # with a short step (64 requests over short contexts, linear) it does not pay
     assert not allocate(s, np.array([1]), batch_size=b, num_kv=b * 300, cost=lin).used
+
+
+def test_budget_does_not_let_a_prefill_chunk_cheapen_the_drafts() -> None:
+    """A step carrying a prompt chunk is long, but the chunk is work every schedule
+    computes once: an emitted token saves a share of the decodes' own step, not of the
+    chunk. So the chunk changes neither the bound nor the drafts (linear model: it
+    displaces nothing while it fits)."""
+    lin = PRESETS["llama8b-h100"]
+    b, kv, budget = 64, 64 * 2_000.0, 8192 - 64
+    s = np.array([0.9, 0.5, 0.2, 0.12, 0.05, 0.02])
+    lens = np.array([6])
+    bounds, used = [], []
+    for waiting in (0, 4000):
+        shape = StepShape(b, kv, budget, waiting)
+        bounds.append(admission_bound(lin, shape))
+        a = allocate(
+            s, lens, batch_size=b, num_kv=kv, cost=lin, budget=budget, prefill_tokens=waiting
+        )
+        used.append(a.used)
+    assert bounds[0] == pytest.approx(bounds[1])
+    assert used[0] == used[1] == 4  # 0.12 pays for 21 us of a 13 ms step of 64; 0.05 not
+    assert prefill_time(lin, StepShape(b, kv, budget, 4000)) == pytest.approx(4000 * lin.c_tok)
+    assert prefill_time(lin, StepShape(b, kv, budget, 0)) == 0.0
 
 
 def test_budget_drafts_nothing_when_no_slot_pays() -> None:

@@ -32,10 +32,19 @@ step whose drafts fit under the ridge gets them free only while no prefill waits
 the chunks fill the budget, each draft pays the full step's ``c_tok`` (such a step is
 compute-bound), even where the decodes alone would be memory-bound.
 
+**The prefill chunk is conserved work** (:func:`prefill_time`). Every prompt token is
+computed once whatever the drafts do, so the time a step's chunk adds, ``T(0) − t(b,
+kv)``, is left out of the denominator: the goodput is ``E(n) / (T(n) − (T(0) − t(b,
+kv)))``. What an emitted token is worth is then a share of the decodes' own step, not
+of a step made long by a chunk; otherwise every step that carries a chunk (most steps
+of agent workloads, whose calls each bring a new prompt) would value a token at its
+share of the chunk too and admit positions whose drafts cost more than they return.
+The marginal times (what a draft costs, displacement included) are ``T``'s.
+
 **Which positions can pay** (:func:`admission_bound`). With survivals sorted and the
 marginal time ``T(n+1) − T(n)`` non-decreasing in ``n`` (true of the linear, roofline
 and any convex model, displacement included), ``E/T`` rises until ``n*`` and falls after
-it, so every admitted position has ``s ≥ E(0)/T(0) · (T(1) − T(0))``: positions under
+it, so every admitted position has ``s ≥ b/t(b, kv) · (T(1) − T(0))``: positions under
 that bound are never admitted, and the proposer uses it to skip them before sorting.
 
 This replaces the paper's ``B_t = ⌊α/bz⌋`` (which shrinks with batch size while its text
@@ -53,7 +62,15 @@ from numba import njit
 from agentspec_mw.costmodel import StepTimeFn
 from agentspec_mw.proposer import StepContext
 
-__all__ = ["Allocation", "StepShape", "admission_bound", "allocate", "step_shape", "step_times"]
+__all__ = [
+    "Allocation",
+    "StepShape",
+    "admission_bound",
+    "allocate",
+    "prefill_time",
+    "step_shape",
+    "step_times",
+]
 
 
 class StepShape(NamedTuple):
@@ -111,13 +128,28 @@ def step_times(cost: StepTimeFn, shape: StepShape, n: np.ndarray) -> np.ndarray:
     return t
 
 
+def prefill_time(cost: StepTimeFn, shape: StepShape) -> float:
+    """What the step's prefill chunk adds to it without drafts: ``T(0) − t(b, kv)``.
+
+    That work is conserved: fewer decode steps do not remove it (every prompt token is
+    computed once, in some step), so it is left out of the time an emitted token is
+    worth (module docstring)."""
+    if not shape.prefill_tokens or (shape.budget is not None and shape.budget <= 0):
+        return 0.0
+    t0 = float(step_times(cost, shape, np.array([0.0]))[0])
+    return max(0.0, t0 - cost.step_time(float(shape.batch_size), shape.num_kv))
+
+
 def admission_bound(cost: StepTimeFn, shape: StepShape, overhead_s: float = 0.0) -> float:
-    """The least survival a position needs to be admitted: ``E(0)/T(0) · (T(1) − T(0))``
-    (the module docstring says why no admitted position is under it)."""
+    """The least survival a position needs to be admitted: ``b/t(b, kv) · (T(1) −
+    T(0))``, the goodput without drafts (the step's conserved prefill left out,
+    :func:`prefill_time`) times the first slot's marginal time (the module docstring
+    says why no admitted position is under it)."""
     if shape.budget is not None and shape.budget <= 0:
         return float("inf")
     t0, t1 = step_times(cost, shape, np.array([0.0, 1.0])).tolist()
-    return max(0.0, shape.batch_size / (t0 + overhead_s) * (t1 - t0))
+    t_dec = t0 - prefill_time(cost, shape)
+    return max(0.0, shape.batch_size / (t_dec + overhead_s) * (t1 - t0))
 
 
 class Allocation:
@@ -205,18 +237,12 @@ def allocate(
     base_tokens = batch_size
     if coef is not None:
         # the kernel evaluates the linear model itself: T(n) = t(b + p(0) + n) less the
-        # logits rows the prefill tokens do not have (module docstring), a constant folded
-        # into c_oh (a no-op without a row term)
+        # logits rows the prefill tokens do not have, and without the conserved prefill
+        # (c_tok · p(0) + c_row) that is t(b + n) (module docstring)
         times = _NO_TIMES
-        prefill = waiting if budget is None else min(waiting, budget)
-        base_tokens += prefill
-        rowless = float(getattr(cost, "c_row", 0.0)) * max(prefill - 1, 0)
-        if rowless > 0.0:
-            coef = coef.copy()
-            coef[3] -= rowless
     else:
         coef = _NO_TIMES
-        times = step_times(cost, shape, np.arange(cap + 1))
+        times = step_times(cost, shape, np.arange(cap + 1)) - prefill_time(cost, shape)
     counts, best, goodput, offered = _solve(
         survival,
         lens,

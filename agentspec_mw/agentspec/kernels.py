@@ -515,7 +515,8 @@ def score(
 
     Rows are ``source * n_req + r``. A token's calibration cell is, flattened,
     ``(source, agree, match bucket, support bucket, position bucket, c/n bucket)``, where
-    ``agree`` = another source drafts the same first token and the position buckets are
+    ``agree`` = another source drafts the same tokens up to and including this position
+    (:func:`_agreed`) and the position buckets are
     0, 1, 2-3, 4-7, 8+ (acceptance given the earlier positions were accepted). Each
     cell is split into :data:`NF` fine cells by the token's text class, whether the
     draft crossed a line break before it and the request's record bucket ``rec[r]``;

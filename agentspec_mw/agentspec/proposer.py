@@ -4,9 +4,10 @@ Sources a request may draft from, in decreasing isolation (:data:`.calibration.S
 
 ``iso``
     the history of the same scope, agent and *query group* in the same block kind: the
-    text this agent produced earlier in this kind of block for this query — or, when the
-    request belongs to a redundancy group (fan-out siblings, repeats, retries), for any
-    member of the group. Updated every step, so parallel siblings draft from each other.
+    text this agent produced earlier in this kind of block for this query (its repeats
+    and retries included: they share the agent and query) — or, when the request is a
+    fan-out sibling (the tags' ``group_id``), for any member of the group. Updated every
+    step, so parallel siblings draft from each other.
     This is the paper's structure-isolated cache.
 ``agent``
     everything this agent produced in this scope, across queries (added token by token

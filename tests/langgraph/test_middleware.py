@@ -9,6 +9,7 @@ from typing import Any
 from uuid import UUID
 
 import httpx
+import numpy as np
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import HumanMessage
@@ -17,6 +18,7 @@ from langchain_core.tracers.run_collector import RunCollectorCallbackHandler
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 
+from agentspec_mw.agentspec.identity import identity
 from agentspec_mw.tags import StructureTags, tags_from_wire
 from agentspec_mw_langgraph import (
     AgentSpecMiddleware,
@@ -85,13 +87,29 @@ def test_create_agent_chat_openai_sync_and_async() -> None:
     tags = _tags(server)
     assert [(t.scope, t.agent_id, t.segment, group_kind_of(t.group_id)) for t in tags] == [
         ("tenant-a", "model", "tool_call", None),
-        ("tenant-a", "model", "answer", "repeat"),
+        ("tenant-a", "model", "answer", None),
     ] * 2
     assert tags[0].query_id == tags[1].query_id != tags[2].query_id == tags[3].query_id
     assert tags[0].query_id.startswith("run:")
     assert tags[0].blocks == (("```", "```"), ("<tool_call>", "</tool_call>"))  # Qwen: Hermes
     stats = middleware.stats
     assert (stats.model_calls, stats.tags_derived, stats.tags_delivered) == (4, 4, 4)
+
+
+def test_tool_loop_turns_share_one_drafting_key() -> None:
+    """The agent's answer after a tool result drafts from its tool-call turn: both calls
+    give the proposer one ``(scope, agent, group)`` key (a ``repeat`` group id from the
+    second call on split it in two), and each query keeps its own key."""
+    from langchain.agents import create_agent
+
+    server = FakeOpenAI()
+    agent = create_agent(chat_openai(server), [search], middleware=[AgentSpecMiddleware()])
+    agent.invoke({"messages": [HumanMessage("q1")]})
+    agent.invoke({"messages": [HumanMessage("q2")]})
+    prompt = np.arange(64, dtype=np.int32)  # only matters without tags
+    keys = [identity(prompt, t, agent_tokens=16, query_tokens=64) for t in _tags(server)]
+    assert [t.group_id for t in _tags(server)] == [None] * 4
+    assert keys[0] == keys[1] != keys[2] == keys[3]
 
 
 def test_hook_does_not_count_middleware_requests_as_untagged() -> None:

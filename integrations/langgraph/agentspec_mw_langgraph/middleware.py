@@ -18,7 +18,10 @@ agent's state and runtime and attach them to the request:
 * **segment** -- the rule of :mod:`~agentspec_mw_langgraph.derive` from the request's
   tools, ``tool_choice`` and last message; after a tool result, what the agent's last
   answer to a tool result was;
-* **group** -- ``repeat`` of the agent's earlier model calls in the conversation;
+* **group** -- none: a ``create_agent`` agent has no ``Send`` fan-out, and its later
+  model calls (tool-loop turns) are the same agent in the same query, so ``agent_id`` +
+  ``query_id`` give them one drafting key with its first call (a ``repeat`` group id,
+  known only from the second call on, would split that key in two);
 * **scope**, **blocks** -- from :class:`~agentspec_mw_langgraph.config.TaggingConfig`.
 
 Delivery: for an OpenAI chat model (``ChatOpenAI``, any ``BaseChatOpenAI``) the tags go
@@ -182,17 +185,12 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
         )
         params = dict(getattr(request.model, "_identifying_params", {}) or {})
         params["tools"] = request.tools
-        repeat = any(isinstance(m, AIMessage) for m in messages)
-        query = _bounded(query)
-        agent = _bounded(agent)
         return StructureTags(
             scope=self.config.tags_scope,
-            agent_id=agent,
-            query_id=query,
+            agent_id=_bounded(agent),
+            query_id=_bounded(query),
             segment=segment,
             blocks=derive.blocks_for(params, self.config.tags_blocks),
-            group_id=_bounded(f"{query}|repeat|{agent}") if repeat else None,
-            group_kind="repeat" if repeat else None,
         )
 
     def _attach(self, request: ModelRequest[Any], tags: StructureTags) -> ModelRequest[Any]:

@@ -55,13 +55,17 @@ def load_workloads(
     cost_model: str = "llama8b-h100",
     max_calls: int | None = None,
     max_calls_per_run: int | None = None,
+    tags: str = "trace",
 ) -> ReplaySetup:
-    """Tokenize ``traces`` (cached) and build their calls as ``agentspec replay`` does."""
+    """Tokenize ``traces`` (cached) and build their calls as ``agentspec replay`` does
+    (``tags``: ``trace`` or ``none``, its ``--tags``)."""
     tok = load_tokenizer(tokenizer)
     cost = get_cost_model(cost_model)
     env = ProposerEnv(token_bytes=token_bytes_table(tok), cost_model=cost, max_k=max(max_k, 1))
     tokenized = [tokenize_trace(p, tok) for p in traces]
-    workloads = build_calls(tokenized, max_calls=max_calls, max_calls_per_run=max_calls_per_run)
+    workloads = build_calls(
+        tokenized, tags, max_calls=max_calls, max_calls_per_run=max_calls_per_run
+    )
     return ReplaySetup(workloads, env, cost)
 
 

@@ -133,6 +133,36 @@ def test_summary_medians_ratios_and_mismatches() -> None:
     assert verdict_lines(rows) == ["demo N=4: fastest is suffix (100 tok/s, 2.00x none)"]
 
 
+def test_the_fit_after_the_last_repeat_is_kept_and_printed() -> None:
+    config = BenchConfig(ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=3)
+    results = _results(config)
+    fit = {"fixed": 0.05, "token": 5e-4, "kv_token": 2e-6, "steps": 300.0}
+    for r in range(3):
+        old = results[("suffix", "demo", 4, r)]
+        model = fit if r == 2 else {"fixed": 1.0, "token": 1.0, "kv_token": 1.0}
+        results[("suffix", "demo", 4, r)] = old.model_copy(
+            update={"fit_errors": [0.1, -0.1], "step_model": model}
+        )
+    rows, mismatches = summarize(results, dict.fromkeys(results, 1.0), config)
+    none, suffix = rows
+    assert suffix.step_model == fit and none.step_model == {}
+    report = BenchReport(
+        config=config,
+        date="2026-12-03",
+        cpus=2,
+        load_before=[1.0] * 3,
+        load_after=[1.0] * 3,
+        engine_start_s={},
+        rows=rows,
+        mismatches=mismatches,
+    )
+    text = format_report(report)
+    assert (
+        "the fit after the last repeat: suffix demo N=4: 50.0 ms + 0.500 ms/token + "
+        "2.00 us/KV token (300 steps)" in text
+    )
+
+
 def test_verdict_names_the_better_peer_and_the_tags() -> None:
     config = BenchConfig(
         ns=(4,), methods=("none", "ngram", "suffix", "agentspec", "agentspec-untagged"), repeats=1

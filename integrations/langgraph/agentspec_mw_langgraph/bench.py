@@ -174,6 +174,10 @@ class BenchRow(BaseModel):
     fit_error_mean: float | None
     """Mean signed relative error (> 0: the fit predicts slower steps than measured)."""
     fit_steps: int
+    step_model: dict[str, float] = {}
+    """The measured model's fit after the last repeat (``fixed``/``token``/``kv_token`` in
+    seconds per step, per batched token, per KV token; ``steps`` it rests on); empty
+    without it."""
     per_agent_acceptance: dict[str, float | None]
     per_agent_tokens: dict[str, list[int]] = {}
     """``agent -> [drafted, accepted]`` summed over the repeats (per-request metrics)."""
@@ -336,6 +340,7 @@ def summarize(
                         fit_error_median=float(np.median(np.abs(errs))) if errs else None,
                         fit_error_mean=float(np.mean(errs)) if errs else None,
                         fit_steps=len(errs),
+                        step_model=dict(runs[-1].step_model),
                         per_agent_acceptance={
                             a: (v[1] / v[0] if v[0] else None) for a, v in sorted(agents.items())
                         },
@@ -442,6 +447,15 @@ def format_report(report: BenchReport) -> str:
                 if r.fit_error_median is not None and r.fit_error_mean is not None
             )
         )
+        models = [
+            f"{r.label} {r.app} N={r.n}: {1e3 * m['fixed']:.1f} ms + "
+            f"{1e3 * m['token']:.3f} ms/token + {1e6 * m['kv_token']:.2f} us/KV token "
+            f"({m.get('steps', 0):.0f} steps)"
+            for r in fits
+            if {"fixed", "token", "kv_token"} <= (m := r.step_model).keys()
+        ]
+        if models:
+            lines.append("the fit after the last repeat: " + "; ".join(models))
     lines.append("")
     lines += verdict_lines(report.rows)
     verdict = "yes" if not report.mismatches else "NO: " + "; ".join(report.mismatches)

@@ -247,7 +247,7 @@ def _reference_lookup(
             p = prev[p]
         return out[::-1] if len(out) == n else None
 
-    for n in (16, 8, 4, 2):
+    for n in sorted(ngram_index.LEVELS.tolist(), reverse=True):
         if len(tail) < n:
             continue
         cands = []

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from agentspec_mw.agentspec import AgentSpecProposer
 from agentspec_mw.agentspec.calibration import MATCH_EDGES, SOURCES
-from agentspec_mw.agentspec.ngram_index import LEVELS
+from agentspec_mw.agentspec.ngram_index import LEVELS, MAX_N, NgramIndex
 from agentspec_mw.costmodel import PRESETS
 from agentspec_mw.proposer import ProposerEnv, StepContext
 
@@ -50,8 +51,22 @@ def test_local_drafts_after_a_one_token_match_of_the_prompt() -> None:
 
 
 def test_one_token_matches_have_their_own_calibration_bucket() -> None:
-    """Match length 1 (only ``local`` has it) is calibrated apart from the index's
-    shortest level: its evidence is weaker."""
-    assert MATCH_EDGES[0] == 1
-    assert MATCH_EDGES[1:].tolist() == list(LEVELS)
-    assert min(LEVELS) == 2
+    """Match length 1 (``local``'s scan and the index's shortest level) is calibrated
+    apart from longer matches: its evidence is weaker."""
+    assert MATCH_EDGES.tolist() == sorted({1, *LEVELS.tolist()})
+    assert min(LEVELS) == 1
+
+
+def test_index_drafts_after_a_one_token_match() -> None:
+    """Where no context of 2+ tokens occurred before under the key, the index follows the
+    occurrences of the last token alone (as SuffixDecoding's tree matches one token):
+    a candidate of match length 1, by majority vote like any other level."""
+    ix = NgramIndex(capacity=1 << 12)
+    seq = np.array([5, 6, 7, 1, 5, 6, 8, 2, 5, 6, 7], dtype=np.int32)
+    ix.insert(np.zeros(len(seq), np.int64), np.full(len(seq), ix.new_seq(), np.int64), seq)
+    ctx = np.zeros((1, MAX_N), np.int32)
+    ctx[0, :2] = [9, 5]  # "9 5" never occurred, "5" three times
+    toks, probs, lens, match, support = ix.lookup(np.array([0]), ctx, np.array([2]), 2)
+    assert match[0] == 1 and support[0] == 3
+    assert toks[0, : lens[0]].tolist() == [6, 7]
+    assert probs[0, 1] == pytest.approx(2 / 3)  # 7, 8, 7 follow "5 6"

@@ -41,8 +41,9 @@ __all__ = [
 SOURCES = ("iso", "agent", "scope", "local")
 """Candidate sources, in candidate-row order (the first three are index lookups)."""
 N_Q = 10  # buckets of c/n
-MATCH_EDGES = np.array([1, *LEVELS], dtype=np.int64)
-"""Match-length buckets: 1 (only ``local`` matches a single token), then the index levels."""
+MATCH_EDGES = np.unique(np.array([1, *LEVELS], dtype=np.int64))
+"""Match-length buckets: the index levels (``local`` also drafts after a 1-token match);
+a cell is per source, so ``local``'s and the index's 1-token matches learn apart."""
 N_ML = len(MATCH_EDGES)
 SUPPORT_EDGES = np.array([2, 4, 8], dtype=np.int64)  # support buckets: 1, 2-3, 4-7, 8+
 N_SUP = len(SUPPORT_EDGES) + 1

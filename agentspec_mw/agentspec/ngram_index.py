@@ -54,7 +54,11 @@ __all__ = [
     "stage_insert",
 ]
 
-LEVELS = np.array([2, 4, 8, 16], dtype=np.int64)
+LEVELS = np.array([1, 2, 4, 8], dtype=np.int64)
+"""Match lengths hashed (doubling, one pass): from a single token, as SuffixDecoding's tree
+matches; four fit a record's cache line. A lookup uses the longest level that occurred, so a
+1-token match drafts only where no longer context did; calibration buckets its tokens apart
+(``calibration.MATCH_EDGES``) and the budget drafts them only where they pay."""
 MAX_N = 16  # a power of two: a sequence's ring holds its token i at i & (MAX_N - 1)
 MAX_CANDIDATES = 16
 _ROWS_PER_THREAD = 64  # a lookup splits its rows over threads from 2 x this many rows

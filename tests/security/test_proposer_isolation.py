@@ -3,8 +3,9 @@
 Token ids are split by owner (a shared range both scopes use, and ranges only one scope's
 text holds), so a draft token *proves* where it came from: a request of scope X that
 drafts an id only scope Y's text holds has drafted across scopes. Each isolation check
-has a control (the same request in scope Y, or without tags) showing the drafts would
-come through if the scope did not isolate them — the checks cannot pass vacuously.
+has a control (the same request in scope Y, or without tags) showing Y's text would
+reach its candidates (or drafts) if the scope did not isolate it — the checks cannot pass
+vacuously.
 """
 
 from __future__ import annotations
@@ -92,12 +93,30 @@ def _foreign(drafts: dict[str, list[Draft]], rid: str) -> int:
     return sum(t in y for d in drafts[rid] for t in d.token_ids)
 
 
-def _isolation_run(sources: tuple[str, ...], x_tags: StructureTags, y_tags: StructureTags) -> int:
+def _isolation_run(
+    sources: tuple[str, ...], x_tags: StructureTags, y_tags: StructureTags
+) -> tuple[int, int]:
+    """Y-only tokens in X's drafts, and in X's candidates from every source (drafted or
+    not: what the lookups found, before the budget cut them)."""
     p = _prop(experimental={"sources": sources})
     # Y's history: two finished requests, then one still decoding beside X's request
     _run(p, {f"y{i}": (X_ONLY[:20], _y_text(i), y_tags) for i in range(2)})
+    p.candidates = {}
+    propose = p.propose
+    y, seen = set(Y_ONLY), [0]
+
+    def spy(req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        out = propose(req_ids, k, step)
+        c, n = p.candidates, len(req_ids)
+        if c and "x" in req_ids:
+            i = list(req_ids).index("x")
+            for row in range(i, len(c["lens"]), n):
+                seen[0] += sum(int(t) in y for t in c["tok"][row, : c["lens"][row]])
+        return out
+
+    p.propose = spy  # type: ignore[method-assign]
     drafts = _run(p, {"x": _x_request(x_tags), "y-live": (X_ONLY[:20], _y_text(0), y_tags)})
-    return _foreign(drafts, "x")
+    return _foreign(drafts, "x"), seen[0]
 
 
 @pytest.mark.parametrize("sources", SOURCES, ids="+".join)
@@ -105,15 +124,15 @@ def test_no_draft_crosses_scopes_from_any_source(sources: tuple[str, ...]) -> No
     def tags(scope: str) -> StructureTags:  # the same agent, query and group in both
         return StructureTags(scope=scope, agent_id="a", query_id="q", group_id="g")
 
-    assert _isolation_run(sources, tags("X"), tags("Y")) == 0
-    if sources != ("local",):  # control: in Y's own scope the same request drafts Y's text
-        assert _isolation_run(sources, tags("Y"), tags("Y")) > 0
+    assert _isolation_run(sources, tags("X"), tags("Y")) == (0, 0)
+    if sources != ("local",):  # control: in Y's own scope the same request finds Y's text
+        assert _isolation_run(sources, tags("Y"), tags("Y"))[1] > 0
 
 
 def test_scope_only_tags_isolate_tag_free_requests() -> None:
     """Scope-only tags (no agent or query: derived from the prompt, as without tags)
     keep scopes apart; without any tags, the same requests share scope ``default``."""
-    assert _isolation_run(SOURCES[-1], StructureTags(scope="X"), StructureTags(scope="Y")) == 0
+    assert _isolation_run(SOURCES[-1], StructureTags(scope="X"), StructureTags(scope="Y")) == (0, 0)
     # control: identical prompts without tags share their derived identity and scope
     p = _prop()
     _run(p, {f"y{i}": (X_ONLY[:20], _y_text(i), None) for i in range(2)})

@@ -481,7 +481,7 @@ def test_score_picks_the_candidate_that_pays_above_the_floor() -> None:
     from agentspec_mw.agentspec.calibration import N_ML, N_Q, N_SUP
 
     n_src, k = len(SOURCES), 16
-    table = np.zeros((n_src, K.N_AGREE, N_ML, N_SUP, K.N_POS, N_Q))
+    table = np.zeros((n_src, 2, N_ML, N_SUP, K.N_POS, N_Q))
     table[0], table[1] = 0.85, 0.95  # per-token acceptance: iso 0.85, agent 0.95
     table = table.reshape(-1)
     tok = np.zeros((n_src, k), dtype=np.int32)
@@ -515,7 +515,7 @@ def test_score_splits_cells_by_token_class_and_line_break() -> None:
     from agentspec_mw.agentspec.calibration import N_ML, N_Q, N_SUP
 
     n_src, k = len(SOURCES), 4
-    table = np.full(n_src * K.N_AGREE * N_ML * N_SUP * K.N_POS * N_Q, 0.9)
+    table = np.full(n_src * 2 * N_ML * N_SUP * K.N_POS * N_Q, 0.9)
     codes = np.array([3, 4], dtype=np.int8)  # token 0: a word going on; 1: a line break
     tok = np.zeros((n_src, k), dtype=np.int32)
     tok[0] = [0, 0, 1, 0]  # word, word, line break, word (after the break)
@@ -540,7 +540,7 @@ def test_score_splits_cells_by_the_request_record() -> None:
     from agentspec_mw.agentspec.calibration import N_ML, N_Q, N_SUP
 
     n_src, k = len(SOURCES), 2
-    table = np.full(n_src * K.N_AGREE * N_ML * N_SUP * K.N_POS * N_Q, 0.9)
+    table = np.full(n_src * 2 * N_ML * N_SUP * K.N_POS * N_Q, 0.9)
     codes = np.zeros(1, dtype=np.int8)
     tok = np.zeros((n_src, k), dtype=np.int32)
     lens = np.array([2] + [0] * (n_src - 1), dtype=np.int64)

@@ -3,14 +3,14 @@
 Each draft token carries ``c / n`` — of the ``n`` continuations found, ``c`` agree. What
 it is worth is *learned*: every verified draft updates its isolation scope's acceptance
 table (:mod:`.scopes`; each scope learns only from its own drafts, from a fixed prior),
-bucketed by (source, agreement between sources — agreed, contested or alone —, match
-length, support ``n``, draft position, ``c / n``) — a *cell*. Each cell's prior is the
-paper's redundancy score ``g(c, n) = (c/n)·p(n)`` (:func:`redundancy_score`) times
-``calib_prior_scale``. Each cell is split into *fine* cells by the drafted token's text
-class, whether the draft crossed a line break before it, and the request's record
-(:mod:`.token_classes`, ``kernels._fine``); a fine cell's acceptance is its counts shrunk
-toward its cell's (``kernels._acceptance``). The counting is done by
-``kernels.apply_extends``, the reading by ``kernels.score`` and ``kernels.emit_drafts``.
+bucketed by (source, agreement between sources, match length, support ``n``, draft
+position, ``c / n``) — a *cell*. Each cell's prior is the paper's redundancy score
+``g(c, n) = (c/n)·p(n)`` (:func:`redundancy_score`) times ``calib_prior_scale``. Each
+cell is split into *fine* cells by the drafted token's text class, whether the draft
+crossed a line break before it, and the request's record (:mod:`.token_classes`,
+``kernels._fine``); a fine cell's acceptance is its counts shrunk toward its cell's
+(``kernels._acceptance``). The counting is done by ``kernels.apply_extends``, the reading
+by ``kernels.score`` and ``kernels.emit_drafts``.
 """
 
 from __future__ import annotations
@@ -65,9 +65,8 @@ def redundancy_score(c: int, n: int, g_min: float) -> float:
 def prior_table(g_min: float, scale: float) -> np.ndarray:
     """The fixed prior acceptance of every cell, flattened in the kernels' order
     ``(source, agree, match, support, position, c/n)``: ``scale · g`` at the bucket's
-    middle ``c/n`` and representative support, raised when sources agree (a contested
-    position starts from the same prior as one alone)."""
-    shape = (len(SOURCES), K.N_AGREE, N_ML, N_SUP, K.N_POS, N_Q)
+    middle ``c/n`` and representative support, raised when sources agree."""
+    shape = (len(SOURCES), 2, N_ML, N_SUP, K.N_POS, N_Q)
     q_mid = (np.arange(N_Q) + 0.5) / N_Q
     p_n = np.array([redundancy_score(1, n, g_min) for n in _SUPPORT_MID])
     base = scale * q_mid[None, None, :] * p_n[:, None, None]

@@ -124,7 +124,7 @@ class AgentSpecConfig(BaseModel):
     calib_max_scopes: int = Field(default=16, ge=1)
     """Isolation scopes whose learned state (calibration, verified draft counts) is
     kept: each scope learns only from its own verified drafts, starting from the same
-    fixed prior, so one tenant's traffic never moves another's drafting. About 5.1 MB per
+    fixed prior, so one tenant's traffic never moves another's drafting. About 3.4 MB per
     scope, allocated as scopes arrive; past this many, the least recently started scope
     with no live request forgets its state (:mod:`~agentspec_mw.agentspec.scopes`). Set
     it to the number of tenants active at once."""

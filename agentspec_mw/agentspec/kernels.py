@@ -72,7 +72,6 @@ C_STREAK = 20  # verified candidate tokens in a row that were right (the request
 C_OK = 21  # leading positions of the request's last candidate at or above the admission bound
 C_CAL = 22  # the request's row of per-scope learned state (:mod:`.scopes`; 0: frozen prior)
 N_POS = 5  # draft-position buckets of the calibration table: 0, 1, 2-3, 4-7, 8+
-N_AGREE = 3  # agreement states of a draft position: alone, agreed, contested (``_agreed``)
 N_COLS = 23
 REC_EDGES = (1, 4, 16)  # record buckets by streak: 0, 1-3, 4-15, 16+
 N_REC = len(REC_EDGES) + 1
@@ -440,18 +439,15 @@ def _head(
     sb = 0
     while sb < sup_edges.shape[0] and sup_edges[sb] <= support[row]:
         sb += 1
-    return (((a * N_AGREE) * levels.shape[0] + ml) * (sup_edges.shape[0] + 1) + sb) * N_POS
+    return (((a * 2) * levels.shape[0] + ml) * (sup_edges.shape[0] + 1) + sb) * N_POS
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _agreed(a: int, r: int, n_req: int, tok: np.ndarray, lens: np.ndarray) -> int:
-    """Leading positions ``ag`` of candidate ``a`` that another source drafts
-    identically, times 2, plus 1 when another source drafts the same ``ag`` tokens and
-    then a different token at position ``ag`` (the candidate is contested there)."""
+    """Leading positions of candidate ``a`` that another source drafts identically."""
     n_src = tok.shape[0] // n_req
     row = a * n_req + r
     best = 0
-    contested = 0
     for b in range(n_src):
         if b == a:
             continue
@@ -460,18 +456,14 @@ def _agreed(a: int, r: int, n_req: int, tok: np.ndarray, lens: np.ndarray) -> in
         j = 0
         while j < m and tok[rb, j] == tok[row, j]:
             j += 1
-        if j > best:
-            best = j
-            contested = 0
-        if j == best and j < m:
-            contested = 1
-    return 2 * best + contested
+        best = max(best, j)
+    return best
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _cell(head: int, agree: int, j: int, p: float, n_q: int) -> int:  # pragma: no cover
     """Calibration cell of draft position ``j`` with count ratio ``p`` in row ``head``;
-    ``agree`` is the row offset of its agreement state (:data:`N_AGREE`)."""
+    ``agree`` is the row offset when another source drafts the same tokens up to ``j``."""
     pb = j if j < 2 else 2 if j < 4 else 3 if j < 8 else 4
     return (head + agree + pb) * n_q + min(int(p * n_q), n_q - 1)
 
@@ -523,10 +515,8 @@ def score(
 
     Rows are ``source * n_req + r``. A token's calibration cell is, flattened,
     ``(source, agree, match bucket, support bucket, position bucket, c/n bucket)``, where
-    ``agree`` is 1 when another source drafts the same tokens up to and including this
-    position, 2 at the first position past that agreed prefix when another source drafts
-    the prefix and then a different token there (a contest), else 0 (:func:`_agreed`),
-    and the position buckets are
+    ``agree`` = another source drafts the same tokens up to and including this position
+    (:func:`_agreed`) and the position buckets are
     0, 1, 2-3, 4-7, 8+ (acceptance given the earlier positions were accepted). Each
     cell is split into :data:`NF` fine cells by the token's text class, whether the
     draft crossed a line break before it and the request's record bucket ``rec[r]``;
@@ -564,14 +554,11 @@ def score(
             w = 0.0  # expected accepted tokens among the positions at or above the bound
             if lens[row] > 0:
                 head = _head(a, r, n_req, match, support, levels, sup_edges)
-                ag2 = _agreed(a, r, n_req, tok, lens)
-                ag = ag2 >> 1
-                cont = agree * 2 * (ag2 & 1)  # agree = 2 at position ag if contested there
+                ag = _agreed(a, r, n_req, tok, lens)
                 s = 1.0
                 crossed = 0
                 for j in range(lens[row]):
-                    st = agree if j < ag else cont if j == ag else 0
-                    c = _cell(head, st, j, prob[row, j], n_q)
+                    c = _cell(head, agree if j < ag else 0, j, prob[row, j], n_q)
                     code = codes[tok[row, j]]
                     f = _fine(c, code, crossed, rec[r])
                     s *= _acceptance(f, tab, fsucc, ftot, strength)

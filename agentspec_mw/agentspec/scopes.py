@@ -8,7 +8,7 @@ each array here. A request reads and updates only its scope's row (slot column
 tenant's drafting. Every row starts from the same *fixed* prior (the paper's redundancy
 score), never from other scopes' counts.
 
-Memory is bounded: at most ``max_scopes`` scopes have a row (about 5.1 MB each with the
+Memory is bounded: at most ``max_scopes`` scopes have a row (about 3.4 MB each with the
 default calibration split; rows are allocated as scopes arrive, doubling). When a new
 scope arrives and every row is taken, the least recently started scope with no live
 request loses its row (its learned state is forgotten; it starts again from the prior if

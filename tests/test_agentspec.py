@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -724,6 +725,34 @@ def test_budget_charges_the_prefill_drafts_displace() -> None:
         assert a.used == 1, waiting
     # with a short step (64 requests over short contexts, linear) it does not pay
     assert not allocate(s, np.array([1]), batch_size=b, num_kv=b * 300, cost=lin).used
+
+
+class _NoCoefficients:
+    """A cost model seen without ``linear_coefficients``: the general (array) path."""
+
+    def __init__(self, model: Any) -> None:
+        self.step_time = model.step_time
+        self.step_time_array = model.step_time_array
+        self.c_row = model.c_row
+
+
+def test_admission_bound_linear_shortcut_matches_the_general_path() -> None:
+    """For a linear model the bound is computed from its coefficients, without step
+    arrays; it is the same number the general path gives (rows, prefill, displacement)."""
+    rng = np.random.default_rng(7)
+    for name in ("llama8b-h100", "cpu-smollm2"):
+        model = PRESETS[name]
+        general = _NoCoefficients(model)
+        for _ in range(200):
+            b = int(rng.integers(1, 300))
+            kv = float(rng.integers(0, 10**6))
+            budget = None if rng.random() < 0.3 else int(rng.integers(0, 9000))
+            waiting = int(rng.choice([0, 1, 50, 20_000]))
+            shape = StepShape(b, kv, budget, waiting)
+            over = float(rng.choice([0.0, 1e-4]))
+            fast = admission_bound(model, shape, over)
+            slow = admission_bound(general, shape, over)  # type: ignore[arg-type]
+            assert fast == pytest.approx(slow, rel=1e-9, abs=1e-15), (name, shape)
 
 
 def test_budget_does_not_let_a_prefill_chunk_cheapen_the_drafts() -> None:

@@ -147,6 +147,15 @@ def admission_bound(cost: StepTimeFn, shape: StepShape, overhead_s: float = 0.0)
     says why no admitted position is under it)."""
     if shape.budget is not None and shape.budget <= 0:
         return float("inf")
+    linear = getattr(cost, "linear_coefficients", None)
+    coef = linear() if linear is not None else None
+    if coef is not None:
+        # linear model: t(b, kv) from its coefficients, and a draft costs c_tok + c_row
+        # whether it takes a free slot or displaces a prefill token (module docstring);
+        # the same number as the general path below, without its arrays (every step)
+        c_fix, c_tok, c_kv, c_oh = coef.tolist()
+        t_dec = c_fix + c_tok * shape.batch_size + c_kv * shape.num_kv + c_oh
+        return max(0.0, shape.batch_size / (t_dec + overhead_s) * c_tok)
     t0, t1 = step_times(cost, shape, np.array([0.0, 1.0])).tolist()
     t_dec = t0 - prefill_time(cost, shape)
     return max(0.0, shape.batch_size / (t_dec + overhead_s) * (t1 - t0))

@@ -1,9 +1,12 @@
-"""``agentspec bench``: the workflow shapes on a scripted model, the summary (medians,
-ratios, percentiles, mismatches), the report, the preload, and a tiny real run."""
+"""``agentspec bench``: the workflow shapes on a scripted model, apps named by import path,
+the summary (medians, ratios, percentiles, mismatches), the report, the preload, and tiny
+real runs."""
 
 from __future__ import annotations
 
 import json
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,15 @@ from agentspec_mw_langgraph.bench import (
     summarize,
     verdict_lines,
 )
-from agentspec_mw_langgraph.bench_apps import APPS, REFLECT_ROUNDS, bench_topics, final_view
+from agentspec_mw_langgraph.bench_apps import (
+    APPS,
+    REFLECT_ROUNDS,
+    BenchApp,
+    BenchAppError,
+    bench_topics,
+    final_view,
+    resolve_app,
+)
 from agentspec_mw_langgraph.bench_worker import RunResult
 from agentspec_mw_vllm import preload
 
@@ -58,6 +69,134 @@ def test_every_shape_runs_tagged_with_real_tools(app: str) -> None:
     if app == "reflect":  # the scripted reviewer never says OK: the loop stops at the cap
         assert view["rounds"] == REFLECT_ROUNDS
         assert len(view["reviews"]) == REFLECT_ROUNDS + 1
+
+
+#: A user's app outside the package: a two-node graph over any chat model.
+_EXT_APP = textwrap.dedent(
+    """
+    from typing import Any, TypedDict
+
+    from langchain_core.messages import HumanMessage
+    from langgraph.graph import END, START, StateGraph
+
+    from agentspec_mw_langgraph.bench_apps import BenchApp
+
+
+    class State(TypedDict):
+        topic: str
+        draft: str
+        answer: str
+
+
+    def build(model: Any) -> Any:
+        def drafter(state: State) -> dict[str, Any]:
+            return {"draft": str(model.invoke([HumanMessage(state["topic"])]).content)}
+
+        def editor(state: State) -> dict[str, Any]:
+            return {"answer": str(model.invoke([HumanMessage(state["draft"])]).content)}
+
+        g = StateGraph(State)
+        g.add_node("drafter", drafter)
+        g.add_node("editor", editor)
+        g.add_edge(START, "drafter")
+        g.add_edge("drafter", "editor")
+        g.add_edge("editor", END)
+        return g.compile()
+
+
+    def make_input(topic: str) -> dict[str, Any]:
+        return {"topic": f"Write about {topic}.", "draft": "", "answer": ""}
+
+
+    APP = BenchApp("mine", build, make_input, {"recursion_limit": 5})
+    NOT_AN_APP = 3
+    """
+)
+_MESSAGES_APP = textwrap.dedent(
+    """
+    from langgraph.graph import START, MessagesState, StateGraph
+
+
+    def build(model):
+        g = StateGraph(MessagesState)
+        g.add_node("assistant", lambda s: {"messages": [model.invoke(s["messages"])]})
+        g.add_edge(START, "assistant")
+        return g.compile()
+
+
+    GRAPH = build(None)  # a compiled graph: the bench needs build(model) instead
+    """
+)
+
+
+@pytest.fixture
+def ext_apps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder on ``sys.path`` with two app modules (``ext_bench_app``, ``ext_msgs_app``)."""
+    (tmp_path / "ext_bench_app.py").write_text(_EXT_APP)
+    (tmp_path / "ext_msgs_app.py").write_text(_MESSAGES_APP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("ext_bench_app", "ext_msgs_app"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    return tmp_path
+
+
+def _echo(messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessage:
+    return AIMessage(f"re: {str(messages[-1].content)[:30]}")
+
+
+def test_an_app_by_import_path_runs_tagged_with_its_make_input(ext_apps: Path) -> None:
+    app = resolve_app("ext_bench_app:build")
+    assert app.name == "ext_bench_app:build" and app.config == {}
+    model = ScriptedChatModel(script=_echo)
+    graph = with_agentspec(app.build(model), config=TaggingConfig(adapter_raise_errors=True))
+    view = final_view(app.run(graph, "tea"))
+    assert view == {
+        "topic": "Write about tea.",
+        "draft": "re: Write about tea.",
+        "answer": "re: re: Write about tea.",
+    }
+    assert [tags.agent_id for tags, _ in model.seen] == ["drafter", "editor"]
+    # a BenchApp attribute keeps its input and config, under the name given on the CLI
+    exported = resolve_app("ext_bench_app:APP")
+    assert exported.name == "ext_bench_app:APP" and exported.config == {"recursion_limit": 5}
+    # the same module by file path (langgraph.json's form)
+    by_file = resolve_app(f"{ext_apps / 'ext_bench_app.py'}:build")
+    assert by_file.make_input("tea") == app.make_input("tea")
+    assert BenchConfig(apps=("demo", "ext_bench_app:build")).apps[1] == "ext_bench_app:build"
+
+
+def test_a_build_without_make_input_gets_messages(ext_apps: Path) -> None:
+    app = resolve_app("ext_msgs_app:build")
+    model = ScriptedChatModel(script=_echo)
+    view = final_view(app.run(app.build(model), "tea"))
+    assert [m["content"] for m in view["messages"]] == ["tea", "re: tea"]
+    assert resolve_app("demo") is APPS["demo"] and isinstance(APPS["demo"], BenchApp)
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [
+        ("nope", r"app 'nope' unknown; choose from \['demo', 'tool_loop', 'reflect'\]"),
+        ("no_such_mod_xyz:build", r"cannot import module 'no_such_mod_xyz'.*PYTHONPATH"),
+        ("ext_bench_app:buidl", r"module 'ext_bench_app' \(.*ext_bench_app.py\) has no attr"),
+        ("ext_bench_app:NOT_AN_APP", r"'NOT_AN_APP' in module 'ext_bench_app' is a int"),
+        ("ext_msgs_app:GRAPH", r"is a compiled graph; expected a BenchApp or a function"),
+        ("missing/app.py:build", r"no file '.*missing/app.py'"),
+        (":build", r"unknown; choose from"),
+    ],
+)
+def test_a_bad_app_path_says_what_is_wrong(ext_apps: Path, name: str, match: str) -> None:
+    with pytest.raises(BenchAppError, match=match):
+        resolve_app(name)
+    with pytest.raises(ValueError, match=match):
+        BenchConfig(apps=("demo", name))  # before any engine starts
+
+
+def test_the_cli_fails_at_once_on_a_bad_app(capsys: pytest.CaptureFixture[str]) -> None:
+    from agentspec_mw.cli import main
+
+    assert main(["bench", "--apps", "no_such_mod_xyz:build", "--no-progress"]) == 2
+    assert "cannot import module 'no_such_mod_xyz'" in capsys.readouterr().err
 
 
 def _result(label: str, n: int, wall: float, **kw: Any) -> RunResult:
@@ -256,3 +395,26 @@ def test_bench_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert all(r.tokens_per_s > 0 and r.identical_to_none for r in report.rows)
     assert "writer's answer" in report.sample_output
     assert out.with_suffix(".png").stat().st_size > 1000
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_bench_quick_with_an_app_by_file_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The engine processes import a user's app from the path given on the command line."""
+    pytest.importorskip("vllm")
+    from agentspec_mw.cli import main
+
+    (tmp_path / "mine.py").write_text(_EXT_APP)
+    app = f"{tmp_path / 'mine.py'}:build"
+    out, js = tmp_path / "bench", tmp_path / "bench.json"
+    argv = ["bench", "--quick", "--apps", app, "--no-progress", "--out", str(out)]
+    rc = main([*argv, "--json", str(js)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    report = BenchReport.model_validate_json(js.read_text())
+    assert {(r.app, r.label) for r in report.rows} == {(app, "none"), (app, "agentspec")}
+    assert all(r.identical_to_none and r.tokens_per_s > 0 for r in report.rows)
+    assert "the final state" in report.sample_output

@@ -43,7 +43,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentspec_mw.errors import AgentSpecError
-from agentspec_mw_langgraph.bench_apps import APPS, bench_topics
+from agentspec_mw_langgraph.bench_apps import APPS, bench_topics, resolve_app
 from agentspec_mw_langgraph.bench_worker import MARK, RunResult, WorkerSpec
 
 __all__ = [
@@ -90,7 +90,9 @@ class BenchConfig(BaseModel):
     methods: tuple[str, ...] = tuple(METHODS)
     """Methods to compare (``none`` is always run: it is every ratio's baseline)."""
     apps: tuple[str, ...] = ("demo", "tool_loop", "reflect")
-    """Workflow shapes (:data:`~agentspec_mw_langgraph.bench_apps.APPS`)."""
+    """Workflow shapes: names in :data:`~agentspec_mw_langgraph.bench_apps.APPS`, or import
+    paths ``package.module:build`` / ``path/to/file.py:build``
+    (:func:`~agentspec_mw_langgraph.bench_apps.resolve_app`)."""
     repeats: int = Field(default=3, ge=1)
     """Runs per (shape, N, method); medians over them."""
     k: int = Field(default=8, ge=1)
@@ -124,9 +126,10 @@ class BenchConfig(BaseModel):
     @field_validator("apps")
     @classmethod
     def _known_apps(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        unknown = [a for a in v if a not in APPS]
-        if unknown or not v:
-            raise ValueError(f"apps {unknown or '[]'} unknown; choose from {list(APPS)}")
+        if not v:
+            raise ValueError(f"apps [] unknown; choose from {list(APPS)} or give module:attr")
+        for name in v:  # imports an imported app's module here: its errors come first
+            resolve_app(name)
         return v
 
     def labels(self) -> list[str]:
@@ -513,8 +516,9 @@ def _sample_output(results: dict[tuple[str, str, int, int], RunResult], config: 
     if app == "reflect" and isinstance(view, dict):
         return f"final draft after review (reflect, N={n}, first query):\n{view.get('draft', '')}"
     messages = view.get("messages", []) if isinstance(view, dict) else []
-    last = messages[-1].get("content", "") if messages else view
-    return f"the agent's last message (tool_loop, N={n}, first query):\n{last}"
+    if messages and isinstance(messages[-1], dict):
+        return f"the last message ({app}, N={n}, first query):\n{messages[-1].get('content', '')}"
+    return f"the final state ({app}, N={n}, first query):\n{json.dumps(view)[:2000]}"
 
 
 def run_bench(

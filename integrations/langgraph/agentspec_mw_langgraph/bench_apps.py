@@ -10,12 +10,25 @@
 Every shape is ordinary LangGraph code over any chat model. Each query gets a topic; the
 final state is reduced to JSON (:func:`final_view`: message types, contents and tool
 calls, no random ids) so two runs can be compared for identical outputs.
+
+Apps that are not in the package are named by an import path, LangGraph's
+``langgraph.json`` convention (:func:`resolve_app`): ``package.module:attr`` or
+``path/to/file.py:attr``, where ``attr`` is a :class:`BenchApp` or a function
+``build(model) -> compiled graph``. For a function, the module's ``make_input(topic)``
+(if it defines one) makes a query's input, else :func:`default_input`.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import operator
+import os
+import sys
+import zlib
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Annotated, Any, TypedDict
 
 from langchain_core.language_models import BaseChatModel
@@ -29,6 +42,7 @@ from langchain_core.messages import (
 from langgraph.errors import GraphRecursionError
 from langgraph.graph import END, START, StateGraph
 
+from agentspec_mw.errors import AgentSpecError
 from agentspec_mw_langgraph.demo_graph import NOTES, build_workflow, demo_tools, initial_state
 
 __all__ = [
@@ -36,8 +50,11 @@ __all__ = [
     "REFLECT_ROUNDS",
     "TOOL_LOOP_RECURSION",
     "BenchApp",
+    "BenchAppError",
     "bench_topics",
+    "default_input",
     "final_view",
+    "resolve_app",
 ]
 
 #: Graph steps of the ``create_agent`` loop (model and tool nodes each count one).
@@ -194,6 +211,100 @@ APPS: dict[str, BenchApp] = {
         "reflect", build_reflect, lambda t: {"topic": t, "draft": "", "reviews": [], "rounds": 0}
     ),
 }
+
+
+class BenchAppError(AgentSpecError, ValueError):
+    """An app name is neither a built-in shape nor an import path to a usable app."""
+
+
+def default_input(topic: str) -> dict[str, Any]:
+    """A query's input for an imported ``build`` whose module has no ``make_input``:
+    ``{"messages": [HumanMessage(topic)]}`` (``MessagesState``, ``create_agent``)."""
+    return {"messages": [HumanMessage(topic)]}
+
+
+def _import(name: str, where: str) -> ModuleType:
+    """The module ``where`` (a dotted module, or a ``.py`` file), for app ``name``."""
+    if where.endswith(".py") or os.sep in where or "/" in where:
+        path = Path(where).resolve()
+        if not path.is_file():
+            raise BenchAppError(f"app {name!r}: no file {str(path)!r}")
+        mod_name = f"_agentspec_bench_app_{path.stem}_{zlib.crc32(str(path).encode()):08x}"
+        if mod_name in sys.modules:
+            return sys.modules[mod_name]
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[mod_name]
+            raise BenchAppError(
+                f"app {name!r}: importing {str(path)!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        return module
+    if os.getcwd() not in sys.path:  # like ``python -m``: modules in the working folder
+        sys.path.append(os.getcwd())
+    try:
+        return importlib.import_module(where)
+    except ModuleNotFoundError as exc:
+        hint = " (is its folder on PYTHONPATH?)" if exc.name == where.split(".")[0] else ""
+        raise BenchAppError(f"app {name!r}: cannot import module {where!r}: {exc}{hint}") from exc
+    except Exception as exc:
+        raise BenchAppError(
+            f"app {name!r}: importing module {where!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def resolve_app(name: str) -> BenchApp:
+    """The app ``name``: a key of :data:`APPS`, or ``module:attr`` / ``file.py:attr``.
+
+    ``attr`` (dots allowed: ``obj.build``) must be a :class:`BenchApp` (used as is, under
+    the name ``name``) or a callable ``build(model) -> compiled graph``; for a callable,
+    the module's ``make_input(topic)`` makes each query's input if the module defines
+    one, else :func:`default_input`. Importing runs the module (in the bench's parent
+    and in each engine process, which get the same ``name``: the module must be
+    importable there too, e.g. through ``PYTHONPATH``).
+
+    Raises:
+        BenchAppError: an unknown name, a module that does not import, a missing
+            attribute, or an attribute that is neither a ``BenchApp`` nor callable.
+    """
+    if name in APPS:
+        return APPS[name]
+    where, sep, attr = name.rpartition(":")
+    if not sep or not where or not attr:
+        raise BenchAppError(
+            f"app {name!r} unknown; choose from {list(APPS)} or give an import path "
+            "'package.module:build' or 'path/to/file.py:build'"
+        )
+    module = _import(name, where)
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            public = sorted(k for k in vars(module) if not k.startswith("_"))
+            raise BenchAppError(
+                f"app {name!r}: module {module.__name__!r} ({getattr(module, '__file__', '?')})"
+                f" has no attribute {attr!r}; it has {public}"
+            )
+        obj = getattr(obj, part)
+    if isinstance(obj, BenchApp):
+        return BenchApp(name, obj.build, obj.make_input, obj.config)
+    if hasattr(obj, "invoke") or not callable(obj):
+        kind = "a compiled graph" if hasattr(obj, "invoke") else f"a {type(obj).__name__}"
+        raise BenchAppError(
+            f"app {name!r}: {attr!r} in module {module.__name__!r} is {kind}; expected a "
+            "BenchApp or a function build(model) -> compiled graph (the bench passes "
+            "each engine's chat model)"
+        )
+    make_input = getattr(module, "make_input", default_input)
+    if not callable(make_input):
+        raise BenchAppError(
+            f"app {name!r}: make_input in module {module.__name__!r} is a "
+            f"{type(make_input).__name__}; expected a function make_input(topic) -> input"
+        )
+    return BenchApp(name, obj, make_input)
 
 
 def _message_view(m: BaseMessage) -> dict[str, Any]:

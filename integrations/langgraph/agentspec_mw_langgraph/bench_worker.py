@@ -230,7 +230,7 @@ class Worker:
     """The engine, the graphs and the instrumentation of one process."""
 
     def __init__(self, spec: WorkerSpec) -> None:
-        from agentspec_mw_langgraph.bench_apps import APPS
+        from agentspec_mw_langgraph.bench_apps import resolve_app
         from agentspec_mw_langgraph.config import TaggingConfig
         from agentspec_mw_langgraph.engine_chat import ChatAgentSpecVLLM
         from agentspec_mw_langgraph.wrap import with_agentspec
@@ -257,19 +257,20 @@ class Worker:
         self.backend = _timed_backend(self.llm)
         chat = ChatAgentSpecVLLM(engine=self.backend, max_tokens=spec.max_tokens)
         self.graphs: dict[str, Any] = {}
-        for name in spec.apps:
-            graph = APPS[name].build(chat)
+        self.shapes = {name: resolve_app(name) for name in spec.apps}  # imports by path
+        for name, shape in self.shapes.items():
+            graph = shape.build(chat)
             if spec.tagged:
                 graph = with_agentspec(graph, config=TaggingConfig())
             self.graphs[name] = graph
-            APPS[name].run(graph, "warm-up: the weather")  # JIT, templates; not timed
+            shape.run(graph, "warm-up: the weather")  # JIT, templates; not timed
         self.start_s = time.perf_counter() - t0
 
     def run(self, app: str, topics: list[str]) -> RunResult:
-        from agentspec_mw_langgraph.bench_apps import APPS, final_view
+        from agentspec_mw_langgraph.bench_apps import final_view
         from agentspec_mw_vllm.metrics import get_metrics
 
-        graph, shape = self.graphs[app], APPS[app]
+        graph, shape = self.graphs[app], self.shapes[app]
         self.backend.clear()
         STATS.reset()
         d0, a0 = _spec_counters(self.llm)

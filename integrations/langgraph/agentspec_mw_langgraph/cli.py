@@ -90,7 +90,8 @@ def _add_bench(sub: Any) -> None:
         "embedded engine: throughput, TPOT, latency, acceptance, identical outputs",
         description=(
             "Runs N concurrent LangGraph workflows (demo: planner, fan-out, critic, writer; "
-            "tool_loop: create_agent with local tools; reflect: a review/revise loop) on "
+            "tool_loop: create_agent with local tools; reflect: a review/revise loop; or "
+            "your own graph by import path) on "
             "one warmed engine per method (none, ngram, suffix, agentspec, "
             "agentspec-untagged), repeats interleaved across methods; prints medians and "
             "ratios to none, writes OUT.txt and OUT.png (and --json). Exit code 1 if any "
@@ -99,7 +100,15 @@ def _add_bench(sub: Any) -> None:
     )
     p.add_argument("--n", type=_ints, default=None, help="concurrent workflows (1,4,16,32,64)")
     p.add_argument("--methods", type=_names, default=None, help="comma list (all five)")
-    p.add_argument("--apps", type=_names, default=None, help="demo,tool_loop,reflect")
+    p.add_argument(
+        "--apps",
+        type=_names,
+        default=None,
+        help="comma list of demo, tool_loop, reflect (all three) and/or your own app as an "
+        "import path package.module:build or path/to/file.py:build, where build(model) "
+        "returns a compiled graph (the module may define make_input(topic); see "
+        "docs/langgraph.md) or the attribute is a BenchApp",
+    )
     p.add_argument("--repeats", type=int, default=None, help="runs per cell (3)")
     p.add_argument("--k", type=int, default=None, help="draft tokens per step (8)")
     p.add_argument("--max-tokens", type=int, default=None, help="per LLM call (48)")

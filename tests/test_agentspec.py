@@ -460,7 +460,6 @@ def _score_one(
         np.zeros(1, np.int64),  # the request's scope row: row 0 of one-row tables
         np.atleast_2d(table),
         (np.atleast_2d(fine[0]), np.atleast_2d(fine[1]), *fine[2:]),
-        np.atleast_2d(table),  # the choice cells: the draft cells' values
         MATCH_EDGES,
         SUPPORT_EDGES,
         N_Q,
@@ -470,11 +469,8 @@ def _score_one(
         cell,
         ok,
         flat,
-        cells := np.zeros((n_src, k), np.int64),
     )
     assert n_flat == ok[0]
-    # every row's (choice) cells are written out; the picked row's fine cells refine them
-    np.testing.assert_array_equal(cells[pick[0], : ln[0]], cell[0, : ln[0]] // K.NF)
     return int(pick[0]), cell[0], n_flat, flat[:n_flat]
 
 
@@ -811,7 +807,7 @@ def _run(
         assert len(d) <= k
         # per-token probabilities (given the earlier tokens): each draft cell's calibrated
         # acceptance, not the running product (the survival) the budget ranks by
-        cells = p._ws.get(1, k).sel_cell[0, : len(d)]  # the picked candidate's fine cells
+        cells = p._slots.dcell[p._reqs[rid], : len(d)]
         row = int(p._slots.si[p._reqs[rid], C_CAL])  # the request's scope row
         np.testing.assert_allclose(d.probs, _acceptance(p, cells, row), rtol=1e-9)
         a = 0

@@ -5,9 +5,8 @@ queues ``start``/``extend``/``stop`` calls and applies them here at the next ``p
 
 * :func:`scan_prompts` — at ``start``, the block automaton run over the prompt's last
   tokens (a prompt may end inside a block);
-* :func:`apply_extends` — per accepted token: score the last picked candidate
-  (calibration of drafts: its fine cells and their cells, see :func:`score`) and every open
-  candidate (the choice cells), and
+* :func:`apply_extends` — per accepted token: score the last candidate (calibration: its
+  fine cells and their cells, see :func:`score`) and
   count a resolved draft in the rejection ledger, attribute the token to its block,
   append it to the block occurrence's sequence in the index (and to the agent's history
   when live), follow the ``local`` match, append it to the request's context;
@@ -16,10 +15,8 @@ queues ``start``/``extend``/``stop`` calls and applies them here at the next ``p
   each token);
 * :func:`gather` — each request's last :data:`MAX_N` tokens and its index keys;
 * :func:`local_drafts` — the ``local`` source (own-context match, followed or scanned);
-* :func:`score` — each request's best source (choice cells), its calibrated survivals;
-* :func:`keep_candidates` — each request's picked candidate (calibration of drafts, the
-  ledger), and every source's, open until the output reaches its first miss or its end
-  (the choice cells);
+* :func:`score` — calibrated survivals, and each request's best source;
+* :func:`keep_candidates` — each request's picked candidate, kept for calibration;
 * :func:`emit_drafts` — the drafted tokens of the step and their acceptances;
 * :func:`room_needed` — the requests whose context segments must grow for the queued
   tokens;
@@ -52,7 +49,6 @@ from agentspec_mw.agentspec.token_classes import N_CLASSES, NEWLINE
 
 __all__ = [
     "NB",
-    "N_SRC",
     "apply_extends",
     "emit_drafts",
     "gather",
@@ -75,14 +71,12 @@ C_QUEUED = 19  # scratch: tokens queued for the slot (room_needed)
 C_STREAK = 20  # verified candidate tokens in a row that were right (the request's record)
 C_OK = 21  # leading positions of the request's last candidate at or above the admission bound
 C_CAL = 22  # the request's row of per-scope learned state (:mod:`.scopes`; 0: frozen prior)
-C_NOPEN = 23  # open candidates in the slot's pool (``SlotTable.otok``)
 N_POS = 5  # draft-position buckets of the calibration table: 0, 1, 2-3, 4-7, 8+
-N_COLS = 24
+N_COLS = 23
 REC_EDGES = (1, 4, 16)  # record buckets by streak: 0, 1-3, 4-15, 16+
 N_REC = len(REC_EDGES) + 1
 NF = 2 * N_CLASSES * N_REC  # fine cells per cell: token class x line break x record
 N_HIST = 3  # index-backed sources, in lookup-row order: iso, agent, scope
-N_SRC = N_HIST + 1  # candidate sources: the index-backed ones, then local
 # the local source drafts after a 1-token match too (SuffixDecoding's prompt tree does): an
 # answer that names what its prompt named ("The history of" -> "ink") continues from one
 # token; calibration keeps 1-token matches in their own bucket (calibration.MATCH_EDGES)
@@ -126,12 +120,11 @@ def apply_extends(
     tail: np.ndarray,
     bst: np.ndarray,
     dtok: np.ndarray,
-    pool: Any,
+    dcell: np.ndarray,
     ctx: np.ndarray,
     g: Any,
     ix: Any,
     calib: Any,
-    choice: Any,
     strength: float,
     live: bool,
     ledger: np.ndarray,
@@ -139,74 +132,34 @@ def apply_extends(
     """Apply queued ``extend`` calls in order (``toks[off[i]:off[i+1]]`` to ``slots[i]``).
 
     Calibration counts and the rejection ledger are the slot's scope row (``C_CAL``) of
-    ``calib``/``choice``/``ledger``; the frozen row 0 is never updated. ``pool`` =
-    ``(otok, ocell, ofine, opick, olen, odone)``: the slots' open candidates
-    (:func:`keep_candidates`), counted into the choice cells ``choice`` = ``(csucc, ctot,
-    ctable)`` and, the picked ones, into the draft cells of ``calib``."""
+    ``calib``/``ledger``; the frozen row 0 is never updated."""
     succ, tot, table, prior, fsucc, ftot = calib
-    csucc, ctot, ctable = choice
-    otok, ocell, ofine, opick, olen, odone = pool
     stage = new_stage()  # the index inserts' table probes, run in batches (stage_insert)
     for i in range(slots.shape[0]):
         s = slots[i]
         a = off[i]
         b = off[i + 1]
-        cs = si[s, C_CAL]
-        # 1a. calibration: every open candidate (every source's, drafted or not, until its
-        # first miss or its end) into the choice cells, the picked ones into the draft
-        # cells too; position j counts only if positions 0..j-1 matched
-        if cs != 0:
-            q = 0
-            while q < si[s, C_NOPEN]:
-                ln = olen[s, q]
-                d = odone[s, q]
-                alive = True
-                picked = opick[s, q] != 0
-                for j in range(a, b):
-                    cell = ocell[s, q, d]
-                    hit = otok[s, q, d] == toks[j]
-                    ctot[cs, cell] += 1.0
-                    if hit:
-                        csucc[cs, cell] += 1.0
-                    ctable[cs, cell] = (csucc[cs, cell] + strength * prior[cell]) / (
-                        ctot[cs, cell] + strength
-                    )
-                    if picked:  # the draft cells: the picked candidates
-                        fcell = ofine[s, q, d]
-                        tot[cs, cell] += 1.0
-                        ftot[cs, fcell] += 1.0
-                        if hit:
-                            succ[cs, cell] += 1.0
-                            fsucc[cs, fcell] += 1.0
-                        table[cs, cell] = (succ[cs, cell] + strength * prior[cell]) / (
-                            tot[cs, cell] + strength
-                        )
-                    d += 1
-                    if not hit or d >= ln:
-                        alive = False
-                        break
-                if alive:
-                    odone[s, q] = d
-                    q += 1
-                else:  # resolved: the last open candidate takes its place
-                    last = si[s, C_NOPEN] - 1
-                    if q < last:
-                        otok[s, q] = otok[s, last]
-                        ocell[s, q] = ocell[s, last]
-                        ofine[s, q] = ofine[s, last]
-                        opick[s, q] = opick[s, last]
-                        olen[s, q] = olen[s, last]
-                        odone[s, q] = odone[s, last]
-                    si[s, C_NOPEN] = last
-        # 1b. the picked candidate (drafted or not): the request's record and the ledger
+        # 1. calibration: position j counts only if positions 0..j-1 matched
         m = si[s, C_DLEN]
         if m > 0:
+            cs = si[s, C_CAL]
             learn = cs != 0
             done = si[s, C_DDONE]
             sent = si[s, C_DSENT]
             miss = False
             for j in range(a, b):
+                fcell = dcell[s, done]
+                cell = fcell // NF
                 hit = dtok[s, done] == toks[j]
+                if learn:
+                    tot[cs, cell] += 1.0
+                    ftot[cs, fcell] += 1.0
+                    if hit:
+                        succ[cs, cell] += 1.0
+                        fsucc[cs, fcell] += 1.0
+                    table[cs, cell] = (succ[cs, cell] + strength * prior[cell]) / (
+                        tot[cs, cell] + strength
+                    )
                 if hit:
                     si[s, C_STREAK] += 1
                 else:
@@ -444,49 +397,24 @@ def keep_candidates(
     sel_cell: np.ndarray,
     n_ok: np.ndarray,
     tok: np.ndarray,
-    lens: np.ndarray,
-    cells: np.ndarray,
     si: np.ndarray,
     dtok: np.ndarray,
-    pool: Any,
+    dcell: np.ndarray,
 ) -> None:  # pragma: no cover
-    """Every source's candidate (tokens and cells ``cells`` of its ``lens`` positions),
-    drafted or not, joins its request's open candidates (``pool`` = ``(otok, ocell,
-    ofine, opick, olen, odone)``; a full pool takes no more), counted by
-    :func:`apply_extends` until the output reaches its first miss or its end: every one
-    into the choice cells, the picked one (with its fine cells ``sel_cell``) into the
-    draft cells too. Each request keeps its picked candidate's tokens (``sel_len``
-    positions: the record and the rejection ledger) and how many of its leading
-    positions reached the admission bound (``C_OK``)."""
-    otok, ocell, ofine, opick, olen, odone = pool
-    n_req = slots.shape[0]
-    n_src = tok.shape[0] // n_req
-    cap = olen.shape[1]
-    for r in range(n_req):
+    """Each request with a candidate keeps it (tokens and calibration cells of its
+    ``sel_len`` positions), drafted or not, for the calibration of the next extend; every
+    request keeps how many of its leading positions reached the admission bound
+    (``C_OK``)."""
+    for r in range(slots.shape[0]):
+        m = sel_len[r]
         s = slots[r]
         si[s, C_OK] = n_ok[r]
-        for a in range(n_src):
-            row = a * n_req + r
-            m = lens[row]
-            q = si[s, C_NOPEN]
-            if m <= 0 or q >= cap or si[s, C_CAL] == 0:  # the frozen prior learns nothing
-                continue
-            picked = row == pick[r]
-            for j in range(m):
-                otok[s, q, j] = tok[row, j]
-                ocell[s, q, j] = cells[row, j]
-                if picked:
-                    ofine[s, q, j] = sel_cell[r, j]
-            opick[s, q] = picked
-            olen[s, q] = m
-            odone[s, q] = 0
-            si[s, C_NOPEN] = q + 1
-        m = sel_len[r]
         if m <= 0:
             continue
         row = pick[r]
         for j in range(m):
             dtok[s, j] = tok[row, j]
+            dcell[s, j] = sel_cell[r, j]
         si[s, C_DLEN] = m
         si[s, C_DDONE] = 0
         si[s, C_DSENT] = 0
@@ -573,7 +501,6 @@ def score(
     cal: np.ndarray,
     table: np.ndarray,
     fine: Any,
-    ctable: np.ndarray,
     levels: np.ndarray,
     sup_edges: np.ndarray,
     n_q: int,
@@ -583,49 +510,43 @@ def score(
     out_cell: np.ndarray,
     out_ok: np.ndarray,
     out_flat: np.ndarray,
-    out_cells: np.ndarray,
 ) -> int:  # pragma: no cover
-    """Pick each request's best source by the choice cells; the picked candidate's
-    calibrated survival.
+    """Calibrated survival of every candidate row; pick each request's best source.
 
     Rows are ``source * n_req + r``. A token's calibration cell is, flattened,
     ``(source, agree, match bucket, support bucket, position bucket, c/n bucket)``, where
     ``agree`` = another source drafts the same tokens up to and including this position
     (:func:`_agreed`) and the position buckets are
-    0, 1, 2-3, 4-7, 8+ (acceptance given the earlier positions were accepted).
-
-    *The choice.* Every candidate's survival by the *choice cells* ``ctable`` (the
-    same cells, counted from every source's candidates, :func:`keep_candidates`; every
-    row's cells are written to ``out_cells``): the picked row maximises the expected
-    accepted tokens among its positions whose survival is at least ``bounds[r]`` (the
-    budget's admission bound for the request this step: positions under it can never pay
-    for their slot, :func:`~agentspec_mw.agentspec.budget.admission_bound`), then the sum
-    of all its survivals; the first source wins ties. Counted from every candidate, the
-    choice cells rank the sources on one scale; read for the picked one they would
-    overstate it (it is the best of four estimates), so the budget does not read them.
-
-    *The draft.* The picked candidate's survival by the *draft cells* ``table`` (counted
-    from the picked candidates): each cell is split into :data:`NF` fine cells by the
-    token's text class, whether the draft crossed a line break before it and the
-    request's record bucket ``rec[r]``; ``fine`` (``FineCells``: ``fsucc, ftot, codes,
-    strength``) holds their counts, the token codes
-    (:func:`~agentspec_mw.agentspec.token_classes.token_classes`) and the shrinkage weight
-    (:func:`_acceptance`). Request ``r`` reads its scope's row ``cal[r]`` of every table.
-    Its fine cells are written to ``out_cell``; ``out_ok[r]`` is how many of its leading
-    positions reach ``bounds[r]``, and those positions' survivals, request after request,
-    fill ``out_flat`` (their count is returned).
+    0, 1, 2-3, 4-7, 8+ (acceptance given the earlier positions were accepted). Each
+    cell is split into :data:`NF` fine cells by the token's text class, whether the
+    draft crossed a line break before it and the request's record bucket ``rec[r]``;
+    ``fine`` (``FineCells``: ``fsucc, ftot, codes, strength``) holds their counts, the
+    token codes (:func:`~agentspec_mw.agentspec.token_classes.token_classes`) and the
+    shrinkage weight (:func:`_acceptance`); request ``r`` reads its scope's row ``cal[r]``
+    of them and of ``table``. Written cells are fine cells.
+    The picked row maximises the expected accepted tokens among its positions whose
+    survival is at least ``bounds[r]`` (the budget's admission bound for the request this
+    step: positions under it can never pay for their slot,
+    :func:`~agentspec_mw.agentspec.budget.admission_bound`), then the sum of all its
+    survivals; the first source wins ties. Its cells are written out; ``out_ok[r]`` is
+    how many of its leading positions reach ``bounds[r]``, and those
+    positions' survivals, request after request, fill ``out_flat`` (their count is
+    returned).
     """
     fsucc2, ftot2, codes, strength = fine
     n_req = out_pick.shape[0]
     n_src = tok.shape[0] // n_req
     agree = levels.shape[0] * (sup_edges.shape[0] + 1) * N_POS  # row offset of agree = 1
+    # each source's fine cells and survivals, kept for the one picked (no second pass)
+    cells = np.empty((n_src, tok.shape[1]), dtype=np.int64)
+    surv = np.empty((n_src, tok.shape[1]), dtype=np.float64)
     n_flat = 0
     for r in range(n_req):
         best_v = -1.0
         best_w = -1.0
         best_a = 0
         cs = cal[r]
-        ctab = ctable[cs]
+        tab, fsucc, ftot = table[cs], fsucc2[cs], ftot2[cs]  # the request's scope row
         bound = bounds[r]
         for a in range(n_src):
             row = a * n_req + r
@@ -635,10 +556,15 @@ def score(
                 head = _head(a, r, n_req, match, support, levels, sup_edges)
                 ag = _agreed(a, r, n_req, tok, lens)
                 s = 1.0
+                crossed = 0
                 for j in range(lens[row]):
                     c = _cell(head, agree if j < ag else 0, j, prob[row, j], n_q)
-                    out_cells[row, j] = c
-                    s *= ctab[c]
+                    code = codes[tok[row, j]]
+                    f = _fine(c, code, crossed, rec[r])
+                    s *= _acceptance(f, tab, fsucc, ftot, strength)
+                    cells[a, j] = f
+                    surv[a, j] = s
+                    crossed |= code & NEWLINE
                     v += s
                     if s >= bound:
                         w += s
@@ -651,22 +577,14 @@ def score(
         out_pick[r] = row
         out_len[r] = m
         out_ok[r] = 0
-        tab, fsucc, ftot = table[cs], fsucc2[cs], ftot2[cs]  # the request's scope row
-        s = 1.0
-        crossed = 0
-        lead = True  # the leading positions at or above the bound
         for j in range(m):
-            code = codes[tok[row, j]]
-            f = _fine(out_cells[row, j], code, crossed, rec[r])
-            out_cell[r, j] = f
-            s *= _acceptance(f, tab, fsucc, ftot, strength)
-            crossed |= code & NEWLINE
-            if lead and s >= bound:
-                out_ok[r] = j + 1
-                out_flat[n_flat] = s
-                n_flat += 1
-            else:
-                lead = False
+            out_cell[r, j] = cells[best_a, j]
+        for j in range(m):  # the leading positions at or above the bound
+            if surv[best_a, j] < bound:
+                break
+            out_ok[r] = j + 1
+            out_flat[n_flat] = surv[best_a, j]
+            n_flat += 1
     return n_flat
 
 

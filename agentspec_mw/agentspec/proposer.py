@@ -265,12 +265,11 @@ class AgentSpecProposer:
                 slots.tail,
                 slots.bst,
                 slots.dtok,
-                slots.pool,
+                slots.dcell,
                 slots.ctx,
                 self._grammars.table.arrays,
                 ix,
                 self._scopes.calib,
-                self._scopes.choice,
                 self._calib.prior_strength,
                 exp.index_agent_live,
                 self._scopes.ledger,
@@ -348,15 +347,7 @@ class AgentSpecProposer:
             ws.rec[:] = 0
         for h in self._off_sources:
             ws.keys[h * n_req : (h + 1) * n_req] = -1  # a negative key skips the row
-        hist = ws.hist
-        self._index.lookup(
-            ws.keys,
-            ws.ctx,
-            ws.ctx_len,
-            k,
-            (hist.tok, hist.prob, hist.lens, hist.match, hist.support),
-            ws.ks,
-        )
+        self._index.lookup(ws.keys, ws.ctx, ws.ctx_len, k, ws.hist, ws.ks)
         if "local" in exp.sources:
             loc = ws.loc
             K.local_drafts(
@@ -379,7 +370,6 @@ class AgentSpecProposer:
             cal,
             self._scopes.table,
             fine,
-            self._scopes.ctable,
             MATCH_EDGES,
             SUPPORT_EDGES,
             N_Q,
@@ -389,7 +379,6 @@ class AgentSpecProposer:
             ws.sel_cell,
             ws.n_ok,
             ws.flat,
-            cand.cells,
         )
         if self.candidates is not None:
             self.candidates.update(tok=cand.tok.copy(), lens=cand.lens.copy(), pick=ws.pick.copy())
@@ -413,11 +402,9 @@ class AgentSpecProposer:
             ws.sel_cell,
             ws.n_ok,
             cand.tok,
-            cand.lens,
-            cand.cells,
             slots.si,
             slots.dtok,
-            slots.pool,
+            slots.dcell,
         )
         drafts: list[Draft] = [EMPTY_DRAFT] * n_req
         used = alloc.used

@@ -8,7 +8,7 @@ each array here. A request reads and updates only its scope's row (slot column
 tenant's drafting. Every row starts from the same *fixed* prior (the paper's redundancy
 score), never from other scopes' counts.
 
-Memory is bounded: at most ``max_scopes`` scopes have a row (about 3.6 MB each with the
+Memory is bounded: at most ``max_scopes`` scopes have a row (about 3.4 MB each with the
 default calibration split; rows are allocated as scopes arrive, doubling). When a new
 scope arrives and every row is taken, the least recently started scope with no live
 request loses its row (its learned state is forgotten; it starts again from the prior if
@@ -46,10 +46,8 @@ class CalibArrays(NamedTuple):
 class ScopeStates:
     """Rows of per-scope learned state (see the module docstring).
 
-    Arrays (row = scope): ``succ``/``tot``/``table`` (calibration cells, from the drafted
-    candidates), ``fsucc``/``ftot`` (fine cells), ``ledger`` (accepted, drafted: the
-    verified drafts) and ``csucc``/``ctot``/``ctable`` (the choice cells, from every
-    source's candidates).
+    Arrays (row = scope): ``succ``/``tot``/``table`` (calibration cells), ``fsucc``/
+    ``ftot`` (fine cells) and ``ledger`` (accepted, drafted: the verified drafts).
     ``prior`` (one row) is shared and fixed.
     """
 
@@ -59,9 +57,6 @@ class ScopeStates:
     fsucc: np.ndarray
     ftot: np.ndarray
     ledger: np.ndarray
-    csucc: np.ndarray
-    ctot: np.ndarray
-    ctable: np.ndarray
     live: list[int]
 
     def __init__(self, prior: np.ndarray, n_fine: int, max_scopes: int) -> None:
@@ -87,9 +82,6 @@ class ScopeStates:
             "fsucc": (self.n_fine,),
             "ftot": (self.n_fine,),
             "ledger": (2,),
-            "csucc": (n,),
-            "ctot": (n,),
-            "ctable": (n,),
         }
         for name, shape in shapes.items():
             out = np.zeros((rows, *shape), dtype=np.float64)
@@ -97,7 +89,6 @@ class ScopeStates:
                 out[:n_old] = getattr(self, name)
             setattr(self, name, out)
         self.table[n_old:] = self.prior
-        self.ctable[n_old:] = self.prior
         self.live = (self.live if n_old else []) + [0] * (rows - n_old)
         """Live requests per row (a row with live requests is never given away)."""
         self._free.extend(range(rows - 1, max(n_old, FROZEN + 1) - 1, -1))
@@ -106,12 +97,6 @@ class ScopeStates:
     def calib(self) -> CalibArrays:
         """What the kernels take (rebuilt: rows may grow)."""
         return CalibArrays(self.succ, self.tot, self.table, self.prior, self.fsucc, self.ftot)
-
-    @property
-    def choice(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The choice cells the kernels take, ``(csucc, ctot, ctable)``: the same cells,
-        counted from every source's candidate (``kernels.keep_candidates``)."""
-        return self.csucc, self.ctot, self.ctable
 
     @property
     def rows(self) -> int:
@@ -158,6 +143,3 @@ class ScopeStates:
         self.fsucc[row] = 0.0
         self.ftot[row] = 0.0
         self.ledger[row] = 0.0
-        self.csucc[row] = 0.0
-        self.ctot[row] = 0.0
-        self.ctable[row] = self.prior

@@ -2,14 +2,11 @@
 
 Each live request owns a *slot*: a row of the int64 table :attr:`SlotTable.si` (columns
 ``C_*`` of :mod:`.kernels`), its block automaton (``stack``, ``tail``, ``bst``), its last
-picked candidate's tokens (``dtok``: the rejection ledger, the request's record), its
-*open candidates* (``otok``, ``ocell``, ``ofine``, ``opick``, ``olen``, ``odone``: every
-source's candidate of every step, kept until the output reaches its first miss or its
-end, for the calibration; their number is column ``C_NOPEN``) and a segment of one
-shared int32 context *arena* (``ctx[start : start + len]``, capacity ``cap``). The
-kernels read and write these rows for the whole batch at once. A segment that would
-overflow is moved to the end of the arena with doubled capacity; when the arena is full
-it is compacted (live segments only) or grown. Slots are reused after release.
+candidate draft (``dtok``, ``dcell``) and a segment of one shared int32 context *arena*
+(``ctx[start : start + len]``, capacity ``cap``). The kernels read and write these rows for
+the whole batch at once. A segment that would overflow is moved to the end of the arena
+with doubled capacity; when the arena is full it is compacted (live segments only) or
+grown. Slots are reused after release.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import numpy as np
 from numba import njit
 
 from agentspec_mw.agentspec.blocks import HASH_RING, MAX_DEPTH
-from agentspec_mw.agentspec.kernels import C_CCAP, C_CLEN, C_CSTART, C_NOPEN, N_COLS, N_SRC
+from agentspec_mw.agentspec.kernels import C_CCAP, C_CLEN, C_CSTART, N_COLS
 
 __all__ = ["SlotTable"]
 
@@ -28,20 +25,13 @@ _HEADROOM = 256  # output tokens a new segment holds before it moves
 class SlotTable:
     """Rows of per-request state (see the module docstring)."""
 
-    otok: np.ndarray
-    ocell: np.ndarray
-    ofine: np.ndarray
-    opick: np.ndarray
-    olen: np.ndarray
-    odone: np.ndarray
-
     def __init__(self, rows: int = 64, draft_width: int = 16, arena: int = 1 << 16) -> None:
         self.si = np.zeros((rows, N_COLS), dtype=np.int64)
         self.stack = np.zeros((rows, MAX_DEPTH), dtype=np.int64)
         self.tail = np.zeros((rows, HASH_RING), dtype=np.uint64)
         self.bst = np.zeros((rows, 2), dtype=np.int64)
         self.dtok = np.zeros((rows, draft_width), dtype=np.int32)
-        self._new_pools(rows, draft_width)
+        self.dcell = np.zeros((rows, draft_width), dtype=np.int64)
         self.ctx = np.zeros(arena, dtype=np.int32)
         self.live = np.zeros(rows, dtype=np.bool_)
         self._top = 0
@@ -81,38 +71,15 @@ class SlotTable:
         self.si, self.stack, self.tail, self.bst = (
             grow(a) for a in (self.si, self.stack, self.tail, self.bst)
         )
-        self.dtok, self.live = grow(self.dtok), grow(self.live)
-        self.otok, self.ocell = grow(self.otok), grow(self.ocell)
-        self.ofine, self.opick = grow(self.ofine), grow(self.opick)
-        self.olen, self.odone = grow(self.olen), grow(self.odone)
+        self.dtok, self.dcell, self.live = grow(self.dtok), grow(self.dcell), grow(self.live)
         self._free.extend(range(2 * n - 1, n - 1, -1))
 
-    def _new_pools(self, rows: int, width: int) -> None:
-        """Empty open-candidate pools of ``N_SRC × width`` candidates per row: a candidate
-        stays open for at most ``width`` tokens, so while each step's propose is followed
-        by a token, at most that many are open (a full pool takes no more)."""
-        n = N_SRC * width
-        self.otok = np.zeros((rows, n, width), dtype=np.int32)
-        self.ocell = np.zeros((rows, n, width), dtype=np.int64)
-        self.ofine = np.zeros((rows, n, width), dtype=np.int64)
-        self.opick = np.zeros((rows, n), dtype=np.int64)
-        self.olen = np.zeros((rows, n), dtype=np.int64)
-        self.odone = np.zeros((rows, n), dtype=np.int64)
-
-    @property
-    def pool(self) -> tuple[np.ndarray, ...]:
-        """The open candidates as the kernels take them: ``(otok, ocell, ofine, opick,
-        olen, odone)``."""
-        return self.otok, self.ocell, self.ofine, self.opick, self.olen, self.odone
-
     def widen_drafts(self, width: int) -> None:
-        """Make room for candidate drafts of ``width`` tokens (open candidates are
-        dropped: they were counted up to here)."""
+        """Make room for candidate drafts of ``width`` tokens."""
         if width > self.dtok.shape[1]:
             pad = width - self.dtok.shape[1]
             self.dtok = np.pad(self.dtok, ((0, 0), (0, pad)))
-            self._new_pools(len(self.si), width)
-            self.si[:, C_NOPEN] = 0
+            self.dcell = np.pad(self.dcell, ((0, 0), (0, pad)))
 
     # -- the context arena ---------------------------------------------------------------
     def reserve(self, slots: np.ndarray, extra: np.ndarray) -> None:

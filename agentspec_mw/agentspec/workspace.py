@@ -23,15 +23,13 @@ _MAX_VIEWS = 1024  # views (with the buffers) kept before the cache is rebuilt
 
 class Candidates(NamedTuple):
     """Candidate drafts, one per row: ``tok[r, :lens[r]]`` with their count ratios
-    ``prob`` (``c / n``), match length and support ``n``, and the fine calibration cells
-    ``kernels.score`` gives their positions."""
+    ``prob`` (``c / n``), match length and support ``n``."""
 
     tok: np.ndarray
     prob: np.ndarray
     lens: np.ndarray
     match: np.ndarray
     support: np.ndarray
-    cells: np.ndarray
 
     def head(self, n: int) -> Candidates:
         return Candidates(*(a[:n] for a in self))
@@ -66,7 +64,6 @@ def _buffers(cap: int, kk: int) -> StepWorkspace:
         np.zeros(nr, np.int64),
         np.zeros(nr, np.int64),
         np.zeros(nr, np.int64),
-        np.zeros((nr, kk), np.int64),
     )
     return StepWorkspace(
         ctx=np.zeros((nh, MAX_N), np.int32),

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.helpers import script
@@ -197,6 +198,53 @@ def test_calibration_scores_held_out_runs(
         assert src.lstrip("| ") in ("iso", "agent", "scope", "local")
         assert lo <= float(pred) <= hi and 0.0 <= float(real) <= 1.0 and int(n) > 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_calibration_folds_bootstrap_and_token_splits(
+    sample_path: Path,
+    tiny_tokenizer_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cal = script("calibration")
+    runs = [f"run-{i}" for i in range(400)]
+    folds = [sum(cal.held_out(r, 4, f) for f in range(4)) for r in runs]
+    assert folds == [1] * len(runs)  # the four folds partition the runs
+    # a token's label reads its fine cell back: source, agree, match, support, position, c/n
+    from agentspec_mw.agentspec import kernels as K
+    from agentspec_mw.agentspec.calibration import N_ML, N_Q, N_SUP
+
+    head = (((2 * 2) * N_ML + 2) * N_SUP + 1) * K.N_POS  # scope, match bucket 2, support 2-3
+    agree = N_ML * N_SUP * K.N_POS
+    f = K._fine(K._cell(head, agree, 5, 0.55, N_Q), 2, 1, 3)
+    got = [cal.token_label(by, f, 9.0, 0.0) for by in cal.TOKEN_SPLITS]
+    assert got == [
+        "match 4",
+        "position 4-7",
+        "support 2-3",
+        "agree",
+        "word start, crossed",
+        "record 16+",
+        "cell n 8-63",
+        "fine n 0",
+    ]
+    # runs that agree give a point interval; a run that disagrees widens it
+    same = np.zeros((4, cal.DECILES, 3))
+    same[2, 5] = (5.5, 5.0, 10.0)
+    ci = cal.run_bootstrap([[same, same, same]], 50)
+    assert ci[2, 5] == pytest.approx([-0.05, -0.05])
+    assert np.isnan(ci[0, 0]).all()
+    other = same.copy()
+    other[2, 5] = (5.5, 9.0, 10.0)
+    lo, hi = cal.run_bootstrap([[same, same, other]], 200)[2, 5]
+    assert lo < -0.04 and hi > 0.0
+    argv = ["--traces", str(sample_path), "--tokenizer", str(tiny_tokenizer_dir)]
+    argv += ["--batch", "4", "--k", "4", "--holdout", "2", "--fold", "1"]
+    assert cal.main([*argv, "--bootstrap", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "gap, 90 % over runs" in out and "scored calls of" in out
+    assert cal.main([*argv, "--split-by", "position"]) == 0
+    labels = {ln.split(" | ")[0].lstrip("| ") for ln in capsys.readouterr().out.splitlines()}
+    assert labels & {"position 0", "position 1", "position 2-3", "position 4-7", "position 8+"}
 
 
 def _replay_report(

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's main-job command: set everything up (idempotent), then run a small busy-engine
-# sweep (`agentspec bench`): the demo's multi-agent app at 2 and 32 concurrent workflows,
+# sweep (`agentspec bench`): the demo's multi-agent app at 2 and 24 concurrent workflows,
 # without speculation, with n-gram, SuffixDecoding and AgentSpec; prints the table, one
 # agent's output and which method wins where; writes out/demo_bench.{txt,png,json}.
 # Extra arguments go to `agentspec bench` (e.g. --n 1,16 --repeats 3).
@@ -15,5 +15,5 @@ PRELOAD="$("$VENV/bin/python" -m agentspec_mw_vllm.preload 2>/dev/null || true)"
 if [ -n "$PRELOAD" ]; then
   export LD_PRELOAD="$PRELOAD"
 fi
-exec "$VENV/bin/agentspec" bench --n 2,32 --apps demo --methods none,ngram,suffix,agentspec \
+exec "$VENV/bin/agentspec" bench --n 2,24 --apps demo --methods none,ngram,suffix,agentspec \
   --repeats 1 --max-tokens 24 --out out/demo_bench --json out/demo_bench.json "$@"

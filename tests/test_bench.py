@@ -35,6 +35,7 @@ from agentspec_mw_langgraph.bench_apps import (
 from agentspec_mw_langgraph.bench_worker import RunResult
 from agentspec_mw_vllm import preload
 
+from .helpers import script
 from .langgraph.fake_chat import ScriptedChatModel
 
 
@@ -197,6 +198,31 @@ def test_the_cli_fails_at_once_on_a_bad_app(capsys: pytest.CaptureFixture[str]) 
 
     assert main(["bench", "--apps", "no_such_mod_xyz:build", "--no-progress"]) == 2
     assert "cannot import module 'no_such_mod_xyz'" in capsys.readouterr().err
+
+
+def test_the_recorder_takes_the_bench_app_names_before_its_engine(
+    ext_apps: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import agentspec_mw_vllm.engine as engine
+
+    record = script("record_bench_app")
+
+    class Started(Exception):
+        pass
+
+    def build_llm(*args: Any, **kwargs: Any) -> Any:
+        raise Started
+
+    monkeypatch.setattr(engine, "apply_env_defaults", lambda *, in_process: None)
+    monkeypatch.setattr(engine, "build_llm", build_llm)
+    out = str(ext_apps / "t.jsonl")
+    assert record.main(["--out", out, "--app", "no_such_mod_xyz:build"]) == 2
+    assert "cannot import module 'no_such_mod_xyz'" in capsys.readouterr().err
+    for app in ("ext_bench_app:build", f"{ext_apps / 'ext_bench_app.py'}:build", "demo"):
+        with pytest.raises(Started):  # resolved; the engine would start next
+            record.main(["--out", out, "--app", app])
+    assert record.workload_name("map_reduce:build") == "bench_map_reduce_build"
+    assert record.workload_name("demo") == "bench_demo"
 
 
 def _result(label: str, n: int, wall: float, **kw: Any) -> RunResult:

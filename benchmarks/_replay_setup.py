@@ -1,5 +1,7 @@
 """Set-up shared by the benchmark scripts: tokenized traces, replay calls, proposer env;
-and for the scripts that sweep a setting (one ``agentspec replay`` per value): the replay
+for the scripts that replay one trace with AgentSpec and look at its steps: their
+options, the trace and an :class:`Observed` base that passes the replay's calls on; and
+for the scripts that sweep a setting (one ``agentspec replay`` per value): the replay
 run, the ``--`` split of pass-through options, their parser and figure writing.
 
 The scripts run as ``python benchmarks/<script>.py``, so this folder is on ``sys.path``
@@ -28,13 +30,17 @@ from agentspec_mw.tokens import token_bytes_table
 from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
 
 __all__ = [
+    "Observed",
+    "OneTrace",
     "ReplaySetup",
+    "load_trace",
     "load_workloads",
     "replay_cli",
     "replay_parser",
     "save_figure",
     "split_passthrough",
     "sweep_parser",
+    "trace_parser",
 ]
 
 
@@ -67,6 +73,78 @@ def load_workloads(
         tokenized, tags, max_calls=max_calls, max_calls_per_run=max_calls_per_run
     )
     return ReplaySetup(workloads, env, cost)
+
+
+def trace_parser(doc: str | None, *, batch: str) -> argparse.ArgumentParser:
+    """A parser for the scripts that replay one trace with AgentSpec and look at its steps:
+    ``--trace``, ``--tokenizer``, ``--batch`` (comma list, default ``batch``), ``--k``
+    (16), ``--cost-model`` (``llama8b-h100``) and ``--max-calls-per-run``."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--batch", default=batch, help="comma list")
+    ap.add_argument("--k", type=int, default=16)
+    ap.add_argument("--cost-model", default="llama8b-h100")
+    ap.add_argument("--max-calls-per-run", type=int, default=None)
+    return ap
+
+
+@dataclass(frozen=True)
+class OneTrace:
+    """One trace's calls (its single workload), their recorded outputs by request id, the
+    batch sizes asked for, and the proposer environment and cost model."""
+
+    workload: str
+    calls: list[ReplayCall]
+    outputs: dict[str, Any]
+    batches: list[int]
+    setup: ReplaySetup
+
+
+def load_trace(args: argparse.Namespace) -> OneTrace:
+    """What :func:`trace_parser`'s options name."""
+    setup = load_workloads(
+        [args.trace],
+        args.tokenizer,
+        max_k=args.k,
+        cost_model=args.cost_model,
+        max_calls_per_run=args.max_calls_per_run,
+    )
+    ((workload, calls),) = setup.workloads.items()
+    outputs = {c.req_id: c.output for c in calls}
+    return OneTrace(workload, calls, outputs, [int(x) for x in args.batch.split(",")], setup)
+
+
+class Observed:
+    """AgentSpec driving a replay under a benchmark's eye: the replay's calls go to ``a``
+    (its candidate record turned on) and to each of ``shadows`` (proposers that draft
+    beside it, never verified), and ``pos`` keeps each request's position in its recorded
+    output. Subclasses define ``propose``."""
+
+    name = "agentspec"
+
+    def __init__(self, a: Any, *shadows: Any) -> None:
+        self.a = a
+        self.a.candidates = {}
+        self.shadows = shadows
+        self.pos: dict[str, int] = {}
+
+    def start(self, req_id: str, prompt: Any, tags: Any = None) -> None:
+        self.a.start(req_id, prompt, tags)
+        for s in self.shadows:
+            s.start(req_id, prompt, tags)
+        self.pos[req_id] = 0
+
+    def extend(self, req_id: str, ids: Any) -> None:
+        self.a.extend(req_id, ids)
+        for s in self.shadows:
+            s.extend(req_id, ids)
+        self.pos[req_id] += len(ids)
+
+    def stop(self, req_id: str) -> None:
+        self.a.stop(req_id)
+        for s in self.shadows:
+            s.stop(req_id)
 
 
 def replay_parser(doc: str | None, *, proposers: str) -> argparse.ArgumentParser:

@@ -32,10 +32,9 @@ import hashlib
 import sys
 import textwrap
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
-from _replay_setup import load_workloads
+from _replay_setup import Observed, load_workloads
 
 from agentspec_mw.agentspec import SOURCES, AgentSpecProposer
 from agentspec_mw.agentspec import kernels as K
@@ -45,7 +44,6 @@ from agentspec_mw.cli import _parse_set
 from agentspec_mw.proposer import Draft, StepContext
 from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.sim import replay_workload
-from agentspec_mw.tags import StructureTags
 from agentspec_mw.traces.tokenized import CallMeta, load_tokenizer, tokenize_trace
 
 DECILES = 10
@@ -148,11 +146,9 @@ def held_out(run_id: str, buckets: int, fold: int = 0) -> bool:
     return h % buckets == fold % buckets
 
 
-class Scored:
+class Scored(Observed):
     """AgentSpec driving the replay; each drafted token's prediction is scored against
     the recorded output of the held-out calls."""
-
-    name = "agentspec"
 
     def __init__(
         self,
@@ -163,15 +159,13 @@ class Scored:
         token_split: str | None = None,
         runs: dict[str, str] | None = None,
     ):
-        self.a = agentspec
+        super().__init__(agentspec)
         self.token_split = token_split
         self.runs = runs or {}
         # per scored run: per source, per decile (sum of predictions, accepted, tokens)
         self.by_run: dict[str, np.ndarray] = {}
-        self.a.candidates = {}
         self.outputs, self.scored = outputs, scored
         self.labels = labels or {}
-        self.pos: dict[str, int] = {}
         # per split label, per source, per decile: (sum of predictions, accepted, tokens)
         self.split: dict[str, np.ndarray] = {}
 
@@ -179,17 +173,6 @@ class Scored:
     def cells(self) -> np.ndarray:
         """Per source, per decile: (sum of predictions, accepted, tokens), all splits."""
         return sum(self.split.values(), np.zeros((len(SOURCES), DECILES, 3)))
-
-    def start(self, req_id: str, prompt: Any, tags: StructureTags | None = None) -> None:
-        self.a.start(req_id, prompt, tags)
-        self.pos[req_id] = 0
-
-    def extend(self, req_id: str, ids: Any) -> None:
-        self.a.extend(req_id, ids)
-        self.pos[req_id] += len(ids)
-
-    def stop(self, req_id: str) -> None:
-        self.a.stop(req_id)
 
     def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
         drafts = self.a.propose(req_ids, k, step)

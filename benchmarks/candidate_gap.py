@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from _replay_setup import load_workloads
+from _replay_setup import Observed, load_workloads
 
 from agentspec_mw.agentspec import SOURCES, AgentSpecProposer
 from agentspec_mw.agentspec.budget import admission_bound, step_shape
@@ -79,18 +79,15 @@ def _contains(hay: bytes, needle: bytes) -> bool:
     return False
 
 
-class Shadowed:
+class Shadowed(Observed):
     """AgentSpec (drafts, schedule) with SuffixDecoding beside it; scores both per step."""
 
-    name = "agentspec"
-
     def __init__(self, agentspec: AgentSpecProposer, suffix: Any, calls: Sequence[ReplayCall]):
-        self.a, self.s = agentspec, suffix
-        self.a.candidates = {}
+        super().__init__(agentspec, suffix)
+        self.s = suffix
         self.calls = {c.req_id: c for c in calls}
         self.outputs = {c.req_id: c.output for c in calls}
         self.agents = {c.req_id: str(c.tags.agent_id if c.tags else "(untagged)") for c in calls}
-        self.pos: dict[str, int] = {}
         self.started: list[str] = []  # every request started so far, in order
         self.sums: collections.defaultdict[str, np.ndarray] = collections.defaultdict(
             lambda: np.zeros(1 + len(COLUMNS))
@@ -109,19 +106,8 @@ class Shadowed:
         self.surv = np.zeros((3, 3))
 
     def start(self, req_id: str, prompt: Any, tags: StructureTags | None = None) -> None:
-        self.a.start(req_id, prompt, tags)
-        self.s.start(req_id, prompt, tags)
-        self.pos[req_id] = 0
+        super().start(req_id, prompt, tags)
         self.started.append(req_id)
-
-    def extend(self, req_id: str, ids: Any) -> None:
-        self.a.extend(req_id, ids)
-        self.s.extend(req_id, ids)
-        self.pos[req_id] += len(ids)
-
-    def stop(self, req_id: str) -> None:
-        self.a.stop(req_id)
-        self.s.stop(req_id)
 
     def _text(self, rid: str) -> np.ndarray:
         """What request ``rid`` produced so far."""

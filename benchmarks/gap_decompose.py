@@ -31,13 +31,12 @@ wall-clock time enters the numbers.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from _replay_setup import load_workloads
+from _replay_setup import Observed, load_trace, trace_parser
 
 from agentspec_mw.agentspec import SOURCES, AgentSpecProposer
 from agentspec_mw.agentspec.budget import prefill_time, step_shape, step_times
@@ -45,41 +44,23 @@ from agentspec_mw.costmodel import StepTimeFn
 from agentspec_mw.proposer import Draft, StepContext
 from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.sim import accepted_length, replay_workload
-from agentspec_mw.tags import StructureTags
 
 TERMS = ("rejected", "cut", "coverage", "choice")
 
 
-class Decomposed:
+class Decomposed(Observed):
     """AgentSpec (drafts, schedule) with SuffixDecoding as a shadow; sums the terms."""
-
-    name = "agentspec"
 
     def __init__(
         self, a: AgentSpecProposer, s: Any, outputs: dict[str, np.ndarray], cost: StepTimeFn
     ) -> None:
-        self.a, self.s, self.cost = a, s, cost
-        self.a.candidates = {}
+        super().__init__(a, s)
+        self.s, self.cost = s, cost
         self.outputs = outputs
-        self.pos: dict[str, int] = {}
         self.secs = dict.fromkeys(TERMS, 0.0)
         self.toks = dict.fromkeys(TERMS, 0)
         self.steps_nocand = 0
         self.call_steps = 0
-
-    def start(self, req_id: str, prompt: Any, tags: StructureTags | None = None) -> None:
-        self.a.start(req_id, prompt, tags)
-        self.s.start(req_id, prompt, tags)
-        self.pos[req_id] = 0
-
-    def extend(self, req_id: str, ids: Any) -> None:
-        self.a.extend(req_id, ids)
-        self.s.extend(req_id, ids)
-        self.pos[req_id] += len(ids)
-
-    def stop(self, req_id: str) -> None:
-        self.a.stop(req_id)
-        self.s.stop(req_id)
 
     def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
         drafts = self.a.propose(req_ids, k, step)
@@ -126,30 +107,16 @@ class Decomposed:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", required=True)
-    ap.add_argument("--tokenizer", required=True)
-    ap.add_argument("--batch", default="32,256", help="comma list")
-    ap.add_argument("--k", type=int, default=16)
-    ap.add_argument("--cost-model", default="llama8b-h100")
-    ap.add_argument("--max-calls-per-run", type=int, default=None)
-    args = ap.parse_args(argv)
-    setup = load_workloads(
-        [args.trace],
-        args.tokenizer,
-        max_k=args.k,
-        cost_model=args.cost_model,
-        max_calls_per_run=args.max_calls_per_run,
-    )
-    ((workload, calls),) = setup.workloads.items()
-    outputs = {c.req_id: c.output for c in calls}
+    args = trace_parser(__doc__, batch="32,256").parse_args(argv)
+    t = load_trace(args)
+    workload, calls, outputs, setup = t.workload, t.calls, t.outputs, t.setup
     print(
         "| workload | batch | run s | call-steps | no candidate | "
         + " | ".join(f"{t} % (tokens)" for t in TERMS)
         + " |"
     )
     print("| --- " * (5 + len(TERMS)) + "|")
-    for b in (int(x) for x in args.batch.split(",")):
+    for b in t.batches:
         a = make_proposer("agentspec", setup.env)
         assert isinstance(a, AgentSpecProposer)
         d = Decomposed(a, make_proposer("suffix", setup.env), outputs, setup.cost)

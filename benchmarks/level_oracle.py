@@ -45,14 +45,13 @@ Replays one trace with AgentSpec (its own schedule) and, at every request-step:
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from _replay_setup import load_workloads
+from _replay_setup import Observed, load_trace, trace_parser
 from numba import njit
 
 from agentspec_mw.agentspec import SOURCES, AgentSpecProposer
@@ -64,7 +63,6 @@ from agentspec_mw.agentspec.token_classes import NEWLINE
 from agentspec_mw.proposer import Draft, StepContext
 from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.sim import accepted_length, replay_workload
-from agentspec_mw.tags import StructureTags
 
 
 @njit(cache=False)
@@ -344,16 +342,12 @@ def _argmax(w: np.ndarray, v: np.ndarray, groups: Any) -> int:
     return best
 
 
-class LevelOracle:
+class LevelOracle(Observed):
     """AgentSpec with each index source's candidates re-looked-up per level cap."""
 
-    name = "agentspec"
-
     def __init__(self, a: AgentSpecProposer, outputs: dict[str, np.ndarray]) -> None:
-        self.a = a
-        self.a.candidates = {}
+        super().__init__(a)
         self.outputs = outputs
-        self.pos: dict[str, int] = {}
         self.tok: Counter[str] = Counter()  # (what) -> whole-candidate accepted tokens
         self.cnt: Counter[str] = Counter()  # (what) -> request-steps
         self.gain_by: Counter[tuple[str, int, int]] = Counter()  # (src, longest, best) -> tokens
@@ -382,17 +376,12 @@ class LevelOracle:
         self.pred: defaultdict[str, float] = defaultdict(float)  # variant -> predicted tokens
         self.emitted = 0
 
-    def start(self, req_id: str, prompt: Any, tags: StructureTags | None = None) -> None:
-        self.a.start(req_id, prompt, tags)
-        self.pos[req_id] = 0
-
     def extend(self, req_id: str, ids: Any) -> None:
-        self.a.extend(req_id, ids)
-        self.pos[req_id] += len(ids)
+        super().extend(req_id, ids)
         self.emitted += len(ids)
 
     def stop(self, req_id: str) -> None:
-        self.a.stop(req_id)
+        super().stop(req_id)
         for f in self.fitted.values():
             f.resolve(req_id, None)
 
@@ -570,24 +559,10 @@ class LevelOracle:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", required=True)
-    ap.add_argument("--tokenizer", required=True)
-    ap.add_argument("--batch", default="64", help="comma list")
-    ap.add_argument("--k", type=int, default=16)
-    ap.add_argument("--cost-model", default="llama8b-h100")
-    ap.add_argument("--max-calls-per-run", type=int, default=None)
-    args = ap.parse_args(argv)
-    setup = load_workloads(
-        [args.trace],
-        args.tokenizer,
-        max_k=args.k,
-        cost_model=args.cost_model,
-        max_calls_per_run=args.max_calls_per_run,
-    )
-    ((workload, calls),) = setup.workloads.items()
-    outputs = {c.req_id: c.output for c in calls}
-    for b in (int(x) for x in args.batch.split(",")):
+    args = trace_parser(__doc__, batch="64").parse_args(argv)
+    t = load_trace(args)
+    workload, calls, outputs, setup = t.workload, t.calls, t.outputs, t.setup
+    for b in t.batches:
         a = make_proposer("agentspec", setup.env)
         assert isinstance(a, AgentSpecProposer)
         o = LevelOracle(a, outputs)

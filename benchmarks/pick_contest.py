@@ -14,20 +14,17 @@ split by whether the picked candidate was contested. Deterministic.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
-from _replay_setup import load_workloads
+from _replay_setup import Observed, load_trace, trace_parser
 
 from agentspec_mw.agentspec import SOURCES, AgentSpecProposer
 from agentspec_mw.proposer import Draft, StepContext
 from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.sim import accepted_length, replay_workload
-from agentspec_mw.tags import StructureTags
 
 
 def first_difference(x: np.ndarray, y: np.ndarray) -> int:
@@ -37,31 +34,16 @@ def first_difference(x: np.ndarray, y: np.ndarray) -> int:
     return int(neq[0]) if len(neq) else -1
 
 
-class Contests:
+class Contests(Observed):
     """AgentSpec with a tally of its sources' contests and of the pick's losses."""
 
-    name = "agentspec"
-
     def __init__(self, a: AgentSpecProposer, outputs: dict[str, np.ndarray]) -> None:
-        self.a = a
-        self.a.candidates = {}
+        super().__init__(a)
         self.outputs = outputs
-        self.pos: dict[str, int] = {}
         self.right: Counter[tuple[str, str, str]] = Counter()  # (x, y, who) -> pairs
         self.loss: Counter[str] = Counter()  # contested / alone -> tokens
         self.steps: Counter[str] = Counter()
         self.flips: Counter[tuple[str, str]] = Counter()  # (picked, best) -> tokens
-
-    def start(self, req_id: str, prompt: Any, tags: StructureTags | None = None) -> None:
-        self.a.start(req_id, prompt, tags)
-        self.pos[req_id] = 0
-
-    def extend(self, req_id: str, ids: Any) -> None:
-        self.a.extend(req_id, ids)
-        self.pos[req_id] += len(ids)
-
-    def stop(self, req_id: str) -> None:
-        self.a.stop(req_id)
 
     def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
         drafts = self.a.propose(req_ids, k, step)
@@ -103,24 +85,10 @@ class Contests:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", required=True)
-    ap.add_argument("--tokenizer", required=True)
-    ap.add_argument("--batch", default="64", help="comma list")
-    ap.add_argument("--k", type=int, default=16)
-    ap.add_argument("--cost-model", default="llama8b-h100")
-    ap.add_argument("--max-calls-per-run", type=int, default=None)
-    args = ap.parse_args(argv)
-    setup = load_workloads(
-        [args.trace],
-        args.tokenizer,
-        max_k=args.k,
-        cost_model=args.cost_model,
-        max_calls_per_run=args.max_calls_per_run,
-    )
-    ((workload, calls),) = setup.workloads.items()
-    outputs = {c.req_id: c.output for c in calls}
-    for b in (int(x) for x in args.batch.split(",")):
+    args = trace_parser(__doc__, batch="64").parse_args(argv)
+    t = load_trace(args)
+    workload, calls, outputs, setup = t.workload, t.calls, t.outputs, t.setup
+    for b in t.batches:
         a = make_proposer("agentspec", setup.env)
         assert isinstance(a, AgentSpecProposer)
         c = Contests(a, outputs)

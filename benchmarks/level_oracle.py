@@ -66,6 +66,16 @@ from agentspec_mw.replay.sim import accepted_length, replay_workload
 
 
 @njit(cache=False)
+def _common_prefix(tok: np.ndarray, lens: np.ndarray, a: int, b: int) -> int:  # pragma: no cover
+    """How many leading tokens candidate rows ``a`` and ``b`` share."""
+    m = min(lens[a], lens[b])
+    j = 0
+    while j < m and tok[a, j] == tok[b, j]:
+        j += 1
+    return j
+
+
+@njit(cache=False)
 def _values(
     tok: np.ndarray,
     prob: np.ndarray,
@@ -117,12 +127,7 @@ def _values(
                 for g2 in range(n_grp):
                     if grp_src[g2] == a or not grp_default[g2]:
                         continue
-                    rb = g2 * n_req + r
-                    m = min(lens[rb], lens[row])
-                    j = 0
-                    while j < m and tok[rb, j] == tok[row, j]:
-                        j += 1
-                    ag = max(ag, j)
+                    ag = max(ag, _common_prefix(tok, lens, g2 * n_req + r, row))
                 sv = 1.0
                 crossed = 0
                 lead = True
@@ -188,11 +193,8 @@ def _rival_probs(
                 if not grp_default[g2] or grp_src[g2] == grp_src[g]:
                     continue
                 rb = g2 * n_req + r
-                m = min(lens[rb], lens[row])
-                j = 0
-                while j < m and tok[rb, j] == tok[row, j]:
-                    j += 1
-                if j < m:
+                j = _common_prefix(tok, lens, rb, row)
+                if j < min(lens[rb], lens[row]):
                     _counts(prob[rb], lens[rb], support[rb], cnt2)
                     rival[j] = max(rival[j], cnt2[j])
             _counts(prob[row], lens[row], support[row], cnt)

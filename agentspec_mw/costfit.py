@@ -131,9 +131,13 @@ class MeasuredStepTime:
         # over-charged by c_row each in the prior only; the fit follows the steps)
         self._p = np.array([prior.c_fix + prior.c_oh, prior.c_tok + prior.c_row, prior.c_kv])
         # decayed sums over the steps, x = (1, N, kv): x x^T (its first row holds the weight
-        # and the sums of x), x y, and the preset's time for the same steps
-        self._xx = np.zeros((3, 3))
-        self._xy = np.zeros(3)
+        # and the sums of x; kept as the upper triangle xx00 xx01 xx02 xx11 xx12 xx22), x y,
+        # and the preset's time for the same steps. Python floats: each step adds a few
+        # products, which numpy's per-call cost made ~3x slower (the same IEEE operations
+        # in the same order, so the same sums to the bit; the preset's time stays numpy's
+        # dot, whose summation order Python's would not match)
+        self._xx = [0.0] * 6
+        self._xy = [0.0] * 3
         self._prior_y = 0.0
         self._early: list[float] = []
         self._lock = threading.Lock()
@@ -158,13 +162,18 @@ class MeasuredStepTime:
             if seconds > self.outlier_ratio * typical:
                 self.skipped += 1
                 return False
-            x = np.array([1.0, float(num_batched), float(num_kv)])
-            self._xx *= self._decay
-            self._xy *= self._decay
-            self._prior_y *= self._decay
-            self._xx += np.outer(x, x)
-            self._xy += x * seconds
-            self._prior_y += float(self._p @ x)
+            n, kv, d = float(num_batched), float(num_kv), self._decay
+            xx, xy = self._xx, self._xy
+            xx[0] = xx[0] * d + 1.0
+            xx[1] = xx[1] * d + n
+            xx[2] = xx[2] * d + kv
+            xx[3] = xx[3] * d + n * n
+            xx[4] = xx[4] * d + n * kv
+            xx[5] = xx[5] * d + kv * kv
+            xy[0] = xy[0] * d + seconds
+            xy[1] = xy[1] * d + n * seconds
+            xy[2] = xy[2] * d + kv * seconds
+            self._prior_y = self._prior_y * d + float(self._p @ np.array([1.0, n, kv]))
             self.observed += 1
             self._since_fit += 1
             if self._since_fit >= self.refit_every or self.observed <= self.min_steps:
@@ -174,21 +183,36 @@ class MeasuredStepTime:
 
     def _solve(self) -> np.ndarray:
         """``(c_fix, c_tok, c_kv)``: the scaled preset before ``min_steps`` steps, then the
-        non-negative ridge fit described in the module docstring."""
-        weight = self._xx[0, 0]
-        scaled = self._p * (self._xy[0] / self._prior_y) if self._prior_y > 0 else self._p
+        non-negative ridge fit described in the module docstring (the 3-vectors in Python
+        floats, elementwise as numpy did them; the solve is numpy's)."""
+        xx, xy, p = self._xx, self._xy, self._p.tolist()
+        weight = xx[0]
+        if self._prior_y > 0:
+            f = xy[0] / self._prior_y
+            scaled = [p[0] * f, p[1] * f, p[2] * f]
+        else:
+            scaled = p
         if self.observed < self.min_steps:
-            return scaled
-        mean = self._xx[0] / weight
+            return np.array(scaled)
+        mean = [xx[0] / weight, xx[1] / weight, xx[2] / weight]
         # prior sd of each slope: prior_spread x the scaled preset's (at least the slope
         # that adds 1 % of the mean step at the feature's mean), against the step noise
-        mean_step = self._xy[0] / weight
-        floor = 0.01 * mean_step / np.maximum(mean, 1.0)
-        sd = self.prior_spread * np.maximum(scaled, floor)
-        ridge = (self.noise * mean_step) ** 2 / np.maximum(sd, 1e-30) ** 2
-        ridge[0] = 0.0  # the intercept is the data's
-        a = self._xx + np.diag(ridge)
-        b = self._xy + ridge * scaled
+        mean_step = xy[0] / weight
+        noise2 = (self.noise * mean_step) ** 2
+        ridge = [0.0]  # the intercept is the data's
+        for m, c in zip(mean[1:], scaled[1:], strict=True):
+            floor = 0.01 * mean_step / (m if m > 1.0 else 1.0)
+            sd = self.prior_spread * (c if c > floor else floor)
+            sd = sd if sd > 1e-30 else 1e-30
+            ridge.append(noise2 / (sd * sd))
+        a = np.array(
+            [
+                [xx[0] + ridge[0], xx[1], xx[2]],
+                [xx[1], xx[3] + ridge[1], xx[4]],
+                [xx[2], xx[4], xx[5] + ridge[2]],
+            ]
+        )
+        b = np.array([xy[j] + ridge[j] * scaled[j] for j in range(3)])
         free = [0, 1, 2]
         coef = np.zeros(3)
         while free:

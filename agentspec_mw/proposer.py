@@ -96,7 +96,10 @@ class Proposer(Protocol):
         ...
 
     def extend(self, req_id: str, token_ids: TokenIds) -> None:
-        """Append tokens the engine accepted for ``req_id`` (the request's own output)."""
+        """Append tokens the engine accepted for ``req_id`` (the request's own output).
+
+        ``token_ids`` may be a read-only array (the vLLM adapter passes its own fresh,
+        read-only copy, which the proposer may keep without copying): copy before writing."""
         ...
 
     def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:

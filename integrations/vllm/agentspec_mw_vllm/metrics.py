@@ -53,6 +53,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Iterable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -106,21 +107,35 @@ def parse_labels(spec: str | Iterable[str]) -> frozenset[str]:
 
 
 class _Capped:
-    """First ``cap`` distinct cleaned values keep their label, later ones are ``other``."""
+    """First ``cap`` distinct cleaned values keep their label, later ones are ``other``.
+
+    A value's label never changes once given (``seen`` only grows), so the labels of the
+    first :data:`_MEMO_VALUES` raw values are remembered: the per-step path (a request's
+    block, every verified draft) cleans each value once."""
 
     def __init__(self, cap: int, fixed: frozenset[str] = frozenset()) -> None:
         self.cap = cap
         self.fixed = fixed
         self.seen: set[str] = set()
+        self._memo: dict[str, str] = {}
 
     def __call__(self, value: str) -> str:
+        label = self._memo.get(value)
+        if label is not None:
+            return label
         label = _clean(value)
-        if label in self.fixed or label in self.seen:
-            return label
-        if len(self.seen) < self.cap:
-            self.seen.add(label)
-            return label
-        return "other"
+        if label not in self.fixed and label not in self.seen:
+            if len(self.seen) < self.cap:
+                self.seen.add(label)
+            else:
+                label = "other"
+        if len(self._memo) < _MEMO_VALUES:
+            self._memo[value] = label
+        return label
+
+
+_MEMO_VALUES = 4096
+"""Raw label values whose label :class:`_Capped` remembers (a bound: values are tenants')."""
 
 
 _BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
@@ -193,6 +208,18 @@ class _Prom:
             ["term"],
             multiprocess_mode="livemostrecent",
         )
+        # labelled children by label values, made on first use (``labels()`` takes a lock
+        # and converts every value each call; a child, once made, is the same object)
+        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, cached (the label values are bounded, see
+        :class:`DrafterMetrics`)."""
+        key = (metric, values)
+        kid = self._children.get(key)
+        if kid is None:
+            kid = self._children[key] = metric.labels(*values)
+        return kid
 
 
 _prom: _Prom | None = None
@@ -281,14 +308,15 @@ class DrafterMetrics:
             if scope is not None:
                 self._scope_drafted[scope] += drafted
                 self._scope_accepted[scope] += accepted
-        if self._prom is not None:
-            self._prom.drafted.labels(agent, block).inc(drafted)
+        prom = self._prom
+        if prom is not None:
+            prom.child(prom.drafted, agent, block).inc(drafted)
             if accepted:
-                self._prom.accepted.labels(agent, block).inc(accepted)
+                prom.child(prom.accepted, agent, block).inc(accepted)
             if scope is not None:
-                self._prom.scope_drafted.labels(scope).inc(drafted)
+                prom.child(prom.scope_drafted, scope).inc(drafted)
                 if accepted:
-                    self._prom.scope_accepted.labels(scope).inc(accepted)
+                    prom.child(prom.scope_accepted, scope).inc(accepted)
 
     def record_step(self, offered: int, used: int, seconds: float) -> None:
         """Count one draft call: slots offered, tokens proposed, adapter time."""
@@ -297,11 +325,14 @@ class DrafterMetrics:
             self._used += used
             self._steps += 1
             self._seconds += seconds
-        if self._prom is not None:
-            self._prom.offered.inc(offered)
-            self._prom.used.inc(used)
-            self._prom.steps.inc()
-            self._prom.seconds.observe(seconds)
+        prom = self._prom
+        if prom is not None:
+            if offered:
+                prom.offered.inc(offered)
+            if used:
+                prom.used.inc(used)
+            prom.steps.inc()
+            prom.seconds.observe(seconds)
 
     def record_step_model(self, fixed: float, token: float, kv_token: float, steps: int) -> None:
         """Publish the engine's fitted step time (seconds per step / token / KV token)."""
@@ -312,10 +343,11 @@ class DrafterMetrics:
                 "kv_token": kv_token,
                 "steps": float(steps),
             }
-        if self._prom is not None:
-            self._prom.step_model.labels("fixed").set(fixed)
-            self._prom.step_model.labels("token").set(token)
-            self._prom.step_model.labels("kv_token").set(kv_token)
+        prom = self._prom
+        if prom is not None:
+            prom.child(prom.step_model, "fixed").set(fixed)
+            prom.child(prom.step_model, "token").set(token)
+            prom.child(prom.step_model, "kv_token").set(kv_token)
 
     def record_tag_rejection(self, reason: str) -> None:
         """Count a request that runs tag-free because its tags were rejected."""

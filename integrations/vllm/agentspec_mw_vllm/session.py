@@ -156,6 +156,10 @@ class DraftSession:
         self._last_end: float | None = None
         self._last_step_end: tuple[int, float] | None = None  # (thread, step clock)
         self._last_ids: frozenset[str] = frozenset()
+        self._fit_model: object = None  # the step timer's model last published
+        self._fit_coef = (0.0, 0.0, 0.0)
+        self._next_blocks: dict[str, str] = {}
+        """The block of each request drafted for by the last call, read after its propose."""
         block_of = getattr(proposer, "block_of", None)
         self._block_of: Callable[[str], str | None] | None = (
             block_of if callable(block_of) else None
@@ -215,6 +219,33 @@ class DraftSession:
                 return block
         return state.segment or "none"
 
+    def _keep_blocks(self, ask_ids: list[str], ask_rows: list[int], out: list[list[int]]) -> None:
+        """Read the block of every request that got a draft, for the metrics of its
+        verification at the next call.
+
+        ``block_of`` first applies the proposer's queued calls (AgentSpec's ``_flush``);
+        right after ``propose`` there are none, so this costs a lookup per row. At the next
+        call a request's block is read before its own new tokens are fed, so it is the
+        block read here. The first verified row of that call still asks the proposer: its
+        flush applies that call's stops before the call's new requests start, as before
+        (which slots they get can change drafts); the later rows' flushes only applied
+        queued tokens early, which changes nothing but their cost. A lookup that raises is
+        left to the verification's own lookup (counted there, as before)."""
+        block_of = self._block_of
+        if block_of is None:
+            return
+        keep = self._next_blocks
+        for rid, row in zip(ask_ids, ask_rows, strict=True):
+            if not out[row]:
+                continue
+            try:
+                block = block_of(rid)
+            except Exception:
+                continue
+            state = self._reqs.get(rid)
+            if state is not None:
+                keep[rid] = block or state.segment or "none"
+
     def close(self) -> None:
         """Stop every live request."""
         for rid in list(self._reqs):
@@ -230,19 +261,25 @@ class DraftSession:
         """One vLLM draft call: returns one draft (at most ``k`` ids) per row."""
         t0 = self._clock()
         n = len(sampled_token_ids)
-        if self.step_timer is not None and ctx is not None:
-            start = t0 if self._step_clock is None else self._step_clock()
-            self._time_step(ctx, n, num_tokens_no_spec, start)
+        timed = self.step_timer is not None and ctx is not None
+        start = t0 if not timed or self._step_clock is None else self._step_clock()
         out: list[list[int]] = [[] for _ in range(n)]
         offered = 0
+        blocks, self._next_blocks = self._next_blocks, {}
+        looked_up = False  # a block looked up from the proposer in this call
         try:
             if ctx is None:
                 raise RuntimeError(
                     "no batch context: the agentspec vLLM plugin did not wrap this runner"
                 )
+            # the rows' ids and token counts (as Python ints: a numpy scalar costs per
+            # access), read once for the step timer and the rows
+            present = frozenset(ctx.req_ids[:n])
+            counts: list[int] = num_tokens_no_spec[:n].tolist()
+            if timed:
+                self._time_step(ctx, present, counts, start)
             if len(ctx.req_ids) < n:
                 raise RuntimeError(f"batch context has {len(ctx.req_ids)} rows, call has {n}")
-            present = set(ctx.req_ids[:n])
             for rid in [r for r in self._reqs if r not in present]:
                 self._stop(rid)
             max_len = self.max_model_len or ctx.max_model_len
@@ -255,7 +292,7 @@ class DraftSession:
                 if not sampled:  # a partial prefill, or a discarded row
                     continue
                 rid = ctx.req_ids[i]
-                num_tokens = int(num_tokens_no_spec[i])
+                num_tokens = counts[i]
                 n_decoding += 1
                 kv_decoding += num_tokens
                 state = self._reqs.get(rid)
@@ -266,13 +303,19 @@ class DraftSession:
                     drafted = len(ctx.scheduled_spec_decode_tokens.get(rid, ()))
                     if drafted:
                         accepted = min(drafted, max(0, len(sampled) - 1))
+                        block = blocks.get(rid) if looked_up else None
+                        if block is None:
+                            block = self._block(rid, state)
+                            looked_up = True
                         self.metrics.record_verified(
-                            state.agent, self._block(rid, state), drafted, accepted, state.scope
+                            state.agent, block, drafted, accepted, state.scope
                         )
                 if state.broken:
                     continue
                 if num_tokens > state.fed:
                     new = np.array(token_ids_cpu[i, state.fed : num_tokens], dtype=np.int32)
+                    # a fresh copy nobody writes: read-only, a proposer may keep it uncopied
+                    new.flags.writeable = False
                     try:
                         self.proposer.extend(rid, new)
                     except Exception as exc:
@@ -295,6 +338,7 @@ class DraftSession:
                     num_decode_tokens=n_decoding,  # the queue of prefills is not visible here
                 )
                 out = self._propose(ask_ids, ask_rows, caps, context, out)
+                self._keep_blocks(ask_ids, ask_rows, out)
         except Exception as exc:
             self._fault("adapter", exc)
             out = [[] for _ in range(n)]
@@ -306,28 +350,29 @@ class DraftSession:
         return out
 
     def _time_step(
-        self, ctx: BatchContext, n: int, num_tokens_no_spec: np.ndarray, t0: float
+        self, ctx: BatchContext, ids: frozenset[str], counts: list[int], t0: float
     ) -> None:
-        """Report the engine step that ran since the last draft call (see module doc)."""
-        assert self.step_timer is not None
+        """Report the engine step that ran since the last draft call (see module doc):
+        ``ids`` are the call's request ids, ``counts`` its rows' token counts."""
+        timer = self.step_timer
+        assert timer is not None
         try:
-            ids = frozenset(ctx.req_ids[:n])
             last = self._last_step_end
             if (
                 last is not None
                 and last[0] == threading.get_ident()  # a per-thread step clock: same thread
                 and not ids.isdisjoint(self._last_ids)
             ):
-                used = self.step_timer.observe(
-                    sum(ctx.num_scheduled_tokens.values()),
-                    int(np.sum(num_tokens_no_spec[:n], dtype=np.int64)),
-                    t0 - last[1],
+                used = timer.observe(
+                    sum(ctx.num_scheduled_tokens.values()), sum(counts), t0 - last[1]
                 )
                 if used:
-                    c = self.step_timer.linear_coefficients()
-                    self.metrics.record_step_model(
-                        float(c[0]), float(c[1]), float(c[2]), self.step_timer.observed
-                    )
+                    model = timer.model  # replaced at each refit: its floats read once
+                    if model is not self._fit_model:
+                        c = timer.linear_coefficients()
+                        self._fit_model = model
+                        self._fit_coef = (float(c[0]), float(c[1]), float(c[2]))
+                    self.metrics.record_step_model(*self._fit_coef, timer.observed)
             self._last_ids = ids
         except Exception as exc:
             self._fault("step_timer", exc)
@@ -354,7 +399,7 @@ class DraftSession:
             except Exception as exc:  # not a Draft, or token_ids not a sequence
                 problem = f"unreadable draft {draft!r}: {exc!r}"
             if problem is None:
-                out[row] = [int(t) for t in ids]
+                out[row] = list(map(int, ids))
             else:
                 self._bad_draft(rid, problem)
         return out

@@ -224,7 +224,8 @@ class DraftSession:
         verification at the next call.
 
         ``block_of`` first applies the proposer's queued calls (AgentSpec's ``_flush``);
-        right after ``propose`` there are none, so this costs a lookup per row. At the next
+        right after ``propose`` there are none, so this costs a lookup per row (none when
+        a single row got a draft: it is the next call's first lookup). At the next
         call a request's block is read before its own new tokens are fed, so it is the
         block read here. The first verified row of that call still asks the proposer: its
         flush applies that call's stops before the call's new requests start, as before
@@ -232,8 +233,8 @@ class DraftSession:
         queued tokens early, which changes nothing but their cost. A lookup that raises is
         left to the verification's own lookup (counted there, as before)."""
         block_of = self._block_of
-        if block_of is None:
-            return
+        if block_of is None or sum(1 for row in ask_rows if out[row]) < 2:
+            return  # one draft: its verification is the call's first lookup anyway
         keep = self._next_blocks
         for rid, row in zip(ask_ids, ask_rows, strict=True):
             if not out[row]:

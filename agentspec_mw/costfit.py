@@ -134,11 +134,13 @@ class MeasuredStepTime:
         # and the sums of x; kept as the upper triangle xx00 xx01 xx02 xx11 xx12 xx22), x y,
         # and the preset's time for the same steps. Python floats: each step adds a few
         # products, which numpy's per-call cost made ~3x slower (the same IEEE operations
-        # in the same order, so the same sums to the bit; the preset's time stays numpy's
-        # dot, whose summation order Python's would not match)
+        # in the same order, so the same sums to the bit). The preset's time of a step is
+        # numpy's dot, whose summation order Python's would not match: the steps' features
+        # wait in ``_pending`` and are added, in order, when the fit needs the sum
         self._xx = [0.0] * 6
         self._xy = [0.0] * 3
         self._prior_y = 0.0
+        self._pending: list[tuple[float, float]] = []
         self._early: list[float] = []
         self._lock = threading.Lock()
         self._since_fit = 0
@@ -173,7 +175,7 @@ class MeasuredStepTime:
             xy[0] = xy[0] * d + seconds
             xy[1] = xy[1] * d + n * seconds
             xy[2] = xy[2] * d + kv * seconds
-            self._prior_y = self._prior_y * d + float(self._p @ np.array([1.0, n, kv]))
+            self._pending.append((n, kv))
             self.observed += 1
             self._since_fit += 1
             if self._since_fit >= self.refit_every or self.observed <= self.min_steps:
@@ -185,6 +187,12 @@ class MeasuredStepTime:
         """``(c_fix, c_tok, c_kv)``: the scaled preset before ``min_steps`` steps, then the
         non-negative ridge fit described in the module docstring (the 3-vectors in Python
         floats, elementwise as numpy did them; the solve is numpy's)."""
+        if self._pending:
+            prior, d, y = self._p, self._decay, self._prior_y
+            for n, kv in self._pending:
+                y = y * d + float(prior @ np.array([1.0, n, kv]))
+            self._prior_y = y
+            self._pending.clear()
         xx, xy, p = self._xx, self._xy, self._p.tolist()
         weight = xx[0]
         if self._prior_y > 0:

@@ -29,13 +29,17 @@ wrappers set on the objects by this script, not in the library): ``start`` (with
 ``observe``, the fit, and ``record_step_model``), ``record_verified``, ``record_step``,
 ``_bad_ids``, and ``rest`` = step - all of those (the session's own loop: numpy
 conversions, ``StepContext``, bookkeeping, and the wrappers' own cost). ``--profile``
-prints ``cProfile``'s top functions of the last batch size instead.
+adds ``cProfile``'s top 25 functions (by own time) after each run.
 
 ``--thrash-kib N`` touches an N KiB buffer between draft calls, as a model forward
 evicts the CPU caches (0: off).
 
-    python benchmarks/adapter_speed.py --trace ../shared/traces/demo_rec.jsonl \\
-        --tokenizer MODEL_DIR --batch 1,8,32 --k 8 --repeat 3
+    python benchmarks/adapter_speed.py --trace benchmarks/traces/engine_demo.jsonl.xz \\
+        --tokenizer default --batch 1,8,32 --k 8 --repeat 3
+
+Before/after a change: run the same script in a snapshot of the old tree (``git archive
+HEAD | tar -x -C DIR``, this script copied in) and here, alternately; ``--json`` keeps
+each run's rows.
 """
 
 from __future__ import annotations

@@ -249,6 +249,8 @@ class DrafterMetrics:
     ) -> None:
         self._lock = threading.Lock()
         self._prom = _get_prom() if prometheus else None
+        self._published: tuple[float, float, float] | None = None
+        """The step-time fit last set on the gauges."""
         self._agents = _Capped(MAX_AGENT_LABELS)
         self._blocks = _Capped(MAX_BLOCK_LABELS, _FIXED_BLOCKS)
         self._scopes = _Capped(MAX_SCOPE_LABELS)
@@ -335,7 +337,10 @@ class DrafterMetrics:
             prom.seconds.observe(seconds)
 
     def record_step_model(self, fixed: float, token: float, kv_token: float, steps: int) -> None:
-        """Publish the engine's fitted step time (seconds per step / token / KV token)."""
+        """Publish the engine's fitted step time (seconds per step / token / KV token).
+
+        Called at every timed step; the Prometheus gauges are set when the fit changed
+        (it changes at a refit, every few steps)."""
         with self._lock:
             self._step_model = {
                 "fixed": fixed,
@@ -343,8 +348,10 @@ class DrafterMetrics:
                 "kv_token": kv_token,
                 "steps": float(steps),
             }
+            changed = (fixed, token, kv_token) != self._published
+            self._published = (fixed, token, kv_token)
         prom = self._prom
-        if prom is not None:
+        if prom is not None and changed:
             prom.child(prom.step_model, "fixed").set(fixed)
             prom.child(prom.step_model, "token").set(token)
             prom.child(prom.step_model, "kv_token").set(kv_token)

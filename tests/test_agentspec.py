@@ -19,7 +19,7 @@ from agentspec_mw.agentspec import (
 )
 from agentspec_mw.agentspec.budget import StepShape, admission_bound, prefill_time, step_times
 from agentspec_mw.agentspec.calibration import SOURCES
-from agentspec_mw.agentspec.kernels import _CONSENSUS, C_CAL, C_CCAP, C_CLEN, C_CSTART, C_OK
+from agentspec_mw.agentspec.kernels import C_CAL, C_CCAP, C_CLEN, C_CSTART, C_OK
 from agentspec_mw.agentspec.ngram_index import MAX_N, NgramIndex, _lookup_par, _lookup_rows
 from agentspec_mw.agentspec.parallel import SERIAL, THREADED, ModeChooser
 from agentspec_mw.agentspec.slots import SlotTable
@@ -482,7 +482,7 @@ def test_score_picks_the_candidate_that_pays_above_the_floor() -> None:
     from agentspec_mw.agentspec.calibration import N_ML, N_Q, N_SUP
 
     n_src, k = len(SOURCES), 16
-    table = np.zeros((n_src, K.N_AGREE, N_ML, N_SUP, K.N_POS, N_Q))
+    table = np.zeros((n_src, 2, N_ML, N_SUP, K.N_POS, N_Q))
     table[0], table[1] = 0.85, 0.95  # per-token acceptance: iso 0.85, agent 0.95
     table = table.reshape(-1)
     tok = np.zeros((n_src, k), dtype=np.int32)
@@ -497,75 +497,6 @@ def test_score_picks_the_candidate_that_pays_above_the_floor() -> None:
         assert n_flat == (16 if want == 0 else 2)
         p = 0.85 if want == 0 else 0.95
         np.testing.assert_allclose(flat, p ** np.arange(1, n_flat + 1))
-
-
-def _consensus_candidates() -> tuple[np.ndarray, np.ndarray]:
-    """iso drafts 1 2 3 4; agent the same two tokens, then another; local another first
-    token: position states both, AGREE, CONFLICT, none."""
-    tok = np.zeros((len(SOURCES), 4), dtype=np.int32)
-    tok[0] = [1, 2, 3, 4]  # iso
-    tok[1, :3] = [1, 2, 9]  # agent: the same two tokens, then another
-    tok[3, :1] = [5]  # local: another first token
-    return tok, np.array([4, 3, 0, 1], dtype=np.int64)
-
-
-def test_consensus_states_of_a_candidate() -> None:
-    """Each position says whether another source drafts the same tokens up to and
-    including it (AGREE) and whether another, after the same tokens, drafts a different
-    one at it (CONFLICT): the disagreement is evidence too."""
-    from agentspec_mw.agentspec import kernels as K
-
-    tok, lens = _consensus_candidates()
-    split = np.empty(len(SOURCES), dtype=np.int64)
-    ag = K._agreed(0, 0, 1, tok, lens, split)
-    assert ag == 2 and split.tolist() == [-1, 2, -1, 0]
-    states = [K._consensus(j, ag, split) for j in range(4)]
-    assert states == [K.AGREE | K.CONFLICT, K.AGREE, K.CONFLICT, 0]
-
-
-@pytest.mark.skipif(not _CONSENSUS, reason="the consensus split is off (kernels._CONSENSUS)")
-def test_score_reads_the_consensus_between_sources() -> None:
-    """With the consensus split on, ``score`` reads each position's state's cells, and
-    the prior trusts a position more only where another source agrees and none disagrees."""
-    from agentspec_mw.agentspec import kernels as K
-    from agentspec_mw.agentspec.calibration import N_ML, N_Q, N_SUP, prior_table
-
-    shape = (len(SOURCES), K.N_AGREE, N_ML, N_SUP, K.N_POS, N_Q)
-    table = np.zeros(shape)
-    acc = {0: 0.5, K.AGREE: 0.9, K.CONFLICT: 0.2, K.AGREE | K.CONFLICT: 0.4}
-    for state, p in acc.items():
-        table[:, state] = p
-    tok, lens = _consensus_candidates()
-    zeros = np.zeros(table.size * K.NF)
-    fine = (zeros, zeros, np.zeros(16, dtype=np.int8), 0.0)
-    pick, cells, n_flat, flat = _score_one(tok, lens, table.reshape(-1), fine, 1e-12)
-    assert pick == 0 and n_flat == 4
-    states = np.unravel_index(cells[:4] // K.NF, shape)[1]
-    both = K.AGREE | K.CONFLICT
-    assert states.tolist() == [both, K.AGREE, K.CONFLICT, 0]
-    np.testing.assert_allclose(flat, np.cumprod([0.4, 0.9, 0.2, 0.5]))
-    prior = prior_table(0.4, 0.9).reshape(shape)
-    assert (prior[:, K.AGREE] > prior[:, 0]).all()
-    np.testing.assert_array_equal(prior[:, K.CONFLICT], prior[:, 0])
-    np.testing.assert_array_equal(prior[:, both], prior[:, 0])
-
-
-def test_moved_prior_reads_the_parent_group() -> None:
-    """A young cell's prior odds move by what its parent group showed against the fixed
-    prior (``(s + S)/(e + S)`` over ``(n - s + S)/(n - e + S)``); a counted cell mixes its
-    own counts with that moved prior."""
-    from agentspec_mw.agentspec import kernels as K
-
-    prior = np.array([0.5, 0.5, 0.2])
-    members = np.array([[0, 1]])  # group 0: cells 0 and 1
-    group = np.array([[90.0, 100.0, 50.0]])  # 90 of 100 right where the prior expected 50
-    succ, tot = np.array([90.0, 0.0, 0.0]), np.array([100.0, 0.0, 0.0])
-    table = prior.copy()
-    K._move_prior(0, table, succ, tot, prior, members, group, 8.0)
-    odds = (98 / 58) / (18 / 58)
-    moved = odds / (1 + odds)
-    np.testing.assert_allclose(table[:2], [(90 + 8 * moved) / 108, moved])
-    assert table[2] == 0.2  # another group's cell is not touched
 
 
 def test_token_classes_from_bytes() -> None:
@@ -585,7 +516,7 @@ def test_score_splits_cells_by_token_class_and_line_break() -> None:
     from agentspec_mw.agentspec.calibration import N_ML, N_Q, N_SUP
 
     n_src, k = len(SOURCES), 4
-    table = np.full(n_src * K.N_AGREE * N_ML * N_SUP * K.N_POS * N_Q, 0.9)
+    table = np.full(n_src * 2 * N_ML * N_SUP * K.N_POS * N_Q, 0.9)
     codes = np.array([3, 4], dtype=np.int8)  # token 0: a word going on; 1: a line break
     tok = np.zeros((n_src, k), dtype=np.int32)
     tok[0] = [0, 0, 1, 0]  # word, word, line break, word (after the break)
@@ -610,7 +541,7 @@ def test_score_splits_cells_by_the_request_record() -> None:
     from agentspec_mw.agentspec.calibration import N_ML, N_Q, N_SUP
 
     n_src, k = len(SOURCES), 2
-    table = np.full(n_src * K.N_AGREE * N_ML * N_SUP * K.N_POS * N_Q, 0.9)
+    table = np.full(n_src * 2 * N_ML * N_SUP * K.N_POS * N_Q, 0.9)
     codes = np.zeros(1, dtype=np.int8)
     tok = np.zeros((n_src, k), dtype=np.int32)
     lens = np.array([2] + [0] * (n_src - 1), dtype=np.int64)

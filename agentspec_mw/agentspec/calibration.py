@@ -3,11 +3,9 @@
 Each draft token carries ``c / n`` — of the ``n`` continuations found, ``c`` agree. What
 it is worth is *learned*: every verified draft updates its isolation scope's acceptance
 table (:mod:`.scopes`; each scope learns only from its own drafts, from a fixed prior),
-bucketed by (source, agreement between sources — with ``kernels._CONSENSUS`` also
-whether another source drafts a different token at the position —, match length,
-support ``n``, draft position, ``c / n``) — a *cell*. Each cell's prior is the paper's
-redundancy score ``g(c, n) = (c/n)·p(n)`` (:func:`redundancy_score`) times
-``calib_prior_scale``. Each
+bucketed by (source, agreement between sources, match length, support ``n``, draft
+position, ``c / n``) — a *cell*. Each cell's prior is the paper's redundancy score
+``g(c, n) = (c/n)·p(n)`` (:func:`redundancy_score`) times ``calib_prior_scale``. Each
 cell is split into *fine* cells by the drafted token's text class, whether the draft
 crossed a line break before it, and the request's record (:mod:`.token_classes`,
 ``kernels._fine``); a fine cell's acceptance is its counts shrunk toward its cell's
@@ -51,8 +49,6 @@ SUPPORT_EDGES = np.array([2, 4, 8], dtype=np.int64)  # support buckets: 1, 2-3, 
 N_SUP = len(SUPPORT_EDGES) + 1
 _AGREE_BOOST = 1.1  # prior of a cell whose sources agree: 10% more trust (capped at 1)
 _SUPPORT_MID = (1, 2, 5, 10)  # a representative support n of each support bucket
-_MOVED_PRIOR = False  # EXPERIMENT switch: young cells read a prior moved by their parent
-_PARENT = "spq"  # EXPERIMENT switch: parent (source, position, c/n); "cell": over consensus
 
 
 def redundancy_score(c: int, n: int, g_min: float) -> float:
@@ -68,26 +64,15 @@ def redundancy_score(c: int, n: int, g_min: float) -> float:
 
 def prior_table(g_min: float, scale: float) -> np.ndarray:
     """The fixed prior acceptance of every cell, flattened in the kernels' order
-    ``(source, consensus, match, support, position, c/n)``: ``scale · g`` at the bucket's
-    middle ``c/n`` and representative support, raised when another source agrees and none
-    disagrees (``consensus`` is :data:`~.kernels.AGREE` | :data:`~.kernels.CONFLICT`)."""
-    shape = (len(SOURCES), K.N_AGREE, N_ML, N_SUP, K.N_POS, N_Q)
+    ``(source, agree, match, support, position, c/n)``: ``scale · g`` at the bucket's
+    middle ``c/n`` and representative support, raised when sources agree."""
+    shape = (len(SOURCES), 2, N_ML, N_SUP, K.N_POS, N_Q)
     q_mid = (np.arange(N_Q) + 0.5) / N_Q
     p_n = np.array([redundancy_score(1, n, g_min) for n in _SUPPORT_MID])
     base = scale * q_mid[None, None, :] * p_n[:, None, None]
     prior = np.broadcast_to(base, shape).copy()
-    prior[:, K.AGREE] = np.minimum(1.0, prior[:, K.AGREE] * _AGREE_BOOST)
+    prior[:, 1] = np.minimum(1.0, prior[:, 1] * _AGREE_BOOST)
     return prior.reshape(-1)
-
-
-def parent_groups() -> np.ndarray:
-    """Each cell's parent group (source, position, ``c/n``), flattened: the cells whose
-    pooled counts move a young cell's prior (``kernels._move_prior``)."""
-    shape = (len(SOURCES), K.N_AGREE, N_ML, N_SUP, K.N_POS, N_Q)
-    src, _ag, ml, sb, pos, q = np.unravel_index(np.arange(int(np.prod(shape))), shape)
-    if _PARENT == "cell":  # the cell pooled over the consensus states
-        return ((((src * N_ML + ml) * N_SUP + sb) * K.N_POS + pos) * N_Q + q).astype(np.int64)
-    return ((src * K.N_POS + pos) * N_Q + q).astype(np.int64)
 
 
 class FineCells(NamedTuple):
@@ -120,8 +105,7 @@ class Calibration:
     ) -> None:
         self.prior = prior_table(g_min, prior_scale)
         self.prior_strength = float(prior_strength)
-        parent = parent_groups() if _MOVED_PRIOR else None
-        self.scopes = ScopeStates(self.prior, len(self.prior) * K.NF, max_scopes, parent)
+        self.scopes = ScopeStates(self.prior, len(self.prior) * K.NF, max_scopes)
         self.default_row = self.scopes.acquire("default")  # tag-free traffic: kept for good
         codes = token_classes(token_bytes)
         self.codes = codes if token_classes_on else np.zeros_like(codes)

@@ -72,13 +72,6 @@ C_STREAK = 20  # verified candidate tokens in a row that were right (the request
 C_OK = 21  # leading positions of the request's last candidate at or above the admission bound
 C_CAL = 22  # the request's row of per-scope learned state (:mod:`.scopes`; 0: frozen prior)
 N_POS = 5  # draft-position buckets of the calibration table: 0, 1, 2-3, 4-7, 8+
-# consensus states of a draft position (bits): another source drafts the same tokens up to
-# and including it (AGREE); another source drafts the same tokens before it and a different
-# one at it (CONFLICT)
-AGREE, CONFLICT = 1, 2
-_CONSENSUS = False  # EXPERIMENT switch: the cell's agree becomes agree x conflict
-N_AGREE = 4 if _CONSENSUS else 2
-_NET_PICK = False  # EXPERIMENT switch: pick by the sum of (s - bound), not of s
 N_COLS = 23
 REC_EDGES = (1, 4, 16)  # record buckets by streak: 0, 1-3, 4-15, 16+
 N_REC = len(REC_EDGES) + 1
@@ -140,9 +133,7 @@ def apply_extends(
 
     Calibration counts and the rejection ledger are the slot's scope row (``C_CAL``) of
     ``calib``/``ledger``; the frozen row 0 is never updated."""
-    succ, tot, table, prior, fsucc, ftot, parent, members, group = calib
-    moving = parent.shape[0] > 0  # cells' priors move with their parent groups' counts
-    moved = np.zeros((succ.shape[0], members.shape[0]), dtype=np.bool_)  # groups counted
+    succ, tot, table, prior, fsucc, ftot = calib
     stage = new_stage()  # the index inserts' table probes, run in batches (stage_insert)
     for i in range(slots.shape[0]):
         s = slots[i]
@@ -166,12 +157,6 @@ def apply_extends(
                     if hit:
                         succ[cs, cell] += 1.0
                         fsucc[cs, fcell] += 1.0
-                    if moving:
-                        pg = parent[cell]
-                        moved[cs, pg] = True
-                        group[cs, pg, 0] += 1.0 if hit else 0.0
-                        group[cs, pg, 1] += 1.0
-                        group[cs, pg, 2] += prior[cell]
                     table[cs, cell] = (succ[cs, cell] + strength * prior[cell]) / (
                         tot[cs, cell] + strength
                     )
@@ -240,39 +225,6 @@ def apply_extends(
             ctx[c0 + n + j - a] = toks[j]
         si[s, C_CLEN] = n + (b - a)
     flush_stage(ix, stage)
-    if moving:
-        for cs in range(moved.shape[0]):
-            for pg in range(moved.shape[1]):
-                if moved[cs, pg]:
-                    _move_prior(
-                        pg, table[cs], succ[cs], tot[cs], prior, members, group[cs], strength
-                    )
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _move_prior(
-    g: int,
-    table: np.ndarray,
-    succ: np.ndarray,
-    tot: np.ndarray,
-    prior: np.ndarray,
-    members: np.ndarray,
-    group: np.ndarray,
-    strength: float,
-) -> None:  # pragma: no cover
-    """The cells of parent group ``g`` (one scope row), each shrunk toward its fixed prior
-    with the prior's odds scaled by what the group has shown: ``(s + S)/(e + S)`` over
-    ``(n − s + S)/(n − e + S)``, ``s`` of the group's ``n`` counted tokens right where the
-    fixed prior expected ``e``, ``S`` = ``strength`` (a young cell reads its parent)."""
-    s, n, e = group[g, 0], group[g, 1], group[g, 2]
-    mult = ((s + strength) / (e + strength)) / ((n - s + strength) / (n - e + strength))
-    for i in range(members.shape[1]):
-        c = members[g, i]
-        p = prior[c]
-        if 0.0 < p < 1.0:
-            o = p / (1.0 - p) * mult
-            p = o / (1.0 + o)
-        table[c] = (succ[c] + strength * p) / (tot[c] + strength)
 
 
 @njit(cache=True, nogil=True)
@@ -487,21 +439,16 @@ def _head(
     sb = 0
     while sb < sup_edges.shape[0] and sup_edges[sb] <= support[row]:
         sb += 1
-    return (((a * N_AGREE) * levels.shape[0] + ml) * (sup_edges.shape[0] + 1) + sb) * N_POS
+    return (((a * 2) * levels.shape[0] + ml) * (sup_edges.shape[0] + 1) + sb) * N_POS
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _agreed(
-    a: int, r: int, n_req: int, tok: np.ndarray, lens: np.ndarray, split: np.ndarray
-) -> int:  # pragma: no cover
-    """Leading positions of candidate ``a`` that another source drafts identically; and,
-    in ``split[b]``, the position where source ``b`` drafts a different token after the
-    same ones (``-1``: none within both candidates)."""
+def _agreed(a: int, r: int, n_req: int, tok: np.ndarray, lens: np.ndarray) -> int:
+    """Leading positions of candidate ``a`` that another source drafts identically."""
     n_src = tok.shape[0] // n_req
     row = a * n_req + r
     best = 0
     for b in range(n_src):
-        split[b] = -1
         if b == a:
             continue
         rb = b * n_req + r
@@ -510,26 +457,13 @@ def _agreed(
         while j < m and tok[rb, j] == tok[row, j]:
             j += 1
         best = max(best, j)
-        if j < m:
-            split[b] = j
     return best
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _consensus(j: int, ag: int, split: np.ndarray) -> int:  # pragma: no cover
-    """Consensus state of draft position ``j`` (:data:`AGREE` | :data:`CONFLICT`), from
-    :func:`_agreed`'s ``ag`` and ``split``."""
-    state = AGREE if j < ag else 0
-    for b in range(split.shape[0]):
-        if split[b] == j:
-            return state | CONFLICT
-    return state
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _cell(head: int, agree: int, j: int, p: float, n_q: int) -> int:  # pragma: no cover
     """Calibration cell of draft position ``j`` with count ratio ``p`` in row ``head``;
-    ``agree`` is the row offset of the position's consensus state (:func:`_consensus`)."""
+    ``agree`` is the row offset when another source drafts the same tokens up to ``j``."""
     pb = j if j < 2 else 2 if j < 4 else 3 if j < 8 else 4
     return (head + agree + pb) * n_q + min(int(p * n_q), n_q - 1)
 
@@ -580,10 +514,9 @@ def score(
     """Calibrated survival of every candidate row; pick each request's best source.
 
     Rows are ``source * n_req + r``. A token's calibration cell is, flattened,
-    ``(source, consensus, match bucket, support bucket, position bucket, c/n bucket)``,
-    where the consensus state says whether another source drafts the same tokens up to and
-    including the position and whether another, having drafted the same ones before it,
-    drafts a different token at it (:func:`_consensus`), and the position buckets are
+    ``(source, agree, match bucket, support bucket, position bucket, c/n bucket)``, where
+    ``agree`` = another source drafts the same tokens up to and including this position
+    (:func:`_agreed`) and the position buckets are
     0, 1, 2-3, 4-7, 8+ (acceptance given the earlier positions were accepted). Each
     cell is split into :data:`NF` fine cells by the token's text class, whether the
     draft crossed a line break before it and the request's record bucket ``rec[r]``;
@@ -603,8 +536,7 @@ def score(
     fsucc2, ftot2, codes, strength = fine
     n_req = out_pick.shape[0]
     n_src = tok.shape[0] // n_req
-    unit = levels.shape[0] * (sup_edges.shape[0] + 1) * N_POS  # row offset of one state
-    split = np.empty(n_src, dtype=np.int64)
+    agree = levels.shape[0] * (sup_edges.shape[0] + 1) * N_POS  # row offset of agree = 1
     # each source's fine cells and survivals, kept for the one picked (no second pass)
     cells = np.empty((n_src, tok.shape[1]), dtype=np.int64)
     surv = np.empty((n_src, tok.shape[1]), dtype=np.float64)
@@ -622,12 +554,11 @@ def score(
             w = 0.0  # expected accepted tokens among the positions at or above the bound
             if lens[row] > 0:
                 head = _head(a, r, n_req, match, support, levels, sup_edges)
-                ag = _agreed(a, r, n_req, tok, lens, split)
+                ag = _agreed(a, r, n_req, tok, lens)
                 s = 1.0
                 crossed = 0
                 for j in range(lens[row]):
-                    st = _consensus(j, ag, split) if _CONSENSUS else (AGREE if j < ag else 0)
-                    c = _cell(head, unit * st, j, prob[row, j], n_q)
+                    c = _cell(head, agree if j < ag else 0, j, prob[row, j], n_q)
                     code = codes[tok[row, j]]
                     f = _fine(c, code, crossed, rec[r])
                     s *= _acceptance(f, tab, fsucc, ftot, strength)
@@ -636,7 +567,7 @@ def score(
                     crossed |= code & NEWLINE
                     v += s
                     if s >= bound:
-                        w += s - bound if _NET_PICK else s
+                        w += s
             if w > best_w or (w == best_w and v > best_v):
                 best_w = w
                 best_v = v

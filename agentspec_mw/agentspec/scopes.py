@@ -33,10 +33,7 @@ FROZEN = 0
 
 class CalibArrays(NamedTuple):
     """The calibration arrays ``kernels.apply_extends`` updates (row = scope, except
-    ``prior``, ``parent`` and ``members``: fixed). ``parent[cell]`` is the cell's parent
-    group, ``members[g]`` the cells of group ``g``, and ``group[row, g]`` the group's
-    counts (right, counted, expected by the fixed prior), which move its cells' prior
-    (``parent`` empty: the fixed prior only)."""
+    ``prior``: one row, fixed)."""
 
     succ: np.ndarray
     tot: np.ndarray
@@ -44,9 +41,6 @@ class CalibArrays(NamedTuple):
     prior: np.ndarray
     fsucc: np.ndarray
     ftot: np.ndarray
-    parent: np.ndarray
-    members: np.ndarray
-    group: np.ndarray
 
 
 class ScopeStates:
@@ -62,24 +56,13 @@ class ScopeStates:
     table: np.ndarray
     fsucc: np.ndarray
     ftot: np.ndarray
-    group: np.ndarray
     ledger: np.ndarray
     live: list[int]
 
-    def __init__(
-        self,
-        prior: np.ndarray,
-        n_fine: int,
-        max_scopes: int,
-        parent: np.ndarray | None = None,
-    ) -> None:
+    def __init__(self, prior: np.ndarray, n_fine: int, max_scopes: int) -> None:
         if max_scopes < 1:
             raise ValueError(f"max_scopes={max_scopes} must be >= 1")
         self.prior = prior
-        self.parent = np.zeros(0, dtype=np.int64) if parent is None else parent
-        n_par = int(self.parent.max()) + 1 if len(self.parent) else 0
-        order = np.argsort(self.parent, kind="stable")
-        self.members = order.reshape(n_par, -1) if n_par else np.zeros((0, 0), np.int64)
         self.n_fine = n_fine
         self.max_scopes = max_scopes
         self._rows: OrderedDict[str, int] = OrderedDict()  # scope -> row, least recent first
@@ -98,7 +81,6 @@ class ScopeStates:
             "table": (n,),
             "fsucc": (self.n_fine,),
             "ftot": (self.n_fine,),
-            "group": (len(self.members), 3),
             "ledger": (2,),
         }
         for name, shape in shapes.items():
@@ -114,17 +96,7 @@ class ScopeStates:
     @property
     def calib(self) -> CalibArrays:
         """What the kernels take (rebuilt: rows may grow)."""
-        return CalibArrays(
-            self.succ,
-            self.tot,
-            self.table,
-            self.prior,
-            self.fsucc,
-            self.ftot,
-            self.parent,
-            self.members,
-            self.group,
-        )
+        return CalibArrays(self.succ, self.tot, self.table, self.prior, self.fsucc, self.ftot)
 
     @property
     def rows(self) -> int:
@@ -170,5 +142,4 @@ class ScopeStates:
         self.table[row] = self.prior
         self.fsucc[row] = 0.0
         self.ftot[row] = 0.0
-        self.group[row] = 0.0
         self.ledger[row] = 0.0

@@ -224,17 +224,19 @@ class DraftSession:
         verification at the next call.
 
         ``block_of`` first applies the proposer's queued calls (AgentSpec's ``_flush``);
-        right after ``propose`` there are none, so this costs a lookup per row (none when
-        a single row got a draft: it is the next call's first lookup). At the next
-        call a request's block is read before its own new tokens are fed, so it is the
-        block read here. The first verified row of that call still asks the proposer: its
-        flush applies that call's stops before the call's new requests start, as before
-        (which slots they get can change drafts); the later rows' flushes only applied
-        queued tokens early, which changes nothing but their cost. A lookup that raises is
-        left to the verification's own lookup (counted there, as before)."""
+        right after ``propose`` there are none, so this is a plain lookup per row, made
+        while the proposer's data is still in the CPU caches. At the next call a request's
+        block is read before its own new tokens are fed, so it is the block read here.
+        What a lookup at verification did besides: its flush applied the queued calls
+        early. For queued tokens and starts that changes nothing but cost (each request's
+        own state, the index in call order); for queued stops it frees their slots before
+        the call's later new requests start, which decides the slots they get (and so can
+        change drafts): in a call with stops, the first verified row still asks the
+        proposer, as every row did before. A lookup that raises here is left to the
+        verification's own lookup (counted there, as before)."""
         block_of = self._block_of
-        if block_of is None or sum(1 for row in ask_rows if out[row]) < 2:
-            return  # one draft: its verification is the call's first lookup anyway
+        if block_of is None:
+            return
         keep = self._next_blocks
         for rid, row in zip(ask_ids, ask_rows, strict=True):
             if not out[row]:
@@ -267,7 +269,7 @@ class DraftSession:
         out: list[list[int]] = [[] for _ in range(n)]
         offered = 0
         blocks, self._next_blocks = self._next_blocks, {}
-        looked_up = False  # a block looked up from the proposer in this call
+        stops_queued = False  # stops queued that no block lookup has applied yet
         try:
             if ctx is None:
                 raise RuntimeError(
@@ -281,8 +283,10 @@ class DraftSession:
                 self._time_step(ctx, present, counts, start)
             if len(ctx.req_ids) < n:
                 raise RuntimeError(f"batch context has {len(ctx.req_ids)} rows, call has {n}")
-            for rid in [r for r in self._reqs if r not in present]:
+            leavers = [r for r in self._reqs if r not in present]
+            for rid in leavers:
                 self._stop(rid)
+            stops_queued = bool(leavers)
             max_len = self.max_model_len or ctx.max_model_len
             ask_ids: list[str] = []
             ask_rows: list[int] = []
@@ -304,10 +308,10 @@ class DraftSession:
                     drafted = len(ctx.scheduled_spec_decode_tokens.get(rid, ()))
                     if drafted:
                         accepted = min(drafted, max(0, len(sampled) - 1))
-                        block = blocks.get(rid) if looked_up else None
+                        block = None if stops_queued else blocks.get(rid)
                         if block is None:
                             block = self._block(rid, state)
-                            looked_up = True
+                            stops_queued = False
                         self.metrics.record_verified(
                             state.agent, block, drafted, accepted, state.scope
                         )

@@ -59,6 +59,18 @@ def test_serve_passes_vllm_methods_options_and_extra_args() -> None:
     }
 
 
+def test_serve_asks_for_per_request_spec_decode_metrics_when_speculating() -> None:
+    """Each response then carries ``metrics.speculative_decoding`` (vLLM refuses the
+    option without speculation); the user's own value after ``--`` comes later and wins."""
+    flag = "--per-request-spec-decode-metrics"
+    for method in ("agentspec", "suffix", "ngram"):
+        argv = server_command(_cfg("--model", "m", "--speculative", method))
+        assert _flag(argv, flag) == "summary", method
+    assert flag not in server_command(_cfg("--model", "m", "--speculative", "none"))
+    argv = server_command(_cfg("--model", "m", "--", flag, "detailed"))
+    assert argv[-2:] == [flag, "detailed"] and argv.count(flag) == 2
+
+
 def test_serve_rejects_bad_options() -> None:
     with pytest.raises(ValueError, match="proposer-options"):
         _cfg("--proposer-options", "{")

@@ -10,7 +10,9 @@ Beside the tags the handler sets a :class:`CallTicket`: where the call's tags ma
 (the ``engine=`` server of ``with_agentspec``) and a record of whether a request layer
 actually attached them. A layer that puts the tags on an outgoing request reads them with
 :func:`deliver_wire_tags` (or calls :meth:`CallTicket.mark_delivered`), so that the
-handler counts delivered tags apart from derived ones.
+handler counts delivered tags apart from derived ones. A layer that reads the server's
+per-call speculation stats from the response records them on the ticket
+(:meth:`CallTicket.record_spec_decoding`); the handler puts them on the call's message.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class CallTicket:
         self._lock = threading.Lock()
         self._delivered = 0
         self._missed: dict[str, str] = {}
+        self._spec_decoding: dict[str, int] | None = None
 
     @property
     def delivered(self) -> int:
@@ -76,6 +79,19 @@ class CallTicket:
             first = self._delivered == 1
         if first and self._on_first_delivery is not None:
             self._on_first_delivery()
+
+    @property
+    def spec_decoding(self) -> dict[str, int] | None:
+        """The speculation stats a response of this call reported (the last one read),
+        ``{"num_draft_tokens": ..., "num_accepted_draft_tokens": ...}``; ``None``: none."""
+        with self._lock:
+            return None if self._spec_decoding is None else dict(self._spec_decoding)
+
+    def record_spec_decoding(self, stats: Mapping[str, int]) -> None:
+        """Record the speculation stats of a response of this call (a retry's replace
+        an earlier attempt's)."""
+        with self._lock:
+            self._spec_decoding = dict(stats)
 
     def mark_missed(self, key: str, url: str) -> None:
         """Record a request of this call sent to ``url`` (normalised ``key``) without tags."""

@@ -20,7 +20,9 @@ logs a warning at its end, once per server, naming the ``engine=`` to pass. The 
 also added to the model run's metadata (``agentspec_*`` keys), so tracers such as
 LangSmith show them. Each call's requests also carry a routing key header
 (``x-session-id`` by default; :mod:`~agentspec_mw_langgraph.routing`), so a router keeps a
-query on one replica.
+query on one replica. When a request layer read the server's per-call speculation stats
+from the call's response (:mod:`~agentspec_mw_langgraph.spec_stats`), the call's message
+gets them as ``response_metadata["speculative_decoding"]`` at its end.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from agentspec_mw_langgraph.openai_hook import server_key
 from agentspec_mw_langgraph.recorder import TraceRecorder
 from agentspec_mw_langgraph.redundancy import CallNode, RedundancyGraph
 from agentspec_mw_langgraph.routing import tags_routing_key
+from agentspec_mw_langgraph.spec_stats import SPEC_DECODING_KEY
 
 __all__ = ["AdapterStats", "AgentSpecCallbackHandler"]
 
@@ -141,6 +144,19 @@ def _engine_url(engine: Any) -> str | None:
         return server_key(engine)
     base = getattr(engine, "openai_api_base", None)  # ChatOpenAI(base_url=...)
     return server_key(base) if isinstance(base, str) and base else None
+
+
+def _attach_spec_decoding(response: LLMResult, ticket: CallTicket) -> None:
+    """Put the stats the call's response reported on its (first) message, unless it has
+    its own (the engine-backed chat model sets them itself)."""
+    stats = ticket.spec_decoding
+    if stats is None or not response.generations or not response.generations[0]:
+        return
+    metadata = getattr(
+        getattr(response.generations[0][0], "message", None), "response_metadata", None
+    )
+    if isinstance(metadata, dict):
+        metadata.setdefault(SPEC_DECODING_KEY, stats)
 
 
 def _push_index(path: Any) -> int | None:
@@ -598,6 +614,8 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                 self._release(run_id)
         if live.ticket is not None:
             self._warn_missed(live.ticket)
+            if response is not None and error is None:
+                _attach_spec_decoding(response, live.ticket)
         if record is not None and self.recorder is not None:
             self.recorder.record(record)
             with self._lock:

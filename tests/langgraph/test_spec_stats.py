@@ -12,6 +12,9 @@ import asyncio
 import inspect
 import logging
 import operator
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Annotated, Any, TypedDict
 
 import httpx
@@ -172,6 +175,58 @@ def test_malformed_metrics_leave_the_call_alone(
     assert errors - (0 if layer == "transports" else before) == 6
     warned = [r for r in caplog.records if r.name == spec_stats.__name__]
     assert len(warned) == 1 and "num_draft_tokens" in warned[0].getMessage()
+
+
+@pytest.fixture()
+def http_server() -> Iterator[tuple[FakeOpenAI, str]]:
+    """The fake endpoint behind a real HTTP server on 127.0.0.1 (for clients built with
+    the OpenAI SDK's own defaults, whose transport cannot be swapped)."""
+    fake = FakeOpenAI(spec_decoding=True)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers["content-length"]))
+            request = httpx.Request("POST", "http://fake" + self.path, content=body)
+            response = fake.transport.handle_request(request)
+            data = response.read()
+            self.send_response(response.status_code)
+            self.send_header("content-type", response.headers["content-type"])
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield fake, f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize("streaming", [False, True])
+def test_default_sdk_clients_over_http(
+    http_server: tuple[FakeOpenAI, str], use_async: bool, streaming: bool, strict: TaggingConfig
+) -> None:
+    """A plain ChatOpenAI with the SDK's default HTTP clients, over a real socket."""
+    from langchain_openai import ChatOpenAI
+
+    fake, url = http_server
+    stream_kw = {"streaming": True, "stream_usage": True} if streaming else {}
+    llm = ChatOpenAI(model=MODEL, base_url=url, api_key="unused", max_retries=0, **stream_kw)
+    app = with_agentspec(fanout_graph(llm, use_async), engine=url, config=strict)
+    answers = run(app, use_async)
+    want = expected(fake)
+    assert len(answers) == 6 and len(want) == 6
+    for message in answers:
+        assert message.response_metadata[KEY] == want[_text(message)], _text(message)
 
 
 def test_calls_outside_a_wrapped_graph_get_no_stats(strict: TaggingConfig) -> None:

@@ -156,6 +156,11 @@ def test_streaming_call_gets_spec_stats_on_real_server(server: str) -> None:
     app = with_agentspec(g.compile(), engine=server, config=STRICT)
     out = app.invoke({"messages": [HumanMessage("Name a colour.")]})
     _check_spec_stats(out["messages"][-1])
+    inp = {"messages": [HumanMessage("Name a fruit.")]}
+    chunks = [c for c, _ in app.stream(inp, stream_mode="messages")]
+    with_stats = [c for c in chunks if "speculative_decoding" in c.response_metadata]
+    assert len(with_stats) == 1 and with_stats[0].usage_metadata is not None
+    _check_spec_stats(with_stats[0])
 
 
 def test_create_agent_middleware_on_real_server(server: str) -> None:

@@ -130,6 +130,34 @@ def test_each_message_gets_its_requests_stats(
 
 
 @pytest.mark.parametrize("layer", ["hook", "transports"])
+@pytest.mark.parametrize("use_async", [False, True])
+def test_streamed_usage_chunk_carries_the_stats(
+    layer: str, use_async: bool, strict: TaggingConfig
+) -> None:
+    """``stream_mode="messages"``: the usage chunk of each call carries its stats (and so
+    the message merged from the chunks); no other chunk does."""
+    server = FakeOpenAI(spec_decoding=True, chunk_bytes=13)
+    llm = chat(server, layer, streaming=True, stream_usage=True)
+    app = wrapped(fanout_graph(llm, use_async), layer, strict)
+    inp = {"topics": list(TOPICS), "answers": []}
+
+    async def collect() -> list[Any]:
+        return [part async for part in app.astream(inp, stream_mode="messages")]
+
+    parts = asyncio.run(collect()) if use_async else list(app.stream(inp, stream_mode="messages"))
+    merged: dict[str, Any] = {}
+    for chunk, _ in parts:
+        merged[chunk.id] = merged[chunk.id] + chunk if chunk.id in merged else chunk
+        if KEY in chunk.response_metadata:
+            assert chunk.usage_metadata is not None and chunk.content == ""
+    want = expected(server)
+    assert len(merged) == 6 == len(want)
+    for message in merged.values():
+        assert message.response_metadata[KEY] == want[_text(message)], _text(message)
+    assert sum(KEY in chunk.response_metadata for chunk, _ in parts) == 6
+
+
+@pytest.mark.parametrize("layer", ["hook", "transports"])
 def test_without_metrics_the_messages_go_without(layer: str, strict: TaggingConfig) -> None:
     server = FakeOpenAI(chunk_bytes=5)
     before = hook_stats()
@@ -222,7 +250,17 @@ def test_default_sdk_clients_over_http(
     stream_kw = {"streaming": True, "stream_usage": True} if streaming else {}
     llm = ChatOpenAI(model=MODEL, base_url=url, api_key="unused", max_retries=0, **stream_kw)
     app = with_agentspec(fanout_graph(llm, use_async), engine=url, config=strict)
-    answers = run(app, use_async)
+    inp = {"topics": list(TOPICS), "answers": []}
+
+    async def arun() -> dict[str, Any]:
+        try:
+            out: dict[str, Any] = await app.ainvoke(inp)
+            return out
+        finally:  # its sockets belong to this event loop
+            await llm.root_async_client.close()
+
+    answers = asyncio.run(arun())["answers"] if use_async else app.invoke(inp)["answers"]
+    llm.root_client.close()
     want = expected(fake)
     assert len(answers) == 6 and len(want) == 6
     for message in answers:

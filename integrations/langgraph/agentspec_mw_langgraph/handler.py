@@ -22,7 +22,8 @@ LangSmith show them. Each call's requests also carry a routing key header
 (``x-session-id`` by default; :mod:`~agentspec_mw_langgraph.routing`), so a router keeps a
 query on one replica. When a request layer read the server's per-call speculation stats
 from the call's response (:mod:`~agentspec_mw_langgraph.spec_stats`), the call's message
-gets them as ``response_metadata["speculative_decoding"]`` at its end.
+gets them as ``response_metadata["speculative_decoding"]`` at its end (a stream: its usage
+chunk as it passes, the stats having arrived with it).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import BaseMessage
-from langchain_core.outputs import LLMResult
+from langchain_core.outputs import ChatGenerationChunk, GenerationChunk, LLMResult
 
 from agentspec_mw.tags import MAX_ID_CHARS, Segment, StructureTags, tags_to_wire
 from agentspec_mw.traces.schema import Message, TraceRecord
@@ -571,6 +572,32 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             query.next_call_index += 1
             self._stats.tags_derived += 1
             return tags
+
+    def on_llm_new_token(
+        self,
+        token: str | list[str | dict[str, Any]],
+        *,
+        chunk: GenerationChunk | ChatGenerationChunk | None = None,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """A streamed call's usage chunk gets the speculation stats its response carried
+        (a server reports them on that chunk; they reach the merged message with it)."""
+        message = getattr(chunk, "message", None)
+        if getattr(message, "usage_metadata", None) is None:  # the per-token fast path
+            return
+        try:
+            with self._lock:
+                live = self._live.get(run_id)
+            ticket = live.ticket if live is not None else None
+            stats = ticket.spec_decoding if ticket is not None else None
+            metadata = getattr(message, "response_metadata", None)
+            if stats is not None and isinstance(metadata, dict):
+                metadata.setdefault(SPEC_DECODING_KEY, stats)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_llm_new_token", exc)
 
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
         try:

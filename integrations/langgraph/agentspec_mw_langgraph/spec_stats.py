@@ -106,7 +106,7 @@ class _Tap:
         try:
             if self._sse:
                 self._line(bytes(self._buf))
-            elif self._buf:
+            elif _MARKER in self._buf:  # else no stats: no need to parse
                 self._found(stats_from_body(json.loads(bytes(self._buf))))
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)

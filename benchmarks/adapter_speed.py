@@ -32,7 +32,8 @@ conversions, ``StepContext``, bookkeeping, and the wrappers' own cost). ``--prof
 adds ``cProfile``'s top 25 functions (by own time) after each run.
 
 ``--thrash-kib N`` touches an N KiB buffer between draft calls, as a model forward
-evicts the CPU caches (0: off).
+evicts the CPU caches (0: off). ``--refit-every N`` sets the step-time fit's cadence (to
+price it; any value but the default changes the fit between refits, so the drafts).
 
     python benchmarks/adapter_speed.py --trace benchmarks/traces/engine_demo.jsonl.xz \\
         --tokenizer default --batch 1,8,32 --k 8 --repeat 3
@@ -147,10 +148,18 @@ class _Live:
 
 
 def build_session(
-    name: str, token_bytes: list[bytes], k: int, prior: str, max_len: int, clock: SimClock
+    name: str,
+    token_bytes: list[bytes],
+    k: int,
+    prior: str,
+    max_len: int,
+    clock: SimClock,
+    refit_every: int | None = None,
 ) -> DraftSession:
-    """The session as the adapter builds it with ``cost_model="measured"``."""
-    step_timer = MeasuredStepTime(prior=get_cost_model(prior))
+    """The session as the adapter builds it with ``cost_model="measured"`` (``refit_every``:
+    the fit's cadence, ``None`` for its default)."""
+    opts = {} if refit_every is None else {"refit_every": refit_every}
+    step_timer = MeasuredStepTime(prior=get_cost_model(prior), **opts)
     env = ProposerEnv(token_bytes=token_bytes, cost_model=step_timer, max_k=k)
     proposer = make_proposer(name, env)
     return DraftSession(
@@ -329,6 +338,12 @@ def main() -> None:
     ap.add_argument("--mode", choices=("plain", "parts"), default="plain")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--thrash-kib", type=int, default=0)
+    ap.add_argument(
+        "--refit-every",
+        type=int,
+        default=None,
+        help="the step-time fit's cadence (default: MeasuredStepTime's; another changes drafts)",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     setup = load_workloads(
@@ -349,7 +364,13 @@ def main() -> None:
         for rep in range(args.repeat):
             clock = SimClock()
             session = build_session(
-                args.proposer, token_bytes, args.k, args.cost_prior, args.max_model_len, clock
+                args.proposer,
+                token_bytes,
+                args.k,
+                args.cost_prior,
+                args.max_model_len,
+                clock,
+                args.refit_every,
             )
             timers = Timers()
             if args.mode == "parts":

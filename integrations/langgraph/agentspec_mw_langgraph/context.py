@@ -88,8 +88,8 @@ class CallTicket:
             return None if self._spec_decoding is None else dict(self._spec_decoding)
 
     def record_spec_decoding(self, stats: Mapping[str, int]) -> None:
-        """Record the speculation stats of a response of this call (a retry's replace
-        an earlier attempt's)."""
+        """Record the speculation stats of a response of this call (a retried
+        request's replace those of the attempt before)."""
         with self._lock:
             self._spec_decoding = dict(stats)
 

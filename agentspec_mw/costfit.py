@@ -59,6 +59,21 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return coef
 
 
+def _nonnegative_normal_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Solve the normal equations ``a x = b`` with ``x >= 0``: while a coefficient comes out
+    negative, the first such is fixed at 0 and the rest re-solved (:class:`MeasuredStepTime`)."""
+    free = list(range(len(b)))
+    coef = np.zeros(len(b))
+    while free:
+        sub = np.linalg.lstsq(a[np.ix_(free, free)], b[free], rcond=None)[0]
+        negative = [j for j, c in zip(free, sub, strict=True) if c < 0.0]
+        if not negative:
+            coef[free] = sub
+            break
+        free.remove(negative[0])
+    return coef
+
+
 def fit_step_times(
     num_batched: np.ndarray,
     num_kv: np.ndarray,
@@ -221,16 +236,7 @@ class MeasuredStepTime:
             ]
         )
         b = np.array([xy[j] + ridge[j] * scaled[j] for j in range(3)])
-        free = [0, 1, 2]
-        coef = np.zeros(3)
-        while free:
-            sub = np.linalg.lstsq(a[np.ix_(free, free)], b[free], rcond=None)[0]
-            negative = [j for j, c in zip(free, sub, strict=True) if c < 0.0]
-            if not negative:
-                coef[free] = sub
-                break
-            free.remove(negative[0])
-        return coef
+        return _nonnegative_normal_solve(a, b)
 
     @staticmethod
     def _as_model(coef: np.ndarray) -> StepTimeModel:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from agentspec_mw.costfit import MeasuredStepTime
+from agentspec_mw.costfit import MeasuredStepTime, _nonnegative_normal_solve
 from agentspec_mw.costmodel import get_cost_model
 
 
@@ -59,16 +59,7 @@ class _NumpySums(MeasuredStepTime):
         ridge[0] = 0.0
         a = self._nxx + np.diag(ridge)
         b = self._nxy + ridge * scaled
-        free = [0, 1, 2]
-        coef = np.zeros(3)
-        while free:
-            sub = np.linalg.lstsq(a[np.ix_(free, free)], b[free], rcond=None)[0]
-            negative = [j for j, c in zip(free, sub, strict=True) if c < 0.0]
-            if not negative:
-                coef[free] = sub
-                break
-            free.remove(negative[0])
-        return coef
+        return _nonnegative_normal_solve(a, b)  # the active set is shared, unchanged
 
 
 @pytest.mark.parametrize(

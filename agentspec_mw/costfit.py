@@ -4,7 +4,9 @@ The presets of :mod:`agentspec_mw.costmodel` describe one model on one GPU. Anyw
 — another model, another GPU, or the CPU engine this project's demo runs on, where one
 more verified token costs a large share of a step rather than 0.3 % of it — a preset
 makes the budget draft for an engine that is not there. :class:`MeasuredStepTime` is a
-linear model ``T = c_fix + c_tok * N_batched + c_kv * N_kv`` whose coefficients are the
+linear model ``T = c_fix + c_tok * N_batched + c_kv * N_kv + c_spec_kv * N_spec_kv +
+c_draft_kv * N_draft_kv`` (the last two price a draft by its request's context, see
+:class:`~agentspec_mw.costmodel.StepTimeModel`) whose coefficients are the
 weighted least-squares fit of the steps the host times (:meth:`MeasuredStepTime.observe`;
 the vLLM adapter times the interval between two draft calls, see
 :class:`agentspec_mw_vllm.session.DraftSession`):
@@ -43,6 +45,9 @@ from agentspec_mw.costmodel import PRESETS, StepTimeModel
 
 __all__ = ["MeasuredStepTime", "fit_step_times"]
 
+_D = 5  # the online fit's features: 1, N_batched, N_kv, N_spec_kv, N_draft_kv
+_TRI = [(i, j) for i in range(_D) for j in range(i, _D)]  # x x^T's upper triangle
+
 
 def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Least squares ``a x ~ b`` with ``x >= 0``: a coefficient the fit makes negative is
@@ -79,23 +84,35 @@ def fit_step_times(
     num_kv: np.ndarray,
     num_rows: np.ndarray,
     seconds: np.ndarray,
+    spec_kv: np.ndarray | None = None,
+    draft_kv: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Offline fit of ``T = c_fix + c_tok N_batched + c_kv N_kv + c_row N_rows`` to timed
-    steps (how the ``cpu-smollm2`` preset is made, ``benchmarks/fit_step_time.py``).
+    """Offline fit of ``T = c_fix + c_tok N_batched + c_kv N_kv + c_row N_rows`` (and, given
+    the drafts' features, ``+ c_spec_kv N_spec_kv + c_draft_kv N_draft_kv``) to timed steps
+    (how the ``cpu-smollm2`` preset is made, ``benchmarks/fit_step_time.py``).
 
     ``N_rows`` is the step's logits rows: one per scheduled request (vLLM computes the
     last position's logits of every scheduled request, a partial prefill chunk's too)
     plus one per draft token (each verified position is sampled) — the LM head and the
-    sampler run once per row. Every coefficient is non-negative; the fit minimises the
-    *relative* error of each step (weights ``1 / seconds``), so a few multi-second prefill
-    steps do not outweigh hundreds of decode steps.
+    sampler run once per row. ``N_spec_kv`` is the KV tokens of the requests that carry a
+    draft and ``N_draft_kv`` the sum over draft tokens of their request's KV tokens
+    (:class:`~agentspec_mw.costmodel.StepTimeModel` says why). Every coefficient is
+    non-negative; the fit minimises the *relative* error of each step (weights ``1 /
+    seconds``), so a few multi-second prefill steps do not outweigh hundreds of decode
+    steps.
 
-    Returns ``(c_fix, c_tok, c_kv, c_row)`` in seconds.
+    Returns ``(c_fix, c_tok, c_kv, c_row)`` in seconds, followed by ``(c_spec_kv,
+    c_draft_kv)`` when ``spec_kv`` and ``draft_kv`` are given.
     """
     y = np.asarray(seconds, dtype=np.float64)
     if y.ndim != 1 or y.size < 4 or np.any(y <= 0):
         raise ValueError(f"fit_step_times needs >= 4 positive step times, got {y.size}")
-    x = np.column_stack([np.ones_like(y), num_batched, num_kv, num_rows]).astype(np.float64)
+    cols = [np.ones_like(y), num_batched, num_kv, num_rows]
+    if (spec_kv is None) != (draft_kv is None):
+        raise ValueError("fit_step_times: give both spec_kv and draft_kv, or neither")
+    if spec_kv is not None and draft_kv is not None:
+        cols += [spec_kv, draft_kv]
+    x = np.column_stack(cols).astype(np.float64)
     w = 1.0 / y
     return _nonnegative_lstsq(x * w[:, None], y * w)
 
@@ -144,18 +161,27 @@ class MeasuredStepTime:
         # mostly decode and draft tokens (each a logits row) once the engine is busy, so
         # the prior's per-token cost is c_tok + c_row (a prefill chunk's tokens are
         # over-charged by c_row each in the prior only; the fit follows the steps)
-        self._p = np.array([prior.c_fix + prior.c_oh, prior.c_tok + prior.c_row, prior.c_kv])
-        # decayed sums over the steps, x = (1, N, kv): x x^T (its first row holds the weight
-        # and the sums of x; kept as the upper triangle xx00 xx01 xx02 xx11 xx12 xx22), x y,
-        # and the preset's time for the same steps. Python floats: each step adds a few
-        # products, which numpy's per-call cost made ~3x slower (the same IEEE operations
-        # in the same order, so the same sums to the bit). The preset's time of a step is
-        # numpy's dot, whose summation order Python's would not match: the steps' features
-        # wait in ``_pending`` and are added, in order, when the fit needs the sum
-        self._xx = [0.0] * 6
-        self._xy = [0.0] * 3
+        self._p = np.array(
+            [
+                prior.c_fix + prior.c_oh,
+                prior.c_tok + prior.c_row,
+                prior.c_kv,
+                prior.c_spec_kv,
+                prior.c_draft_kv,
+            ]
+        )
+        # decayed sums over the steps, x = (1, N, kv, spec_kv, draft_kv): x x^T (its first
+        # row holds the weight and the sums of x; kept as the upper triangle in the order
+        # of _TRI), x y, and the preset's time for the same steps. Python floats: each step
+        # adds a few products, which numpy's per-call cost made ~3x slower (the same IEEE
+        # operations in the same order, so the same sums to the bit). The preset's time of
+        # a step is numpy's dot, whose summation order Python's would not match: the
+        # steps' features wait in ``_pending`` and are added, in order, when the fit needs
+        # the sum
+        self._xx = [0.0] * len(_TRI)
+        self._xy = [0.0] * _D
         self._prior_y = 0.0
-        self._pending: list[tuple[float, float]] = []
+        self._pending: list[tuple[float, float, float, float]] = []
         self._early: list[float] = []
         self._lock = threading.Lock()
         self._since_fit = 0
@@ -165,32 +191,43 @@ class MeasuredStepTime:
         """Steps not used (outliers, non-positive times)."""
         self._model = self._as_model(self._p)
 
-    def observe(self, num_batched: float, num_kv: float, seconds: float) -> bool:
-        """Add one measured step; returns whether it was used."""
+    def observe(
+        self,
+        num_batched: float,
+        num_kv: float,
+        seconds: float,
+        spec_kv: float = 0.0,
+        draft_kv: float = 0.0,
+    ) -> bool:
+        """Add one measured step; returns whether it was used. ``spec_kv``: KV tokens of
+        the requests that carried a draft; ``draft_kv``: Σ over draft tokens of their
+        request's KV tokens (:class:`~agentspec_mw.costmodel.StepTimeModel`)."""
         with self._lock:
-            if not (seconds > 0.0 and math.isfinite(seconds)) or num_batched < 0 or num_kv < 0:
+            if (
+                not (seconds > 0.0 and math.isfinite(seconds))
+                or num_batched < 0
+                or num_kv < 0
+                or spec_kv < 0
+                or draft_kv < 0
+            ):
                 self.skipped += 1
                 return False
             if self.observed >= self.min_steps:
-                typical = self._model.step_time(num_batched, num_kv)
+                typical = self._model.step_time(num_batched, num_kv, None, spec_kv, draft_kv)
             else:  # the preset's times mean little yet: compare with the steps seen so far
                 self._early.append(seconds)
                 typical = float(np.median(self._early)) if len(self._early) >= 4 else math.inf
             if seconds > self.outlier_ratio * typical:
                 self.skipped += 1
                 return False
-            n, kv, d = float(num_batched), float(num_kv), self._decay
+            x = (1.0, float(num_batched), float(num_kv), float(spec_kv), float(draft_kv))
+            d = self._decay
             xx, xy = self._xx, self._xy
-            xx[0] = xx[0] * d + 1.0
-            xx[1] = xx[1] * d + n
-            xx[2] = xx[2] * d + kv
-            xx[3] = xx[3] * d + n * n
-            xx[4] = xx[4] * d + n * kv
-            xx[5] = xx[5] * d + kv * kv
-            xy[0] = xy[0] * d + seconds
-            xy[1] = xy[1] * d + n * seconds
-            xy[2] = xy[2] * d + kv * seconds
-            self._pending.append((n, kv))
+            for idx, (i, j) in enumerate(_TRI):
+                xx[idx] = xx[idx] * d + x[i] * x[j]
+            for i in range(_D):
+                xy[i] = xy[i] * d + x[i] * seconds
+            self._pending.append(x[1:])
             self.observed += 1
             self._since_fit += 1
             if self._since_fit >= self.refit_every or self.observed <= self.min_steps:
@@ -199,25 +236,26 @@ class MeasuredStepTime:
         return True
 
     def _solve(self) -> np.ndarray:
-        """``(c_fix, c_tok, c_kv)``: the scaled preset before ``min_steps`` steps, then the
-        non-negative ridge fit described in the module docstring (the 3-vectors in Python
-        floats, elementwise as numpy did them; the solve is numpy's)."""
+        """``(c_fix, c_tok, c_kv, c_spec_kv, c_draft_kv)``: the scaled preset before
+        ``min_steps`` steps, then the non-negative ridge fit described in the module
+        docstring (the vectors in Python floats, elementwise as numpy did them; the solve
+        is numpy's)."""
         if self._pending:
             prior, d, y = self._p, self._decay, self._prior_y
-            for n, kv in self._pending:
-                y = y * d + float(prior @ np.array([1.0, n, kv]))
+            for feats in self._pending:
+                y = y * d + float(prior @ np.array((1.0, *feats)))
             self._prior_y = y
             self._pending.clear()
         xx, xy, p = self._xx, self._xy, self._p.tolist()
         weight = xx[0]
         if self._prior_y > 0:
             f = xy[0] / self._prior_y
-            scaled = [p[0] * f, p[1] * f, p[2] * f]
+            scaled = [c * f for c in p]
         else:
             scaled = p
         if self.observed < self.min_steps:
             return np.array(scaled)
-        mean = [xx[0] / weight, xx[1] / weight, xx[2] / weight]
+        mean = [xx[i] / weight for i in range(_D)]  # the first row of x x^T: the sums of x
         # prior sd of each slope: prior_spread x the scaled preset's (at least the slope
         # that adds 1 % of the mean step at the feature's mean), against the step noise
         mean_step = xy[0] / weight
@@ -228,26 +266,26 @@ class MeasuredStepTime:
             sd = self.prior_spread * (c if c > floor else floor)
             sd = sd if sd > 1e-30 else 1e-30
             ridge.append(noise2 / (sd * sd))
-        a = np.array(
-            [
-                [xx[0] + ridge[0], xx[1], xx[2]],
-                [xx[1], xx[3] + ridge[1], xx[4]],
-                [xx[2], xx[4], xx[5] + ridge[2]],
-            ]
-        )
-        b = np.array([xy[j] + ridge[j] * scaled[j] for j in range(3)])
+        a = np.empty((_D, _D))
+        for idx, (i, j) in enumerate(_TRI):
+            a[i, j] = a[j, i] = xx[idx]
+        for i in range(_D):
+            a[i, i] += ridge[i]
+        b = np.array([xy[j] + ridge[j] * scaled[j] for j in range(_D)])
         return _nonnegative_normal_solve(a, b)
 
     @staticmethod
     def _as_model(coef: np.ndarray) -> StepTimeModel:
-        """``(c_fix, c_tok, c_kv)`` as a linear :class:`StepTimeModel` (``c_oh`` folded
-        into ``c_fix``), which evaluates it."""
+        """``(c_fix, c_tok, c_kv, c_spec_kv, c_draft_kv)`` as a linear
+        :class:`StepTimeModel` (``c_oh`` folded into ``c_fix``), which evaluates it."""
         return StepTimeModel(
             name="measured",
             c_fix=float(coef[0]),
             c_tok=float(coef[1]),
             c_kv=float(coef[2]),
             c_oh=0.0,
+            c_spec_kv=float(coef[3]),
+            c_draft_kv=float(coef[4]),
         )
 
     @property
@@ -261,8 +299,13 @@ class MeasuredStepTime:
         assert coef is not None  # the fit is linear
         return coef
 
+    def draft_coefficients(self) -> tuple[float, float] | None:
+        """The current fit's ``(c_spec_kv, c_draft_kv)``, ``None`` while both are 0."""
+        return self._model.draft_coefficients()
+
     def step_time(self, num_batched: float, num_kv: float) -> float:
-        """Seconds one step of this shape takes, by the current fit."""
+        """Seconds one step of this shape (no drafts priced by context) takes, by the
+        current fit."""
         return self._model.step_time(num_batched, num_kv)
 
     def step_time_array(self, num_batched: np.ndarray, num_kv: float) -> np.ndarray:
@@ -276,7 +319,14 @@ class MeasuredStepTime:
     def describe(self) -> str:
         """One line: the fit in milliseconds and how many steps it rests on."""
         m = self._model
+        drafts = ""
+        if m.c_spec_kv or m.c_draft_kv:
+            drafts = (
+                f" + {m.c_spec_kv * 1e9:.1f} ns/KV token of a drafting request"
+                f" + {m.c_draft_kv * 1e9:.2f} ns/(draft x KV token)"
+            )
         return (
             f"measured step time {m.c_fix * 1e3:.2f} ms + {m.c_tok * 1e3:.3f} ms/token "
-            f"+ {m.c_kv * 1e9:.1f} ns/KV token ({self.observed} steps, {self.skipped} skipped)"
+            f"+ {m.c_kv * 1e9:.1f} ns/KV token{drafts} ({self.observed} steps, "
+            f"{self.skipped} skipped)"
         )

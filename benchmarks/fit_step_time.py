@@ -1,19 +1,22 @@
 """Fit a step-time preset to the embedded engine's own steps (the ``cpu-smollm2`` preset).
 
-Runs the embedded vLLM engine without speculation (default model unless ``--model``)
-over a grid of concurrent requests × prompt lengths (random token ids, so the prefix
-cache never hits), times every engine step (schedule + forward + sampling + bookkeeping,
-``EngineCore.step``; wall seconds and the engine thread's CPU seconds), and records per
-step the tokens it scheduled (prefill chunks + decodes), the KV tokens those requests hold
-after it and the requests it scheduled (its logits rows: no drafts here). The steps are
-fitted with :func:`agentspec_mw.costfit.fit_step_times` (``c_fix + c_tok N_batched +
-c_kv N_kv + c_row N_rows``, non-negative, relative error), and the script prints the
-constants, the engine's token budget and KV capacity, and the fit's error on decode and
-prefill steps. ``--from-steps`` fits the serving steps a live run recorded instead
+Runs the embedded vLLM engine (default model unless ``--model``) over a grid of
+concurrent requests × prompt lengths (random token ids, so the prefix cache never hits),
+once per ``--drafts`` length (0: no speculation; ``d > 0``: a proposer that drafts ``d``
+always-rejected tokens per request per step, ``_rejected_drafts.py``), times every engine
+step (schedule + forward + sampling + bookkeeping, ``EngineCore.step``; wall seconds and
+the engine thread's CPU seconds), and records per step the tokens it scheduled (prefill
+chunks + decodes + drafts), the KV tokens its requests hold, its logits rows (requests +
+drafts), and the drafts' features (KV tokens of the drafting requests; draft tokens × their
+request's KV tokens). The steps are fitted with :func:`agentspec_mw.costfit.fit_step_times`
+(``c_fix + c_tok N_batched + c_kv N_kv + c_row N_rows [+ c_spec_kv N_spec_kv + c_draft_kv
+N_draft_kv]``, non-negative, relative error), and the script prints the constants, the
+engine's token budget and KV capacity, and the fit's error on decode, drafted and prefill
+steps. ``--from-steps`` fits the serving steps a live run recorded instead
 (``replay_validation.py live --steps-prefix``; rows = requests + drafts).
 
     VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 \
-        python benchmarks/fit_step_time.py --json fit.json
+        python benchmarks/fit_step_time.py --time cpu --drafts 0,1,3,8 --json fit.json
 """
 
 from __future__ import annotations
@@ -36,20 +39,38 @@ def _grid(spec: str) -> list[tuple[int, int]]:
     return out
 
 
-def report(tokens: np.ndarray, kv: np.ndarray, rows: np.ndarray, seconds: np.ndarray) -> np.ndarray:
-    """Fit ``(c_fix, c_tok, c_kv, c_row)`` to the steps and print it with its error."""
+def report(
+    tokens: np.ndarray,
+    kv: np.ndarray,
+    rows: np.ndarray,
+    seconds: np.ndarray,
+    spec_kv: np.ndarray | None = None,
+    draft_kv: np.ndarray | None = None,
+) -> np.ndarray:
+    """Fit ``(c_fix, c_tok, c_kv, c_row[, c_spec_kv, c_draft_kv])`` to the steps and print
+    it with its error (decode steps with and without drafts apart)."""
     from agentspec_mw.costfit import fit_step_times
 
-    coef = fit_step_times(tokens, kv, rows, seconds)
+    coef = fit_step_times(tokens, kv, rows, seconds, spec_kv, draft_kv)
     pred = coef[0] + coef[1] * tokens + coef[2] * kv + coef[3] * rows
-    rel = (pred - seconds) / seconds
-    decode = rows == tokens
-    print(
+    line = (
         f"fit: c_fix {coef[0] * 1e3:.2f} ms + c_tok {coef[1] * 1e3:.3f} ms/token + "
-        f"c_kv {coef[2] * 1e6:.2f} us/KV token + c_row {coef[3] * 1e3:.3f} ms/row "
-        f"({len(seconds)} steps)"
+        f"c_kv {coef[2] * 1e6:.2f} us/KV token + c_row {coef[3] * 1e3:.3f} ms/row"
     )
-    for name, m in (("all", np.ones_like(decode)), ("decode", decode), ("prefill", ~decode)):
+    drafted = np.zeros(len(seconds), dtype=bool)
+    if spec_kv is not None and draft_kv is not None:
+        pred = pred + coef[4] * spec_kv + coef[5] * draft_kv
+        line += (
+            f" + c_spec_kv {coef[4] * 1e6:.2f} us/KV token of a drafting request"
+            f" + c_draft_kv {coef[5] * 1e6:.3f} us/(draft token x its KV token)"
+        )
+        drafted = spec_kv > 0
+    print(f"{line} ({len(seconds)} steps)")
+    rel = (pred - seconds) / seconds
+    decode = (rows == tokens) & ~drafted
+    spec = (rows == tokens) & drafted
+    groups = (("all", np.ones_like(decode)), ("decode", decode), ("drafted", spec))
+    for name, m in (*groups, ("prefill", rows != tokens)):
         if m.any():
             print(
                 f"  {name:8s} {int(m.sum()):4d} steps: |error| median "
@@ -67,6 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         "--grid",
         default="1:16,1:1024,4:256,8:16,8:1024,16:256,32:16,32:512,64:16,64:128",
         help="concurrency:prompt_tokens pairs",
+    )
+    ap.add_argument(
+        "--drafts",
+        default="0",
+        help="draft lengths to run the grid at, e.g. 0,1,3,8: each > 0 runs an engine whose "
+        "proposer drafts that many always-rejected tokens per request per step "
+        "(_rejected_drafts.py), so the steps differ from the 0 run only by the drafts",
     )
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
@@ -101,70 +129,121 @@ def main(argv: list[str] | None = None) -> int:
 
     from agentspec_mw_vllm.engine import build_llm
 
-    llm = build_llm(args.model, speculative=None, max_model_len=2048)
-    core: Any = llm.llm_engine.engine_core.engine_core
-    sched = core.scheduler
-    block_size = sched.cache_config.block_size
-    kv_tokens = sched.kv_cache_manager.block_pool.num_gpu_blocks * block_size
-    budget = sched.scheduler_config.max_num_batched_tokens
-    steps: list[tuple[int, int, float, int, float]] = []
-    last: dict[str, Any] = {}
-    orig_schedule = sched.schedule
-
-    def schedule(*a: Any, **kw: Any) -> Any:
-        out = orig_schedule(*a, **kw)
-        last["n"] = out.total_num_scheduled_tokens
-        last["kv"] = sum(sched.requests[r].num_computed_tokens for r in out.num_scheduled_tokens)
-        last["seqs"] = len(out.num_scheduled_tokens)
-        return out
-
-    sched.schedule = schedule
-    orig_step = core.step_fn
-
-    def step() -> Any:
-        t0, c0 = time.perf_counter(), time.thread_time()
-        out = orig_step()
-        dt, cpu = time.perf_counter() - t0, time.thread_time() - c0
-        if last.get("n"):
-            steps.append((int(last["n"]), int(last["kv"]), dt, int(last["seqs"]), cpu))
-        last.clear()
-        return out
-
-    core.step_fn = step
     rng = np.random.default_rng(args.seed)
     vocab = 40000
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], params, use_tqdm=False)  # warm-up
-    steps.clear()
-    for b, p in _grid(args.grid):
-        prompts = [
-            TokensPrompt(prompt_token_ids=rng.integers(100, vocab, p).tolist()) for _ in range(b)
-        ]
-        t0 = time.perf_counter()
-        n0 = len(steps)
-        llm.generate(prompts, params, use_tqdm=False)
-        print(
-            f"B={b:3d} prompt={p:5d}: {len(steps) - n0} steps, {time.perf_counter() - t0:.1f} s",
-            flush=True,
-        )
+    # tokens, kv, wall, requests, cpu, drafts, spec_kv, draft_kv
+    steps: list[tuple[int, int, float, int, float, int, int, int]] = []
+    info: dict[str, Any] = {}
+    for d in (int(x) for x in args.drafts.split(",")):
+        spec = None if d == 0 else "_rejected_drafts:RejectedDrafts"
+        llm = build_llm(args.model, speculative=spec, k=max(d, 1), max_model_len=2048)
+        core: Any = llm.llm_engine.engine_core.engine_core
+        sched = core.scheduler
+        block_size = sched.cache_config.block_size
+        info = {
+            "max_num_batched_tokens": sched.scheduler_config.max_num_batched_tokens,
+            "kv_capacity_tokens": sched.kv_cache_manager.block_pool.num_gpu_blocks * block_size,
+            "blocks": sched.kv_cache_manager.block_pool.num_gpu_blocks,
+            "block_size": block_size,
+            "prefix_caching": bool(sched.cache_config.enable_prefix_caching),
+        }
+        last: dict[str, Any] = {}
+        orig_schedule = sched.schedule
+
+        def schedule(*a: Any, _s: Any = sched, _o: Any = orig_schedule, _l: Any = last) -> Any:
+            out = _o(*a)
+            spec_tokens = out.scheduled_spec_decode_tokens
+            _l["n"] = out.total_num_scheduled_tokens
+            _l["kv"] = kv = 0
+            _l["seqs"] = len(out.num_scheduled_tokens)
+            _l["drafts"] = _l["spec_kv"] = _l["draft_kv"] = 0
+            for r in out.num_scheduled_tokens:
+                computed = _s.requests[r].num_computed_tokens
+                kv += computed
+                nd = len(spec_tokens.get(r, ()))
+                if nd:
+                    _l["drafts"] += nd
+                    _l["spec_kv"] += computed
+                    _l["draft_kv"] += nd * computed
+            _l["kv"] = kv
+            return out
+
+        sched.schedule = schedule
+        orig_step = core.step_fn
+
+        def step(_o: Any = orig_step, _l: Any = last) -> Any:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            out = _o()
+            dt, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            if _l.get("n"):
+                steps.append(
+                    (
+                        int(_l["n"]),
+                        int(_l["kv"]),
+                        dt,
+                        int(_l["seqs"]),
+                        cpu,
+                        int(_l["drafts"]),
+                        int(_l["spec_kv"]),
+                        int(_l["draft_kv"]),
+                    )
+                )
+            _l.clear()
+            return out
+
+        core.step_fn = step
+        n_warm = len(steps)
+        llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], params, use_tqdm=False)
+        del steps[n_warm:]  # the warm-up request's steps are not the grid's
+        last.clear()
+        for b, p in _grid(args.grid):
+            prompts = [
+                TokensPrompt(prompt_token_ids=rng.integers(100, vocab, p).tolist())
+                for _ in range(b)
+            ]
+            t0 = time.perf_counter()
+            n0 = len(steps)
+            llm.generate(prompts, params, use_tqdm=False)
+            print(
+                f"drafts={d} B={b:3d} prompt={p:5d}: {len(steps) - n0} steps, "
+                f"{time.perf_counter() - t0:.1f} s",
+                flush=True,
+            )
+        del llm, core, sched
     print(
-        f"token budget max_num_batched_tokens={budget}, KV capacity {kv_tokens} tokens "
-        f"({sched.kv_cache_manager.block_pool.num_gpu_blocks} blocks of {block_size}), "
-        f"prefix caching={sched.cache_config.enable_prefix_caching}"
+        f"token budget max_num_batched_tokens={info['max_num_batched_tokens']}, KV capacity "
+        f"{info['kv_capacity_tokens']} tokens ({info['blocks']} blocks of "
+        f"{info['block_size']}), prefix caching={info['prefix_caching']}"
     )
     arr = np.array(steps, dtype=np.float64)
-    coef = report(arr[:, 0], arr[:, 1], arr[:, 3], arr[:, 2 if args.time == "wall" else 4])
+    with_drafts = bool(arr[:, 5].any())
+    coef = report(
+        arr[:, 0],
+        arr[:, 1],
+        arr[:, 3] + arr[:, 5],
+        arr[:, 2 if args.time == "wall" else 4],
+        arr[:, 6] if with_drafts else None,
+        arr[:, 7] if with_drafts else None,
+    )
     if args.json_out:
+        names = ("c_fix", "c_tok", "c_kv", "c_row", "c_spec_kv", "c_draft_kv")
         with open(args.json_out, "w") as fh:
             json.dump(
                 {
-                    **dict(zip(("c_fix", "c_tok", "c_kv", "c_row"), coef.tolist(), strict=True)),
+                    **dict(zip(names, coef.tolist(), strict=False)),
                     "time": args.time,
-                    "max_num_batched_tokens": budget,
-                    "kv_capacity_tokens": kv_tokens,
-                    "block_size": block_size,
-                    "prefix_caching": bool(sched.cache_config.enable_prefix_caching),
-                    "columns": ["tokens", "kv", "wall_s", "requests", "cpu_s"],
+                    **{k: v for k, v in info.items() if k != "blocks"},
+                    "columns": [
+                        "tokens",
+                        "kv",
+                        "wall_s",
+                        "requests",
+                        "cpu_s",
+                        "drafts",
+                        "spec_kv",
+                        "draft_kv",
+                    ],
                     "steps": steps,
                 },
                 fh,

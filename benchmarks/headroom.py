@@ -159,6 +159,10 @@ class Steps:
     kv_wait: list[bool] = field(default_factory=list)
     """A waiting call found no KV room in this step."""
     time_s: list[float] = field(default_factory=list)
+    spec_kv: list[int] = field(default_factory=list)
+    """KV tokens of the drafting requests (models that price drafts by context)."""
+    draft_kv: list[int] = field(default_factory=list)
+    """Σ draft tokens × their request's KV tokens (as ``spec_kv``)."""
 
 
 def recorder(steps: Steps) -> Callable[[StepRecord], None]:
@@ -172,6 +176,8 @@ def recorder(steps: Steps) -> Callable[[StepRecord], None]:
         steps.rows.append(st.rows)
         steps.kv_wait.append(st.kv_wait)
         steps.time_s.append(st.time_s)
+        steps.spec_kv.append(st.spec_kv)
+        steps.draft_kv.append(st.draft_kv)
 
     return on_step
 
@@ -186,7 +192,9 @@ def terms(cost: StepTimeModel, s: Steps) -> dict[str, float] | None:
         "fixed": (cost.c_fix + cost.c_oh) * len(s.time_s),
         "prefill": cost.c_tok * sum(s.prefill) + c_row * chunks,
         "decode": (cost.c_tok + c_row) * sum(s.decode),
-        "draft": (cost.c_tok + c_row) * sum(s.draft),
+        "draft": (cost.c_tok + c_row) * sum(s.draft)
+        + cost.c_spec_kv * float(sum(s.spec_kv))
+        + cost.c_draft_kv * float(sum(s.draft_kv)),
         "kv": cost.c_kv * float(sum(s.kv)),
     }
 

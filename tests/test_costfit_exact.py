@@ -12,27 +12,34 @@ from agentspec_mw.costmodel import get_cost_model
 
 
 class _NumpySums(MeasuredStepTime):
-    """The fit as it was written with numpy 3-vectors (the reference)."""
+    """The fit written with numpy 5-vectors (the reference)."""
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
-        self._nxx = np.zeros((3, 3))
-        self._nxy = np.zeros(3)
+        self._nxx = np.zeros((5, 5))
+        self._nxy = np.zeros(5)
         self._npy = 0.0
 
-    def observe(self, num_batched: float, num_kv: float, seconds: float) -> bool:
-        if not (seconds > 0.0 and math.isfinite(seconds)) or num_batched < 0 or num_kv < 0:
+    def observe(
+        self,
+        num_batched: float,
+        num_kv: float,
+        seconds: float,
+        spec_kv: float = 0.0,
+        draft_kv: float = 0.0,
+    ) -> bool:
+        if not (seconds > 0.0 and math.isfinite(seconds)) or min(num_batched, num_kv) < 0:
             self.skipped += 1
             return False
         if self.observed >= self.min_steps:
-            typical = self._model.step_time(num_batched, num_kv)
+            typical = self._model.step_time(num_batched, num_kv, None, spec_kv, draft_kv)
         else:
             self._early.append(seconds)
             typical = float(np.median(self._early)) if len(self._early) >= 4 else math.inf
         if seconds > self.outlier_ratio * typical:
             self.skipped += 1
             return False
-        x = np.array([1.0, float(num_batched), float(num_kv)])
+        x = np.array([1.0, num_batched, num_kv, spec_kv, draft_kv], dtype=np.float64)
         self._nxx *= self._decay
         self._nxy *= self._decay
         self._npy *= self._decay
@@ -74,12 +81,17 @@ def test_python_sums_fit_as_the_numpy_sums(prior: str, seed: int, refit_every: i
         # engine-like steps (a busy phase, a drifting host), outliers and a bad reading
         n = float(rng.integers(1, 64 if i < 300 else 600))
         kv = float(rng.integers(0, 40_000))
+        # half the steps carry drafts on some of their requests
+        spec = float(rng.integers(0, kv + 1)) if i % 2 else 0.0
+        draft = spec * float(rng.integers(1, 8)) if spec else 0.0
         seconds = 0.045 + 4e-4 * n + 2e-9 * kv * (1 + i / 300) + rng.normal(0, 0.004)
+        seconds += 3e-9 * spec + 1e-9 * draft
         if i % 97 == 13:
             seconds *= 9.0
         if i == 50:
             seconds = -1.0
-        assert fit.observe(n, kv, seconds) == ref.observe(n, kv, seconds)
+        assert fit.observe(n, kv, seconds, spec, draft) == ref.observe(n, kv, seconds, spec, draft)
         assert fit.linear_coefficients().tolist() == ref.linear_coefficients().tolist(), i
+        assert fit.draft_coefficients() == ref.draft_coefficients(), i
     assert (fit.observed, fit.skipped) == (ref.observed, ref.skipped)
     assert fit.observed > 500 and fit.skipped >= 6

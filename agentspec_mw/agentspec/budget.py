@@ -47,6 +47,24 @@ and any convex model, displacement included), ``E/T`` rises until ``n*`` and fal
 it, so every admitted position has ``s ≥ b/t(b, kv) · (T(1) − T(0))``: positions under
 that bound are never admitted, and the proposer uses it to skip them before sorting.
 
+**Drafts priced by their request's context** (:func:`draft_costs`). On some engines a
+draft costs more than a batched token, by its request's context: on vLLM's CPU backend a
+request that carries a draft leaves the one-token decode path of the attention kernel, so
+its KV is read again, and each draft position attends over it (measured,
+``benchmarks/fit_step_time.py --drafts``). A linear model with ``c_spec_kv`` and
+``c_draft_kv`` (:class:`~agentspec_mw.costmodel.StepTimeModel`) charges request ``i``
+with context ``L_i`` a setup ``A_i = c_spec_kv · L_i`` once it drafts at all and ``C_i =
+c_tok + c_draft_kv · L_i`` per position, so the cheapest positions are no longer the
+same for every request. The allocation then maximises the same goodput ``(b + Σ S_i(d_i))
+/ (t(b, kv) + Σ [d_i > 0] A_i + d_i C_i)`` by Dinkelbach's method: at the current goodput
+``λ`` each request takes the length that maximises ``S_i(d) − λ (A_i [d > 0] + d C_i)``
+(``S_i(d)`` its first ``d`` survivals), ``λ`` becomes the goodput of those lengths, and
+the loop stops when ``λ`` no longer rises (it is then the optimum; a few rounds). Where
+the token budget binds (rare: 4,096 tokens on the CPU engine), the positions worth least
+at ``λ`` are dropped until it holds. Every admitted position still has ``s ≥ λ_0 C_i``
+with ``λ_0 = b / t(b, kv)`` (:func:`admission_bounds`). Without these terms (every GPU
+preset) the allocation is the scan above.
+
 This replaces the paper's ``B_t = ⌊α/bz⌋`` (which shrinks with batch size while its text
 says the budget tracks the free budget ``M(b) = AI − b``) and its ``max(|CT_i|, ·)``
 (which can exceed the budget): here the budget is a real cost, never exceeded.
@@ -54,6 +72,7 @@ says the budget tracks the free budget ``M(b) = AI − b``) and its ``max(|CT_i|
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -66,7 +85,9 @@ __all__ = [
     "Allocation",
     "StepShape",
     "admission_bound",
+    "admission_bounds",
     "allocate",
+    "draft_costs",
     "prefill_time",
     "step_shape",
     "step_times",
@@ -161,6 +182,39 @@ def admission_bound(cost: StepTimeFn, shape: StepShape, overhead_s: float = 0.0)
     return max(0.0, shape.batch_size / (t_dec + overhead_s) * (t1 - t0))
 
 
+def draft_costs(cost: StepTimeFn, context_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per request, ``(A_i, C_i)``: the seconds drafting at all adds to the step
+    (``c_spec_kv · L_i``) and each draft position adds (``c_tok + c_draft_kv · L_i``; with
+    a row term ``c_tok + c_row``), for a linear model that prices drafts by their
+    request's context ``L_i`` (module docstring); ``None`` for any other model."""
+    draft = getattr(cost, "draft_coefficients", None)
+    terms = draft() if draft is not None else None
+    linear = getattr(cost, "linear_coefficients", None)
+    coef = linear() if linear is not None else None
+    if terms is None or coef is None:
+        return None
+    lens = np.asarray(context_lens, dtype=np.float64)
+    return terms[0] * lens, float(coef[1]) + terms[1] * lens
+
+
+def admission_bounds(
+    cost: StepTimeFn, shape: StepShape, context_lens: np.ndarray, overhead_s: float = 0.0
+) -> np.ndarray:
+    """Per request, the least survival one of its positions needs to be admitted: the
+    goodput without drafts times its per-position cost ``C_i`` (:func:`draft_costs`), or
+    :func:`admission_bound` for every request when the model has no per-request price."""
+    n = len(context_lens)
+    bound = admission_bound(cost, shape, overhead_s)
+    costs = draft_costs(cost, context_lens)
+    linear = getattr(cost, "linear_coefficients", None)
+    coef = linear() if linear is not None else None
+    if costs is None or coef is None or not math.isfinite(bound):
+        return np.full(n, bound)
+    c_fix, c_tok, c_kv, c_oh = coef.tolist()
+    t_dec = c_fix + c_tok * shape.batch_size + c_kv * shape.num_kv + c_oh
+    return shape.batch_size / (t_dec + overhead_s) * costs[1]
+
+
 class Allocation:
     """Result of :func:`allocate`: drafted positions per request and the step estimates.
 
@@ -215,6 +269,7 @@ def allocate(
     prefill_tokens: int = 0,
     overhead_s: float = 0.0,
     min_survival: float = 0.0,
+    context_lens: np.ndarray | None = None,
 ) -> Allocation:
     """Split one step's budget across requests (see the module docstring).
 
@@ -232,6 +287,9 @@ def allocate(
         overhead_s: per-step time not in the model (e.g. the proposer's own time).
         min_survival: skip positions below this survival (:func:`admission_bound` is a
             bound that changes no allocation).
+        context_lens: each request's context (KV tokens); with a model that prices
+            drafts by it (:func:`draft_costs`) the allocation weighs each request's own
+            costs, else it is not read.
 
     Raises:
         ValueError: ``lens`` does not sum to the number of survivals.
@@ -243,6 +301,18 @@ def allocate(
     shape = StepShape(batch_size, float(num_kv), budget, waiting)
     linear = getattr(cost, "linear_coefficients", None)
     coef = linear() if linear is not None else None
+    costs = None if context_lens is None else draft_costs(cost, context_lens)
+    if costs is not None and coef is not None:
+        if len(costs[0]) != len(lens):
+            raise ValueError("allocate: context_lens must hold one entry per request")
+        c_fix, c_tok, c_kv, c_oh = coef.tolist()
+        base = c_fix + c_tok * batch_size + c_kv * float(num_kv) + c_oh + overhead_s
+        counts, best, goodput, offered = _solve_priced(
+            survival, lens, float(min_survival), cap, batch_size, base, costs[0], costs[1]
+        )
+        if offered < 0:
+            raise ValueError("allocate: survival must hold sum(lens) entries")
+        return Allocation(counts, batch_size + goodput[1], goodput[0], offered, best, (cost, shape))
     base_tokens = batch_size
     if coef is not None:
         # the kernel evaluates the linear model itself: T(n) = t(b + p(0) + n) less the
@@ -360,3 +430,89 @@ def _choose(
     for i in range(best):
         counts[owner[order[i]]] += 1
     return counts, best, best_g
+
+
+@njit(cache=True, nogil=True)
+def _solve_priced(
+    survival: np.ndarray,
+    lens: np.ndarray,
+    min_survival: float,
+    cap: int,
+    batch: int,
+    base_time: float,
+    setup: np.ndarray,
+    per_pos: np.ndarray,
+) -> tuple[np.ndarray, int, tuple[float, float], int]:  # pragma: no cover
+    """The allocation when each request prices its drafts itself (module docstring,
+    "Drafts priced by their request's context"): Dinkelbach's iteration on the goodput
+    ``(batch + Σ S_i(d_i)) / (base_time + Σ [d_i > 0] setup_i + d_i per_pos_i)``, then, if
+    the drafts exceed ``cap`` tokens, the positions worth least at the goodput dropped.
+    Returns ``(counts, Σ d_i, (goodput, Σ admitted survivals), offered)`` like
+    :func:`_solve`; ``offered = -1`` when ``lens`` does not sum to the survivals."""
+    n_req = lens.shape[0]
+    starts = np.empty(n_req + 1, dtype=np.int64)
+    starts[0] = 0
+    for i in range(n_req):
+        starts[i + 1] = starts[i] + lens[i]
+    counts = np.zeros(n_req, dtype=np.int64)
+    if starts[n_req] != survival.shape[0]:
+        return counts, 0, (0.0, 0.0), -1
+    usable = np.zeros(n_req, dtype=np.int64)  # each request's leading positions >= min
+    offered = 0
+    for i in range(n_req):
+        j = 0
+        while j < lens[i] and survival[starts[i] + j] >= min_survival:
+            j += 1
+        usable[i] = j
+        offered += j
+    if offered > cap:
+        offered = cap
+    lam = batch / base_time
+    expected = float(batch)
+    time_s = base_time
+    used = 0
+    for _ in range(64):
+        expected = float(batch)
+        time_s = base_time
+        used = 0
+        for i in range(n_req):
+            acc = 0.0
+            best_v = 0.0
+            best_d = 0
+            a = starts[i]
+            for j in range(usable[i]):
+                acc += survival[a + j] - lam * per_pos[i]
+                v = acc - lam * setup[i]
+                if v > best_v:
+                    best_v = v
+                    best_d = j + 1
+            counts[i] = best_d
+            used += best_d
+        while used > cap:  # drop the position worth least at lam
+            worst = -1
+            worst_v = 0.0
+            for i in range(n_req):
+                d = counts[i]
+                if d > 0:
+                    v = survival[starts[i] + d - 1] - lam * per_pos[i]
+                    if d == 1:
+                        v -= lam * setup[i]
+                    if worst < 0 or v < worst_v:
+                        worst = i
+                        worst_v = v
+            counts[worst] -= 1
+            used -= 1
+        s_sum = 0.0
+        for i in range(n_req):
+            d = counts[i]
+            if d > 0:
+                a = starts[i]
+                for j in range(d):
+                    s_sum += survival[a + j]
+                time_s += setup[i] + d * per_pos[i]
+        expected = batch + s_sum
+        g = expected / time_s
+        if g <= lam * (1.0 + 1e-12):
+            break
+        lam = g
+    return counts, used, (expected / time_s, expected - batch), offered

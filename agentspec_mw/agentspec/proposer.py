@@ -52,7 +52,7 @@ import numpy as np
 
 from agentspec_mw.agentspec import kernels as K
 from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec, current
-from agentspec_mw.agentspec.budget import admission_bound, allocate, step_shape
+from agentspec_mw.agentspec.budget import admission_bounds, allocate, step_shape
 from agentspec_mw.agentspec.calibration import MATCH_EDGES, N_Q, SOURCES, SUPPORT_EDGES, Calibration
 from agentspec_mw.agentspec.config import AgentSpecConfig
 from agentspec_mw.agentspec.grammars import GrammarRegistry
@@ -321,9 +321,12 @@ class AgentSpecProposer:
         cal = slots.si[sl, K.C_CAL]  # each request's scope row
         # positions under the admission bound can never pay for their slot: the scoring
         # skips them
+        # (per request: a model that prices drafts by context charges each its own)
         shape = step_shape(step)
-        bound = admission_bound(self.cost, shape, self._overhead_s)
-        bounds = np.full(n_req, max(bound, _MIN_BOUND))
+        ctx_lens = slots.si[sl, K.C_CLEN]
+        raw = admission_bounds(self.cost, shape, ctx_lens, self._overhead_s)
+        bound = float(raw.min())
+        bounds = np.maximum(raw, _MIN_BOUND)
         kk = max(k, 1)
         ws = self._ws.get(n_req, kk)
         cand = ws.cand
@@ -392,6 +395,7 @@ class AgentSpecProposer:
             prefill_tokens=shape.prefill_tokens,
             overhead_s=self._overhead_s,
             min_survival=bound,
+            context_lens=ctx_lens,
         )
         # every request with a candidate keeps it for calibration, drafted or not
         slots.widen_drafts(kk)

@@ -24,7 +24,9 @@ Each engine step is scheduled as vLLM 0.32's ``Scheduler.schedule`` does
 3. The step takes ``cost_model.step_time(N_batched, N_kv, N_rows)`` with ``N_batched``
    every token scheduled (prefill chunks + decodes + drafts), ``N_kv`` the context the
    scheduled requests hold after it and ``N_rows`` its logits rows (each decode and draft
-   token, one per prefill chunk; models without a row term get the first two). A request
+   token, one per prefill chunk; models without a row term get the first two) — and, for a
+   model that prices drafts by context, the drafting requests' KV tokens and Σ drafts ×
+   their request's KV tokens (:class:`~agentspec_mw.costmodel.StepTimeModel`). A request
    whose prompt is fully computed samples its first token (TTFT ends); a decoding request
    advances by its accepted drafts + 1.
 
@@ -88,6 +90,11 @@ class StepRecord:
     """A waiting call found no KV room in this step."""
     time_s: float
     """The step's time from the cost model (without proposer time)."""
+    spec_kv: int = 0
+    """KV tokens of the requests that carried drafts (counted for models that price
+    drafts by context, else 0)."""
+    draft_kv: int = 0
+    """Σ over draft tokens of their request's KV tokens (as ``spec_kv``)."""
 
 
 @dataclass
@@ -262,6 +269,8 @@ def replay_workload(
 
     for _ in range(min(batch, len(pending))):
         arrive(pending.popleft())
+    draft_terms = getattr(cost_model, "draft_coefficients", None)
+    priced_drafts = draft_terms is not None and draft_terms() is not None
     clock = time.perf_counter_ns
     while waiting or running:
         # drafts for the decoding requests (vLLM: proposed after the previous step)
@@ -305,7 +314,14 @@ def replay_workload(
         num_kv = sum(r.computed + n for r, n in scheduled.items())
         # logits rows: every decode and draft token, a prefill chunk's last position
         num_rows = sum(n if r.decoding else 1 for r, n in scheduled.items())
-        step_s = step_time_of(cost_model, num_batched, num_kv, num_rows)
+        # drafts priced by their request's context (models with c_spec_kv / c_draft_kv)
+        spec_kv = draft_kv = 0
+        if priced_drafts:
+            for r, n in scheduled.items():
+                if r.decoding and n > 1:
+                    spec_kv += r.computed + n
+                    draft_kv += (n - 1) * (r.computed + n)
+        step_s = step_time_of(cost_model, num_batched, num_kv, num_rows, spec_kv, draft_kv)
         if on_step is not None:
             decoding_n = sum(1 for r in scheduled if r.decoding)
             prefill_n = sum(n for r, n in scheduled.items() if not r.decoding)
@@ -318,6 +334,8 @@ def replay_workload(
                     rows=num_rows,
                     kv_wait=res.kv_waits > waits_before,
                     time_s=step_s,
+                    spec_kv=spec_kv,
+                    draft_kv=draft_kv,
                 )
             )
 

@@ -248,13 +248,22 @@ class RecordingTimer(MeasuredStepTime):
     def __init__(self, explode: bool = False) -> None:
         super().__init__()
         self.calls: list[tuple[float, float, float]] = []
+        self.drafts: list[tuple[float, float]] = []
         self.explode = explode
 
-    def observe(self, num_batched: float, num_kv: float, seconds: float) -> bool:
+    def observe(
+        self,
+        num_batched: float,
+        num_kv: float,
+        seconds: float,
+        spec_kv: float = 0.0,
+        draft_kv: float = 0.0,
+    ) -> bool:
         if self.explode:
             raise ArithmeticError("boom-timer")
         self.calls.append((num_batched, num_kv, seconds))
-        return super().observe(num_batched, num_kv, seconds)
+        self.drafts.append((spec_kv, draft_kv))
+        return super().observe(num_batched, num_kv, seconds, spec_kv, draft_kv)
 
 
 def _clock(times: list[float]):  # type: ignore[no-untyped-def]
@@ -289,6 +298,29 @@ def test_engine_steps_are_timed_between_draft_calls() -> None:
     batch.add("d", [1, 2])
     step(session, batch, {"d": [3]}, scheduled={"d": 2})
     assert len(timer.calls) == 2
+
+
+def test_the_timed_step_reports_its_drafts_by_their_requests_context() -> None:
+    timer = RecordingTimer()
+    clock = _clock([10.0, 10.001, 10.051, 10.052, 10.200, 10.201])
+    session = DraftSession(
+        ProbeProposer(draft_len=2),
+        k=4,
+        metrics=DrafterMetrics(prometheus=False),
+        step_timer=timer,
+        clock=clock,
+    )
+    batch = Batch()
+    batch.add("a", [1, 2, 3])
+    batch.add("b", [4, 5])
+    step(session, batch, {"a": [6], "b": [7]}, scheduled={"a": 3, "b": 2})
+    # a carried 2 drafts (one accepted: a holds 6 tokens), b none
+    step(session, batch, {"a": [6, 6], "b": [7]}, spec={"a": [6, 6]}, scheduled={"a": 3, "b": 1})
+    assert timer.drafts == [(6, 12)]
+    # both drafted: 2 + 1 drafts, a now at 7 tokens and b at 5
+    spec = {"a": [6, 6], "b": [7]}
+    step(session, batch, {"a": [6], "b": [7]}, spec=spec, scheduled={"a": 3, "b": 2})
+    assert timer.drafts[-1] == (7 + 5, 2 * 7 + 1 * 5)
 
 
 def test_a_step_clock_times_the_steps_and_the_clock_the_proposer() -> None:

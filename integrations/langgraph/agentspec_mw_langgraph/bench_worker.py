@@ -148,9 +148,18 @@ def _instrument() -> None:
         cls.propose = _timed(cls.propose)  # type: ignore[method-assign]
     observe = MeasuredStepTime.observe
 
-    def observe_and_score(self: MeasuredStepTime, nb: float, kv: float, s: float) -> bool:
-        predicted = self.step_time(nb, kv) if self.observed >= self.min_steps else None
-        used = observe(self, nb, kv, s)
+    def observe_and_score(
+        self: MeasuredStepTime,
+        nb: float,
+        kv: float,
+        s: float,
+        spec_kv: float = 0.0,
+        draft_kv: float = 0.0,
+    ) -> bool:
+        predicted = None
+        if self.observed >= self.min_steps:
+            predicted = self.model.step_time(nb, kv, None, spec_kv, draft_kv)
+        used = observe(self, nb, kv, s, spec_kv, draft_kv)
         if used and predicted is not None:
             with STATS.lock:
                 STATS.fit_errors.append((predicted - s) / s)

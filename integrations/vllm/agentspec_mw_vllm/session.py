@@ -368,8 +368,22 @@ class DraftSession:
                 and last[0] == threading.get_ident()  # a per-thread step clock: same thread
                 and not ids.isdisjoint(self._last_ids)
             ):
+                # the drafts of the step priced by their request's context (costmodel):
+                # the drafting requests' KV tokens, and Σ drafts x KV tokens
+                spec_kv = draft_kv = 0
+                spec = ctx.scheduled_spec_decode_tokens
+                if spec:
+                    for rid, num in zip(ctx.req_ids, counts, strict=False):
+                        nd = len(spec.get(rid, ()))
+                        if nd:
+                            spec_kv += num
+                            draft_kv += nd * num
                 used = timer.observe(
-                    sum(ctx.num_scheduled_tokens.values()), sum(counts), t0 - last[1]
+                    sum(ctx.num_scheduled_tokens.values()),
+                    sum(counts),
+                    t0 - last[1],
+                    spec_kv,
+                    draft_kv,
                 )
                 if used:
                     model = timer.model  # replaced at each refit: its floats read once

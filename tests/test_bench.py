@@ -301,7 +301,14 @@ def test_summary_medians_ratios_and_mismatches() -> None:
 def test_the_fit_after_the_last_repeat_is_kept_and_printed() -> None:
     config = BenchConfig(ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=3)
     results = _results(config)
-    fit = {"fixed": 0.05, "token": 5e-4, "kv_token": 2e-6, "steps": 300.0}
+    fit = {
+        "fixed": 0.05,
+        "token": 5e-4,
+        "kv_token": 2e-6,
+        "spec_kv_token": 4e-6,
+        "draft_kv_token": 8e-7,
+        "steps": 300.0,
+    }
     for r in range(3):
         old = results[("suffix", "demo", 4, r)]
         model = fit if r == 2 else {"fixed": 1.0, "token": 1.0, "kv_token": 1.0}
@@ -324,7 +331,8 @@ def test_the_fit_after_the_last_repeat_is_kept_and_printed() -> None:
     text = format_report(report)
     assert (
         "the fit after the last repeat: suffix demo N=4: 50.0 ms + 0.500 ms/token + "
-        "2.00 us/KV token (300 steps)" in text
+        "2.00 us/KV token + 4.00 us/KV token of a drafting request + 0.800 us/(draft x KV "
+        "token) (300 steps)" in text
     )
 
 

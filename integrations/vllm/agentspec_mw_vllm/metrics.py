@@ -23,7 +23,9 @@ Prometheus names (labels in braces):
 * ``agentspec_draft_steps_total`` — draft calls;
 * ``agentspec_step_model_seconds{term}`` — with ``cost_model="measured"``, the engine's
   fitted step time: ``term="fixed"`` (seconds per step), ``"token"`` (per batched token),
-  ``"kv_token"`` (per resident KV-cache token).
+  ``"kv_token"`` (per resident KV-cache token), ``"spec_kv_token"`` (per KV token of a
+  request that carries a draft) and ``"draft_kv_token"`` (per draft token per KV token of
+  its request).
 
 Label values are tenant-safe: every ``agent``, ``block`` and ``scope`` value is reduced to
 printable ASCII without quotes or backslashes (other characters become ``_``) and cut to
@@ -74,6 +76,8 @@ MAX_AGENT_LABELS = 64
 MAX_BLOCK_LABELS = 32
 MAX_SCOPE_LABELS = 64
 MAX_LABEL_CHARS = 48
+#: ``agentspec_step_model_seconds``'s ``term`` label values, in ``record_step_model``'s order
+_STEP_TERMS = ("fixed", "token", "kv_token", "spec_kv_token", "draft_kv_token")
 LABELS_ENV = "AGENTSPEC_METRICS_LABELS"
 METRIC_LABELS = ("agent", "scope")
 """The request identities that can label the counters."""
@@ -249,7 +253,7 @@ class DrafterMetrics:
     ) -> None:
         self._lock = threading.Lock()
         self._prom = _get_prom() if prometheus else None
-        self._published: tuple[float, float, float] | None = None
+        self._published: tuple[float, ...] | None = None
         """The step-time fit last set on the gauges."""
         self._agents = _Capped(MAX_AGENT_LABELS)
         self._blocks = _Capped(MAX_BLOCK_LABELS, _FIXED_BLOCKS)
@@ -336,25 +340,36 @@ class DrafterMetrics:
             prom.steps.inc()
             prom.seconds.observe(seconds)
 
-    def record_step_model(self, fixed: float, token: float, kv_token: float, steps: int) -> None:
-        """Publish the engine's fitted step time (seconds per step / token / KV token).
+    def record_step_model(
+        self,
+        fixed: float,
+        token: float,
+        kv_token: float,
+        steps: int,
+        spec_kv_token: float = 0.0,
+        draft_kv_token: float = 0.0,
+    ) -> None:
+        """Publish the engine's fitted step time (seconds per step / token / KV token / KV
+        token of a drafting request / draft token x its request's KV token).
 
         Called at every timed step; the Prometheus gauges are set when the fit changed
         (it changes at a refit, every few steps)."""
+        terms = (fixed, token, kv_token, spec_kv_token, draft_kv_token)
         with self._lock:
             self._step_model = {
                 "fixed": fixed,
                 "token": token,
                 "kv_token": kv_token,
+                "spec_kv_token": spec_kv_token,
+                "draft_kv_token": draft_kv_token,
                 "steps": float(steps),
             }
-            changed = (fixed, token, kv_token) != self._published
-            self._published = (fixed, token, kv_token)
+            changed = terms != self._published
+            self._published = terms
         prom = self._prom
         if prom is not None and changed:
-            prom.child(prom.step_model, "fixed").set(fixed)
-            prom.child(prom.step_model, "token").set(token)
-            prom.child(prom.step_model, "kv_token").set(kv_token)
+            for name, value in zip(_STEP_TERMS, terms, strict=True):
+                prom.child(prom.step_model, name).set(value)
 
     def record_tag_rejection(self, reason: str) -> None:
         """Count a request that runs tag-free because its tags were rejected."""

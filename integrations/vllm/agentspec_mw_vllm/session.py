@@ -158,6 +158,7 @@ class DraftSession:
         self._last_ids: frozenset[str] = frozenset()
         self._fit_model: object = None  # the step timer's model last published
         self._fit_coef = (0.0, 0.0, 0.0)
+        self._fit_draft = (0.0, 0.0)
         self._next_blocks: dict[str, str] = {}
         """The block of each request drafted for by the last call, read after its propose."""
         block_of = getattr(proposer, "block_of", None)
@@ -391,7 +392,10 @@ class DraftSession:
                         c = timer.linear_coefficients()
                         self._fit_model = model
                         self._fit_coef = (float(c[0]), float(c[1]), float(c[2]))
-                    self.metrics.record_step_model(*self._fit_coef, timer.observed)
+                        self._fit_draft = (model.c_spec_kv, model.c_draft_kv)
+                    self.metrics.record_step_model(
+                        *self._fit_coef, timer.observed, *self._fit_draft
+                    )
             self._last_ids = ids
         except Exception as exc:
             self._fault("step_timer", exc)

@@ -189,9 +189,11 @@ def draft_costs(cost: StepTimeFn, context_lens: np.ndarray) -> tuple[np.ndarray,
     request's context ``L_i`` (module docstring); ``None`` for any other model."""
     draft = getattr(cost, "draft_coefficients", None)
     terms = draft() if draft is not None else None
+    if terms is None:
+        return None
     linear = getattr(cost, "linear_coefficients", None)
     coef = linear() if linear is not None else None
-    if terms is None or coef is None:
+    if coef is None:
         return None
     lens = np.asarray(context_lens, dtype=np.float64)
     return terms[0] * lens, float(coef[1]) + terms[1] * lens
@@ -206,10 +208,9 @@ def admission_bounds(
     n = len(context_lens)
     bound = admission_bound(cost, shape, overhead_s)
     costs = draft_costs(cost, context_lens)
-    linear = getattr(cost, "linear_coefficients", None)
-    coef = linear() if linear is not None else None
-    if costs is None or coef is None or not math.isfinite(bound):
+    if costs is None or not math.isfinite(bound):
         return np.full(n, bound)
+    coef = cost.linear_coefficients()  # type: ignore[attr-defined]  # draft_costs found it
     c_fix, c_tok, c_kv, c_oh = coef.tolist()
     t_dec = c_fix + c_tok * shape.batch_size + c_kv * shape.num_kv + c_oh
     return shape.batch_size / (t_dec + overhead_s) * costs[1]

@@ -52,7 +52,12 @@ import numpy as np
 
 from agentspec_mw.agentspec import kernels as K
 from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec, current
-from agentspec_mw.agentspec.budget import admission_bounds, allocate, step_shape
+from agentspec_mw.agentspec.budget import (
+    admission_bound,
+    admission_bounds,
+    allocate,
+    step_shape,
+)
 from agentspec_mw.agentspec.calibration import MATCH_EDGES, N_Q, SOURCES, SUPPORT_EDGES, Calibration
 from agentspec_mw.agentspec.config import AgentSpecConfig
 from agentspec_mw.agentspec.grammars import GrammarRegistry
@@ -321,12 +326,18 @@ class AgentSpecProposer:
         cal = slots.si[sl, K.C_CAL]  # each request's scope row
         # positions under the admission bound can never pay for their slot: the scoring
         # skips them
-        # (per request: a model that prices drafts by context charges each its own)
+        # (per request where the model prices drafts by their request's context)
         shape = step_shape(step)
-        ctx_lens = slots.si[sl, K.C_CLEN]
-        raw = admission_bounds(self.cost, shape, ctx_lens, self._overhead_s)
-        bound = float(raw.min())
-        bounds = np.maximum(raw, _MIN_BOUND)
+        priced = getattr(self.cost, "draft_coefficients", None)
+        ctx_lens = None
+        if priced is not None and priced() is not None:
+            ctx_lens = slots.si[sl, K.C_CLEN]
+            raw = admission_bounds(self.cost, shape, ctx_lens, self._overhead_s)
+            bound = float(raw.min())
+            bounds = np.maximum(raw, _MIN_BOUND)
+        else:
+            bound = admission_bound(self.cost, shape, self._overhead_s)
+            bounds = np.full(n_req, max(bound, _MIN_BOUND))
         kk = max(k, 1)
         ws = self._ws.get(n_req, kk)
         cand = ws.cand

@@ -89,6 +89,7 @@ __all__ = [
     "allocate",
     "draft_costs",
     "prefill_time",
+    "prices_drafts",
     "step_shape",
     "step_times",
 ]
@@ -174,12 +175,26 @@ def admission_bound(cost: StepTimeFn, shape: StepShape, overhead_s: float = 0.0)
         # linear model: t(b, kv) from its coefficients, and a draft costs c_tok + c_row
         # whether it takes a free slot or displaces a prefill token (module docstring);
         # the same number as the general path below, without its arrays (every step)
-        c_fix, c_tok, c_kv, c_oh = coef.tolist()
-        t_dec = c_fix + c_tok * shape.batch_size + c_kv * shape.num_kv + c_oh
-        return max(0.0, shape.batch_size / (t_dec + overhead_s) * c_tok)
+        t_dec = _decode_time(coef, shape.batch_size, shape.num_kv)
+        return max(0.0, shape.batch_size / (t_dec + overhead_s) * float(coef[1]))
     t0, t1 = step_times(cost, shape, np.array([0.0, 1.0])).tolist()
     t_dec = t0 - prefill_time(cost, shape)
     return max(0.0, shape.batch_size / (t_dec + overhead_s) * (t1 - t0))
+
+
+def _decode_time(coef: np.ndarray, batch_size: int, num_kv: float) -> float:
+    """``t(b, kv)`` of a linear model from its ``(c_fix, c_tok, c_kv, c_oh)``: the step's
+    decodes alone, no drafts, no prefill."""
+    c_fix, c_tok, c_kv, c_oh = coef.tolist()
+    return c_fix + c_tok * batch_size + c_kv * num_kv + c_oh  # type: ignore[no-any-return]
+
+
+def prices_drafts(cost: StepTimeFn) -> bool:
+    """Whether ``cost`` prices a draft by its request's context (``draft_coefficients()``
+    not ``None``): only then do :func:`admission_bounds` and :func:`allocate` read the
+    requests' context lengths."""
+    draft = getattr(cost, "draft_coefficients", None)
+    return draft is not None and draft() is not None
 
 
 def draft_costs(cost: StepTimeFn, context_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -211,8 +226,7 @@ def admission_bounds(
     if costs is None or not math.isfinite(bound):
         return np.full(n, bound)
     coef = cost.linear_coefficients()  # type: ignore[attr-defined]  # draft_costs found it
-    c_fix, c_tok, c_kv, c_oh = coef.tolist()
-    t_dec = c_fix + c_tok * shape.batch_size + c_kv * shape.num_kv + c_oh
+    t_dec = _decode_time(coef, shape.batch_size, shape.num_kv)
     return shape.batch_size / (t_dec + overhead_s) * costs[1]
 
 
@@ -306,8 +320,7 @@ def allocate(
     if costs is not None and coef is not None:
         if len(costs[0]) != len(lens):
             raise ValueError("allocate: context_lens must hold one entry per request")
-        c_fix, c_tok, c_kv, c_oh = coef.tolist()
-        base = c_fix + c_tok * batch_size + c_kv * float(num_kv) + c_oh + overhead_s
+        base = _decode_time(coef, batch_size, float(num_kv)) + overhead_s
         counts, best, goodput, offered = _solve_priced(
             survival, lens, float(min_survival), cap, batch_size, base, costs[0], costs[1]
         )

@@ -56,6 +56,7 @@ from agentspec_mw.agentspec.budget import (
     admission_bound,
     admission_bounds,
     allocate,
+    prices_drafts,
     step_shape,
 )
 from agentspec_mw.agentspec.calibration import MATCH_EDGES, N_Q, SOURCES, SUPPORT_EDGES, Calibration
@@ -328,9 +329,8 @@ class AgentSpecProposer:
         # skips them
         # (per request where the model prices drafts by their request's context)
         shape = step_shape(step)
-        priced = getattr(self.cost, "draft_coefficients", None)
         ctx_lens = None
-        if priced is not None and priced() is not None:
+        if prices_drafts(self.cost):
             ctx_lens = slots.si[sl, K.C_CLEN]
             raw = admission_bounds(self.cost, shape, ctx_lens, self._overhead_s)
             bound = float(raw.min())

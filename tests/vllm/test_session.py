@@ -352,3 +352,21 @@ def test_a_throwing_step_timer_costs_nothing_but_its_fit() -> None:
     out = step(session, batch, {"a": [6]}, scheduled={"a": 1})
     assert [len(d) for d in out] == [2]
     assert metrics.snapshot().faults == {"step_timer:ArithmeticError": 1}
+
+
+@pytest.mark.parametrize("omp", ["1", "2"])
+def test_the_cpu_build_times_steps_on_the_engine_threads_cpu_clock(
+    monkeypatch: pytest.MonkeyPatch, omp: str
+) -> None:
+    """With one OpenMP thread or more (the default is one per core), a CUDA build on wall
+    time: CPU time would miss the GPU's work."""
+    import time
+
+    import agentspec_mw_vllm.adapter as adapter
+    import agentspec_mw_vllm.engine as engine
+
+    monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    monkeypatch.setattr(engine, "is_cpu_build", lambda: True)
+    assert adapter._step_clock() is time.thread_time
+    monkeypatch.setattr(engine, "is_cpu_build", lambda: False)
+    assert adapter._step_clock() is None

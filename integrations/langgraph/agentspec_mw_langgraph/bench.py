@@ -177,6 +177,9 @@ class BenchRow(BaseModel):
     fit_error_mean: float | None
     """Mean signed relative error (> 0: the fit predicts slower steps than measured)."""
     fit_steps: int
+    fit_time_ratio: float | None = None
+    """Σ predicted / Σ measured time of those steps (what a throughput estimate sees: a
+    mean error made by a few long steps cancels here)."""
     step_model: dict[str, float] = {}
     """The measured model's fit after the last repeat (``fixed``/``token``/``kv_token`` in
     seconds per step, per batched token, per KV token; ``steps`` it rests on); empty
@@ -310,6 +313,7 @@ def summarize(
                 accepted = sum(x.accepted for x in runs)
                 calls = sum(x.proposer_calls for x in runs)
                 errs = [e for x in runs for e in x.fit_errors]
+                secs = [t for x in runs for t in x.fit_seconds]
                 agents: dict[str, list[int]] = {}
                 blocks: dict[str, list[int]] = {}
                 for x in runs:
@@ -343,6 +347,11 @@ def summarize(
                         fit_error_median=float(np.median(np.abs(errs))) if errs else None,
                         fit_error_mean=float(np.mean(errs)) if errs else None,
                         fit_steps=len(errs),
+                        fit_time_ratio=(
+                            sum(t * (1 + e) for t, e in zip(secs, errs, strict=True)) / sum(secs)
+                            if secs and len(secs) == len(errs)
+                            else None
+                        ),
                         step_model=dict(runs[-1].step_model),
                         per_agent_acceptance={
                             a: (v[1] / v[0] if v[0] else None) for a, v in sorted(agents.items())
@@ -445,7 +454,13 @@ def format_report(report: BenchReport) -> str:
             "\nstep-time fit (measured cost model), prediction error per step: "
             + "; ".join(
                 f"{r.label} {r.app} N={r.n}: median |err| {r.fit_error_median:.1%}, "
-                f"mean {r.fit_error_mean:+.1%} ({r.fit_steps} steps)"
+                f"mean {r.fit_error_mean:+.1%}"
+                + (
+                    f", predicted / measured time {r.fit_time_ratio:.3f}"
+                    if r.fit_time_ratio is not None
+                    else ""
+                )
+                + f" ({r.fit_steps} steps)"
                 for r in fits
                 if r.fit_error_median is not None and r.fit_error_mean is not None
             )

@@ -89,6 +89,8 @@ class RunResult(BaseModel):
     """``"agent/block" -> [drafted, accepted]`` from AgentSpec's own counters."""
     fit_errors: list[float] = []
     """Relative errors ``(predicted - measured) / measured`` of the step-time fit."""
+    fit_seconds: list[float] = []
+    """The measured seconds of the steps in ``fit_errors``, in the same order."""
     step_model: dict[str, float] = {}
     faults: dict[str, int] = {}
     views: list[Any]
@@ -114,6 +116,7 @@ class _Stats:
         self.proposer_s = 0.0
         self.proposer_calls = 0
         self.fit_errors: list[float] = []
+        self.fit_seconds: list[float] = []
 
     def add_propose(self, seconds: float) -> None:
         with self.lock:
@@ -163,6 +166,7 @@ def _instrument() -> None:
         if used and predicted is not None:
             with STATS.lock:
                 STATS.fit_errors.append((predicted - s) / s)
+                STATS.fit_seconds.append(s)
         return used
 
     MeasuredStepTime.observe = observe_and_score  # type: ignore[method-assign,assignment]
@@ -314,6 +318,7 @@ class Worker:
             per_agent=per_agent,
             per_block={k: [drafted.get(k, 0), accepted.get(k, 0)] for k in drafted},
             fit_errors=list(STATS.fit_errors),
+            fit_seconds=list(STATS.fit_seconds),
             step_model=dict(m1.step_model),
             faults=_delta(m1.faults, m0.faults),
             views=[view for view, _ in done],

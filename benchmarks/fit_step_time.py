@@ -51,8 +51,8 @@ def report(
 ) -> np.ndarray:
     """Fit ``(c_fix, c_tok, c_kv, c_row[, c_spec_kv, c_draft_kv])`` to the steps and print
     it with its error (decode steps with and without drafts apart; with ``requests``, the
-    decode steps' signed error by how many requests they ran, which shows where a linear
-    form bends)."""
+    signed error of the steps without prefill, drafted or not, by how many requests they
+    ran, which shows where a linear form bends)."""
     from agentspec_mw.costfit import fit_step_times
 
     coef = fit_step_times(tokens, kv, rows, seconds, spec_kv, draft_kv)
@@ -84,14 +84,15 @@ def report(
             )
     if requests is not None:
         parts = []
-        for r in np.unique(requests[rows == tokens]):
-            m = (rows == tokens) & (requests == r)
+        no_prefill = rows == tokens
+        for r in np.unique(requests[no_prefill]):
+            m = no_prefill & (requests == r)
             parts.append(
                 f"{int(r)}: {np.median(rel[m]) * 100:+.1f} % ({int(m.sum())}, "
                 f"{np.median(seconds[m]) * 1e3:.0f} ms)"
             )
         print(
-            "  decode steps by requests, median signed error (steps, median time): "
+            "  steps without prefill by requests, median signed error (steps, median time): "
             + "; ".join(parts)
         )
     return coef

@@ -18,6 +18,7 @@ from agentspec_mw_langgraph.bench import (
     BenchConfig,
     BenchReport,
     format_report,
+    paired_ratio,
     plot_report,
     quick_config,
     summarize,
@@ -377,7 +378,32 @@ def test_verdict_names_the_better_peer_and_the_tags() -> None:
     (line,) = verdict_lines(rows)
     assert line.startswith("demo N=4: fastest is suffix (50 tok/s, 2.00x none)")
     assert "agentspec 1.60x none is 0.80x suffix (behind the better peer)" in line
-    assert "1.60x vs 1.14x untagged" in line
+    assert "1.40x untagged's tok/s" in line
+
+
+def test_verdict_pairs_the_repeats() -> None:
+    """AgentSpec is faster than SuffixDecoding in two of three repeats, yet its median
+    ratio to none is lower (the medians come from different repeats): the verdict
+    compares the two within each repeat."""
+    config = BenchConfig(
+        ns=(4,), methods=("none", "suffix", "agentspec"), apps=("demo",), repeats=3
+    )
+    walls = {"none": [2.0, 2.0, 2.0], "suffix": [1.0, 2.0, 1.2], "agentspec": [0.9, 1.6, 1.3]}
+    results = {
+        (k, "demo", 4, r): _result(k, 4, w[r], drafted=10, accepted=5)
+        for k, w in walls.items()
+        for r in range(3)
+    }
+    rows, _ = summarize(results, dict.fromkeys(results, 1.0), config)
+    by = {r.label: r for r in rows}
+    ours, suffix = by["agentspec"], by["suffix"]
+    assert ours.ratio_to_none < suffix.ratio_to_none
+    assert ours.tokens_per_s_repeats == pytest.approx([100 / 0.9, 100 / 1.6, 100 / 1.3])
+    assert paired_ratio(ours, suffix) == pytest.approx(1.0 / 0.9)
+    (line,) = verdict_lines(rows)
+    assert f"is {1.0 / 0.9:.2f}x suffix (ahead of the better peer)" in line
+    old = ours.model_copy(update={"tokens_per_s_repeats": []})
+    assert paired_ratio(old, suffix) == pytest.approx(ours.ratio_to_none / suffix.ratio_to_none)
 
 
 def test_plot_is_written(tmp_path: Path) -> None:

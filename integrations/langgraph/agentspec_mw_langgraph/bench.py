@@ -15,7 +15,8 @@ run used. Methods:
 * ``agentspec-untagged`` — our proposer, graphs not wrapped (no tags reach the engine).
 
 Per (method, shape, N), over the repeats: workflow throughput (output tokens / wall time;
-the median, and the median of the per-repeat ratios to ``none``), TPOT p50/p99 (per
+the median, and the median of the per-repeat ratios to ``none``; two methods are
+compared by the median of their per-repeat ratio, :func:`paired_ratio`), TPOT p50/p99 (per
 request: time from its first to its last token / (tokens − 1)), workflow latency p50,
 acceptance and rejection from vLLM's spec-decode counters, the drafter's milliseconds
 per draft call, the step-time fit's prediction error (AgentSpec with the measured cost
@@ -54,6 +55,7 @@ __all__ = [
     "BenchReport",
     "BenchRow",
     "format_report",
+    "paired_ratio",
     "plot_report",
     "quick_config",
     "run_bench",
@@ -164,6 +166,9 @@ class BenchRow(BaseModel):
     repeats: int
     tokens_per_s: float
     ratio_to_none: float
+    tokens_per_s_repeats: list[float] = []
+    """Output tokens/s of each repeat, in repeat order (a repeat runs every method back to
+    back, so two methods' values of one repeat saw the same load; :func:`paired_ratio`)."""
     tpot_p50_ms: float | None
     tpot_p99_ms: float | None
     latency_p50_s: float
@@ -333,6 +338,7 @@ def summarize(
                         n=n,
                         repeats=len(runs),
                         tokens_per_s=float(np.median(tput)),
+                        tokens_per_s_repeats=tput,
                         ratio_to_none=float(np.median(ratios)),
                         tpot_p50_ms=None if tpot50 is None else 1e3 * tpot50,
                         tpot_p99_ms=None if tpot99 is None else 1e3 * tpot99,
@@ -371,9 +377,22 @@ def _f(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def paired_ratio(a: BenchRow, b: BenchRow) -> float:
+    """``a``'s throughput over ``b``'s: the median over repeats of the ratio within each
+    repeat (both ran back to back there, under the same load), not a ratio of medians or of
+    the two rows' ratios to none (each a median over repeats whose load differs: they can
+    rank two methods against their own tok/s). Rows without per-repeat values (older
+    JSON) fall back to the ratio of their ratios to none."""
+    if a.tokens_per_s_repeats and len(a.tokens_per_s_repeats) == len(b.tokens_per_s_repeats):
+        pairs = zip(a.tokens_per_s_repeats, b.tokens_per_s_repeats, strict=True)
+        return float(np.median([x / y for x, y in pairs]))
+    return a.ratio_to_none / b.ratio_to_none
+
+
 def verdict_lines(rows: Sequence[BenchRow]) -> list[str]:
-    """Plain sentences: per (shape, N), which method is fastest, and AgentSpec against
-    the better of n-gram and SuffixDecoding."""
+    """Plain sentences: per (shape, N), which method is fastest, AgentSpec against the
+    better of n-gram and SuffixDecoding (the one it beats by least, :func:`paired_ratio`),
+    and tagged against untagged AgentSpec."""
     lines = []
     keys = sorted({(r.app, r.n) for r in rows}, key=lambda k: (k[0], k[1]))
     for app, n in keys:
@@ -385,19 +404,18 @@ def verdict_lines(rows: Sequence[BenchRow]) -> list[str]:
         )
         peers = [group[p] for p in _PEERS if p in group]
         if "agentspec" in group and peers:
-            peer = max(peers, key=lambda r: r.ratio_to_none)
             ours = group["agentspec"]
-            rel = ours.ratio_to_none / peer.ratio_to_none
+            rel, peer = min((paired_ratio(ours, p), p.label) for p in peers)
             word = "ahead of" if rel >= 1.0 else "behind"
             text += (
-                f"; agentspec {ours.ratio_to_none:.2f}x none is {rel:.2f}x {peer.label} "
+                f"; agentspec {ours.ratio_to_none:.2f}x none is {rel:.2f}x {peer} "
                 f"({word} the better peer)"
             )
         if "agentspec" in group and "agentspec-untagged" in group:
             t, u = group["agentspec"], group["agentspec-untagged"]
             text += (
                 f"; tags: {_f(t.acceptance, '.1%')} vs {_f(u.acceptance, '.1%')} accepted, "
-                f"{t.ratio_to_none:.2f}x vs {u.ratio_to_none:.2f}x untagged"
+                f"{paired_ratio(t, u):.2f}x untagged's tok/s"
             )
         lines.append(text)
     return lines

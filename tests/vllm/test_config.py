@@ -60,6 +60,22 @@ def test_engine_kwargs_route_methods() -> None:
     assert kw["enforce_eager"] is True and kw["model"] == "m"
 
 
+def test_the_environment_applies_to_what_the_engine_factory_leaves_unset() -> None:
+    """``build_llm``'s section names only what its caller chose, so the adapter in the
+    engine still reads ``AGENTSPEC_COST_MODEL`` / ``AGENTSPEC_PROPOSER_OPTIONS`` (a
+    section holding every default silently overrode them)."""
+    env = {"AGENTSPEC_COST_MODEL": "cpu-smollm2", "AGENTSPEC_PROPOSER_OPTIONS": '{"k": 1}'}
+    section = engine_kwargs("m", speculative="agentspec")["additional_config"]
+    assert section == {"agentspec": {"proposer": "agentspec"}}
+    cfg = DrafterConfig.from_sources(section, env)
+    assert (cfg.proposer, cfg.cost_model, cfg.options) == ("agentspec", "cpu-smollm2", {"k": 1})
+    chosen = engine_kwargs("m", cost_model="llama8b-h100", proposer_options={"k": 2})
+    cfg = DrafterConfig.from_sources(chosen["additional_config"], env)
+    assert (cfg.cost_model, cfg.options) == ("llama8b-h100", {"k": 2})
+    with pytest.raises(ValueError, match="cost_model='x'"):
+        engine_kwargs("m", cost_model="x")
+
+
 def test_engine_kwargs_fail_early() -> None:
     with pytest.raises(ProposerLoadError):
         engine_kwargs("m", speculative="no.such.Proposer")

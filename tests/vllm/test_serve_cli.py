@@ -27,7 +27,7 @@ def test_serve_defaults_bind_loopback_and_configure_the_adapter() -> None:
     spec = json.loads(_flag(argv, "--speculative-config"))
     assert spec == {"num_speculative_tokens": 5, "method": "custom_class", "model": ADAPTER_PATH}
     extra = json.loads(_flag(argv, "--additional-config"))
-    assert extra["agentspec"]["proposer"] == "agentspec"
+    assert extra == {"agentspec": {"proposer": "agentspec"}}  # the server's env applies
     assert "--served-model-name" not in argv
 
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from agentspec_mw.costmodel import PRESETS
 from agentspec_mw.registry import resolve_proposer_class
 
-__all__ = ["ADDITIONAL_CONFIG_KEY", "MEASURED", "DrafterConfig"]
+__all__ = ["ADDITIONAL_CONFIG_KEY", "MEASURED", "DrafterConfig", "drafter_section"]
 
 #: The key of our section in vLLM's ``additional_config``.
 ADDITIONAL_CONFIG_KEY = "agentspec"
@@ -98,3 +98,27 @@ class DrafterConfig(BaseModel):
                 )
             merged.update(section)
         return cls(**merged)
+
+
+def drafter_section(
+    proposer: str, options: Mapping[str, Any] | None = None, cost_model: str | None = None
+) -> dict[str, Any]:
+    """Our ``additional_config`` section for an engine that ``build_llm`` or ``agentspec
+    serve`` starts: the proposer, and the options and cost model only when the caller
+    chose them, so the environment (``AGENTSPEC_PROPOSER_OPTIONS``,
+    ``AGENTSPEC_COST_MODEL``) still applies to the rest — a section holding every default
+    would silently override it. Validated (and the proposer's class loaded) here, so a bad
+    choice fails before an engine starts.
+
+    Raises:
+        ValueError: an unknown cost model.
+        ProposerLoadError: the proposer's class cannot be loaded.
+    """
+    chosen: dict[str, Any] = {"proposer": proposer}
+    if options:
+        chosen["options"] = dict(options)
+    if cost_model:
+        chosen["cost_model"] = cost_model
+    config = DrafterConfig(**chosen)
+    config.check_proposer()
+    return config.model_dump(exclude_unset=True)

@@ -43,7 +43,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from agentspec_mw.default_model import resolve_model
-from agentspec_mw_vllm.config import ADDITIONAL_CONFIG_KEY, DrafterConfig
+from agentspec_mw_vllm.config import ADDITIONAL_CONFIG_KEY, drafter_section
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -187,15 +187,10 @@ def engine_kwargs(
         if speculative in VLLM_METHODS:
             spec: dict[str, Any] = {"method": speculative, "num_speculative_tokens": k}
         else:
-            drafter = DrafterConfig(
-                proposer=speculative,
-                options=proposer_options or {},
-                **({"cost_model": cost_model} if cost_model else {}),
-            )
-            drafter.check_proposer()
+            section = drafter_section(speculative, proposer_options, cost_model)
             spec = {"method": "custom_class", "model": ADAPTER_PATH, "num_speculative_tokens": k}
             additional = dict(llm_kwargs.pop("additional_config", None) or {})
-            additional[ADDITIONAL_CONFIG_KEY] = drafter.model_dump()
+            additional[ADDITIONAL_CONFIG_KEY] = section
             kwargs["additional_config"] = additional
         kwargs["speculative_config"] = spec
     kwargs.update(llm_kwargs)

@@ -43,7 +43,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agentspec_mw_vllm.config import ADDITIONAL_CONFIG_KEY, DrafterConfig
+from agentspec_mw_vllm.config import ADDITIONAL_CONFIG_KEY, drafter_section
 from agentspec_mw_vllm.engine import (
     ADAPTER_PATH,
     VLLM_METHODS,
@@ -142,14 +142,9 @@ def server_command(cfg: ServeConfig) -> list[str]:
         if cfg.speculative in VLLM_METHODS:
             spec["method"] = cfg.speculative
         else:
-            drafter = DrafterConfig(
-                proposer=cfg.speculative,
-                options=cfg.proposer_options,
-                **({"cost_model": cfg.cost_model} if cfg.cost_model else {}),
-            )
-            drafter.check_proposer()
+            section = drafter_section(cfg.speculative, cfg.proposer_options, cfg.cost_model)
             spec.update(method="custom_class", model=ADAPTER_PATH)
-            additional = {ADDITIONAL_CONFIG_KEY: drafter.model_dump()}
+            additional = {ADDITIONAL_CONFIG_KEY: section}
             argv += ["--additional-config", json.dumps(additional)]
         argv += ["--speculative-config", json.dumps(spec)]
         # per-call stats in each response (vLLM refuses the option without speculation)

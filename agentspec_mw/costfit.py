@@ -24,6 +24,14 @@ the vLLM adapter times the interval between two draft calls, see
   another engine's absolute times, so it only says how the costs compare;
 * **forgetting** — observations decay with a half-life of ``half_life_steps`` steps, so the
   fit follows an engine whose speed changes (another process on the host, a new model);
+* **draft shape** — when the prior prices drafts by their request's context (``c_spec_kv``,
+  ``c_draft_kv`` > 0: the ``cpu-smollm2`` grid, which varies drafts at fixed batches), the fit
+  learns one factor on the prior's draft price ``c_spec_kv N_spec_kv + c_draft_kv N_draft_kv``
+  instead of the two terms: every drafting request pays both in proportions a busy engine's
+  steps barely vary, so free terms wandered (0-13 µs per KV token of a drafting request
+  across runs against the grid's 3.0) and cost ~3 % of throughput at 32 concurrent
+  workflows (docs/experiments/cost_model_ab_2026-12-03.md). A prior without a draft price
+  (the GPU presets) leaves both terms free;
 * **sign** — coefficients are never negative: a slope the data make negative is fixed at 0
   and the rest refitted;
 * **outliers** — a step measured over ``outlier_ratio`` × the fit's prediction (before
@@ -157,18 +165,19 @@ class MeasuredStepTime:
         self.min_steps = int(min_steps)
         self.outlier_ratio = float(outlier_ratio)
         self._decay = 2.0 ** (-1.0 / half_life_steps)
+        # the prior's draft price shape (see "draft shape" in the module doc), or None
+        self._shape: tuple[float, float] | None = None
+        if prior.c_spec_kv > 0.0 or prior.c_draft_kv > 0.0:
+            self._shape = (prior.c_spec_kv, prior.c_draft_kv)
         # the online fit has no row feature; its tokens are the step's scheduled tokens,
         # mostly decode and draft tokens (each a logits row) once the engine is busy, so
         # the prior's per-token cost is c_tok + c_row (a prefill chunk's tokens are
         # over-charged by c_row each in the prior only; the fit follows the steps)
+        # with a draft shape the fourth feature is the prior's draft price (factor 1) and
+        # the fifth is always 0 (its coefficient stays 0: the ridge alone holds it)
+        draft_prior = (1.0, 0.0) if self._shape is not None else (prior.c_spec_kv, prior.c_draft_kv)
         self._p = np.array(
-            [
-                prior.c_fix + prior.c_oh,
-                prior.c_tok + prior.c_row,
-                prior.c_kv,
-                prior.c_spec_kv,
-                prior.c_draft_kv,
-            ]
+            [prior.c_fix + prior.c_oh, prior.c_tok + prior.c_row, prior.c_kv, *draft_prior]
         )
         # decayed sums over the steps, x = (1, N, kv, spec_kv, draft_kv): x x^T (its first
         # row holds the weight and the sums of x; kept as the upper triangle in the order
@@ -220,7 +229,7 @@ class MeasuredStepTime:
             if seconds > self.outlier_ratio * typical:
                 self.skipped += 1
                 return False
-            x = (1.0, float(num_batched), float(num_kv), float(spec_kv), float(draft_kv))
+            x = (1.0, float(num_batched), float(num_kv), *self._draft_features(spec_kv, draft_kv))
             d = self._decay
             xx, xy = self._xx, self._xy
             for idx, (i, j) in enumerate(_TRI):
@@ -235,8 +244,16 @@ class MeasuredStepTime:
                 self._since_fit = 0
         return True
 
+    def _draft_features(self, spec_kv: float, draft_kv: float) -> tuple[float, float]:
+        """The fit's last two features of a step: ``(N_spec_kv, N_draft_kv)``, or with a
+        draft shape ``(the prior's draft price of the step, 0)``."""
+        if self._shape is None:
+            return float(spec_kv), float(draft_kv)
+        return self._shape[0] * float(spec_kv) + self._shape[1] * float(draft_kv), 0.0
+
     def _solve(self) -> np.ndarray:
-        """``(c_fix, c_tok, c_kv, c_spec_kv, c_draft_kv)``: the scaled preset before
+        """``(c_fix, c_tok, c_kv, *draft)`` (``draft``: the coefficients of
+        :meth:`_draft_features`): the scaled preset before
         ``min_steps`` steps, then the non-negative ridge fit described in the module
         docstring (the vectors in Python floats, elementwise as numpy did them; the solve
         is numpy's)."""
@@ -274,18 +291,20 @@ class MeasuredStepTime:
         b = np.array([xy[j] + ridge[j] * scaled[j] for j in range(_D)])
         return _nonnegative_normal_solve(a, b)
 
-    @staticmethod
-    def _as_model(coef: np.ndarray) -> StepTimeModel:
-        """``(c_fix, c_tok, c_kv, c_spec_kv, c_draft_kv)`` as a linear
-        :class:`StepTimeModel` (``c_oh`` folded into ``c_fix``), which evaluates it."""
+    def _as_model(self, coef: np.ndarray) -> StepTimeModel:
+        """The fit's coefficients as a linear :class:`StepTimeModel` (``c_oh`` folded into
+        ``c_fix``; with a draft shape, the draft factor times the prior's two terms)."""
+        spec, draft = float(coef[3]), float(coef[4])
+        if self._shape is not None:
+            spec, draft = spec * self._shape[0], spec * self._shape[1]
         return StepTimeModel(
             name="measured",
             c_fix=float(coef[0]),
             c_tok=float(coef[1]),
             c_kv=float(coef[2]),
             c_oh=0.0,
-            c_spec_kv=float(coef[3]),
-            c_draft_kv=float(coef[4]),
+            c_spec_kv=spec,
+            c_draft_kv=draft,
         )
 
     @property

@@ -182,3 +182,30 @@ def test_the_fits_learn_the_draft_terms() -> None:
     assert "drafting request" in fit.describe()
     with pytest.raises(ValueError, match="both"):
         fit_step_times(tokens, kv, rows, y, spec, None)
+
+
+def test_a_prior_with_a_draft_price_keeps_its_shape_and_learns_its_level() -> None:
+    """With ``PRICED`` as the prior, the online fit learns one factor on its draft price:
+    steps whose drafts cost twice the prior's give both terms x2 in the prior's ratio, and
+    steps where only the first term is real (the two are confounded: every drafting
+    request pays both) still keep that ratio instead of wandering."""
+    rng = np.random.default_rng(1)
+    n = 600
+    b = rng.integers(1, 32, n).astype(float)
+    ctx = rng.integers(50, 1500, n).astype(float)
+    d = rng.integers(1, 5, n).astype(float)
+    drafting = rng.uniform(0, 1, n) < 0.6
+    spec = np.where(drafting, b * ctx, 0.0)
+    draft = np.where(drafting, b * d * ctx, 0.0)
+    tokens = b + np.where(drafting, b * d, 0.0)
+    base = 0.05 + 2e-3 * tokens + 5e-6 * b * ctx
+    for spec_cost, draft_cost, factor in ((10e-6, 2e-6, 2.0), (9e-6, 0.0, None)):
+        y = (base + spec_cost * spec + draft_cost * draft) * rng.normal(1.0, 0.01, n)
+        fit = MeasuredStepTime(prior=PRICED, refit_every=1)
+        for i in range(n):
+            fit.observe(tokens[i], b[i] * ctx[i], y[i], spec[i], draft[i])
+        terms = fit.draft_coefficients()
+        assert terms is not None
+        assert terms[0] / terms[1] == pytest.approx(PRICED.c_spec_kv / PRICED.c_draft_kv)
+        if factor is not None:
+            assert terms[0] == pytest.approx(factor * PRICED.c_spec_kv, rel=0.1)

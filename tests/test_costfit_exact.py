@@ -39,7 +39,10 @@ class _NumpySums(MeasuredStepTime):
         if seconds > self.outlier_ratio * typical:
             self.skipped += 1
             return False
-        x = np.array([1.0, num_batched, num_kv, spec_kv, draft_kv], dtype=np.float64)
+        x = np.array(
+            [1.0, num_batched, num_kv, *self._draft_features(spec_kv, draft_kv)],
+            dtype=np.float64,
+        )
         self._nxx *= self._decay
         self._nxy *= self._decay
         self._npy *= self._decay

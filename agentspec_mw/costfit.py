@@ -29,8 +29,9 @@ the vLLM adapter times the interval between two draft calls, see
   learns one factor on the prior's draft price ``c_spec_kv N_spec_kv + c_draft_kv N_draft_kv``
   instead of the two terms: every drafting request pays both in proportions a busy engine's
   steps barely vary, so free terms wandered (0-13 µs per KV token of a drafting request
-  across runs against the grid's 3.0) and cost ~3 % of throughput at 32 concurrent
-  workflows (docs/experiments/cost_model_ab_2026-12-03.md). A prior without a draft price
+  across runs against the grid's 3.0; the factor is stable, though on the demo at 32
+  concurrent workflows it settles ~3x the grid's level and the fixed preset is still ~2 %
+  faster: docs/experiments/cost_model_ab_2026-12-03.md). A prior without a draft price
   (the GPU presets) leaves both terms free;
 * **sign** — coefficients are never negative: a slope the data make negative is fixed at 0
   and the rest refitted;
@@ -179,7 +180,7 @@ class MeasuredStepTime:
         self._p = np.array(
             [prior.c_fix + prior.c_oh, prior.c_tok + prior.c_row, prior.c_kv, *draft_prior]
         )
-        # decayed sums over the steps, x = (1, N, kv, spec_kv, draft_kv): x x^T (its first
+        # decayed sums over the steps, x = (1, N, kv, *_draft_features): x x^T (its first
         # row holds the weight and the sums of x; kept as the upper triangle in the order
         # of _TRI), x y, and the preset's time for the same steps. Python floats: each step
         # adds a few products, which numpy's per-call cost made ~3x slower (the same IEEE

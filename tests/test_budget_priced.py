@@ -151,17 +151,25 @@ def test_the_replay_charges_the_draft_terms() -> None:
     assert times["priced"] - times["plain"] == pytest.approx(extra)
 
 
+def _drafting_steps(
+    rng: np.random.Generator, n: int, min_drafts: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``n`` random steps, 60 % of them drafting: ``(tokens, kv, spec_kv, draft_kv)``;
+    every request of a drafting step drafts ``d`` tokens (``min_drafts <= d < 5``)."""
+    b = rng.integers(1, 32, n).astype(float)
+    ctx = rng.integers(50, 1500, n).astype(float)
+    d = rng.integers(min_drafts, 5, n).astype(float)
+    drafting = rng.uniform(0, 1, n) < 0.6
+    spec = np.where(drafting, b * ctx, 0.0)
+    draft = np.where(drafting, b * d * ctx, 0.0)
+    tokens = b + np.where(drafting, b * d, 0.0)
+    return tokens, b * ctx, spec, draft
+
+
 def test_the_fits_learn_the_draft_terms() -> None:
     rng = np.random.default_rng(0)
     n = 400
-    b = rng.integers(1, 32, n).astype(float)
-    ctx = rng.integers(50, 1500, n).astype(float)
-    d = rng.integers(0, 5, n).astype(float)
-    drafting = rng.uniform(0, 1, n) < 0.6
-    spec = np.where(drafting, b * ctx, 0.0)  # every request of the step drafts d tokens
-    draft = np.where(drafting, b * d * ctx, 0.0)
-    tokens = b + np.where(drafting, b * d, 0.0)
-    kv = b * ctx
+    tokens, kv, spec, draft = _drafting_steps(rng, n, 0)
     rows = tokens
     true = (0.06, 1.8e-3, 6e-6, 0.5e-3, 5e-6, 1.2e-6)
     y = true[0] + true[1] * tokens + true[2] * kv + true[3] * rows + true[4] * spec
@@ -191,19 +199,13 @@ def test_a_prior_with_a_draft_price_keeps_its_shape_and_learns_its_level() -> No
     request pays both) still keep that ratio instead of wandering."""
     rng = np.random.default_rng(1)
     n = 600
-    b = rng.integers(1, 32, n).astype(float)
-    ctx = rng.integers(50, 1500, n).astype(float)
-    d = rng.integers(1, 5, n).astype(float)
-    drafting = rng.uniform(0, 1, n) < 0.6
-    spec = np.where(drafting, b * ctx, 0.0)
-    draft = np.where(drafting, b * d * ctx, 0.0)
-    tokens = b + np.where(drafting, b * d, 0.0)
-    base = 0.05 + 2e-3 * tokens + 5e-6 * b * ctx
+    tokens, kv, spec, draft = _drafting_steps(rng, n, 1)
+    base = 0.05 + 2e-3 * tokens + 5e-6 * kv
     for spec_cost, draft_cost, factor in ((10e-6, 2e-6, 2.0), (9e-6, 0.0, None)):
         y = (base + spec_cost * spec + draft_cost * draft) * rng.normal(1.0, 0.01, n)
         fit = MeasuredStepTime(prior=PRICED, refit_every=1)
         for i in range(n):
-            fit.observe(tokens[i], b[i] * ctx[i], y[i], spec[i], draft[i])
+            fit.observe(tokens[i], kv[i], y[i], spec[i], draft[i])
         terms = fit.draft_coefficients()
         assert terms is not None
         assert terms[0] / terms[1] == pytest.approx(PRICED.c_spec_kv / PRICED.c_draft_kv)

@@ -5,8 +5,9 @@ The presets of :mod:`agentspec_mw.costmodel` describe one model on one GPU. Anyw
 more verified token costs a large share of a step rather than 0.3 % of it — a preset
 makes the budget draft for an engine that is not there. :class:`MeasuredStepTime` is a
 linear model ``T = c_fix + c_tok * N_batched + c_kv * N_kv + c_spec_kv * N_spec_kv +
-c_draft_kv * N_draft_kv`` (the last two price a draft by its request's context, see
-:class:`~agentspec_mw.costmodel.StepTimeModel`) whose coefficients are the
+c_draft_kv * N_draft_kv + c_emit * N_emitted`` (``spec_kv`` and ``draft_kv`` price a draft
+by its request's context, see :class:`~agentspec_mw.costmodel.StepTimeModel`; the last
+term is the host's work per token the step emits, below) whose coefficients are the
 weighted least-squares fit of the steps the host times (:meth:`MeasuredStepTime.observe`;
 the vLLM adapter times the interval between two draft calls, see
 :class:`agentspec_mw_vllm.session.DraftSession`):
@@ -33,6 +34,18 @@ the vLLM adapter times the interval between two draft calls, see
   concurrent workflows it settles ~3x the grid's level and the fixed preset is still ~2 %
   faster: docs/experiments/cost_model_ab_2026-12-03.md). A prior without a draft price
   (the GPU presets) leaves both terms free;
+* **emitted tokens** — a step that accepts drafts emits more tokens, and the host's work
+  per emitted token (vLLM's output processing, and on a 2-core CPU host the front end's
+  detokenising and the graphs' callbacks, which delay the engine's OpenMP threads) lands in
+  that step. Left out of the fit it was charged to drafts and to the KV term: on the demo's
+  engine (N = 1 / 16 / 32, 699 steps, docs/experiments/emitted_tokens_2026-12-04.md) it is
+  ~0.39 ms per emitted token, and without it the fit priced a draft 2.8x and a KV token 1.7x
+  what they cost with it. It is fitted (prior 0) but is not part of :attr:`model`, the
+  model the budget reads: per step the host's cost is ``A(n) + c_emit E(n)`` with ``E(n)``
+  the expected emitted tokens, and ``E / (A + c_emit E)`` is largest where ``E / A`` is, so
+  the budget's choice is exact without it (drafting moves this work, it does not add it).
+  Its prior is 0 with a standard deviation of a batched token's (scaled) cost: no preset
+  measured it. :meth:`MeasuredStepTime.predict` includes it;
 * **sign** — coefficients are never negative: a slope the data make negative is fixed at 0
   and the rest refitted;
 * **outliers** — a step measured over ``outlier_ratio`` × the fit's prediction (before
@@ -41,6 +54,9 @@ the vLLM adapter times the interval between two draft calls, see
 
 It implements :class:`~agentspec_mw.costmodel.StepTimeFn` plus ``linear_coefficients``,
 which the AgentSpec budget reads each step (so it always uses the current fit).
+
+The fit's features: ``(1, N_batched, N_kv, N_spec_kv, N_draft_kv, N_emitted)``, or with a
+draft shape ``(1, N_batched, N_kv, the prior's draft price, N_emitted)``.
 """
 
 from __future__ import annotations
@@ -53,9 +69,6 @@ import numpy as np
 from agentspec_mw.costmodel import PRESETS, StepTimeModel
 
 __all__ = ["MeasuredStepTime", "fit_step_times"]
-
-_D = 5  # the online fit's features: 1, N_batched, N_kv, N_spec_kv, N_draft_kv
-_TRI = [(i, j) for i in range(_D) for j in range(i, _D)]  # x x^T's upper triangle
 
 
 def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -174,24 +187,26 @@ class MeasuredStepTime:
         # mostly decode and draft tokens (each a logits row) once the engine is busy, so
         # the prior's per-token cost is c_tok + c_row (a prefill chunk's tokens are
         # over-charged by c_row each in the prior only; the fit follows the steps)
-        # with a draft shape the fourth feature is the prior's draft price (factor 1) and
-        # the fifth is always 0 (its coefficient stays 0: the ridge alone holds it)
-        draft_prior = (1.0, 0.0) if self._shape is not None else (prior.c_spec_kv, prior.c_draft_kv)
+        # with a draft shape the fourth feature is the prior's draft price (factor 1); the
+        # last is the emitted tokens, whose prior cost is 0 (a preset has no such term)
+        draft_prior = (1.0,) if self._shape is not None else (prior.c_spec_kv, prior.c_draft_kv)
         self._p = np.array(
-            [prior.c_fix + prior.c_oh, prior.c_tok + prior.c_row, prior.c_kv, *draft_prior]
+            [prior.c_fix + prior.c_oh, prior.c_tok + prior.c_row, prior.c_kv, *draft_prior, 0.0]
         )
-        # decayed sums over the steps, x = (1, N, kv, *_draft_features): x x^T (its first
-        # row holds the weight and the sums of x; kept as the upper triangle in the order
-        # of _TRI), x y, and the preset's time for the same steps. Python floats: each step
+        self._d = d = len(self._p)
+        self._tri = [(i, j) for i in range(d) for j in range(i, d)]  # x x^T's upper triangle
+        # decayed sums over the steps, x = (1, N, kv, *_draft_features, emitted): x x^T (its
+        # first row holds the weight and the sums of x; kept as the upper triangle in the
+        # order of _tri), x y, and the preset's time for the same steps. Python floats: each step
         # adds a few products, which numpy's per-call cost made ~3x slower (the same IEEE
         # operations in the same order, so the same sums to the bit). The preset's time of
         # a step is numpy's dot, whose summation order Python's would not match: the
         # steps' features wait in ``_pending`` and are added, in order, when the fit needs
         # the sum
-        self._xx = [0.0] * len(_TRI)
-        self._xy = [0.0] * _D
+        self._xx = [0.0] * len(self._tri)
+        self._xy = [0.0] * d
         self._prior_y = 0.0
-        self._pending: list[tuple[float, float, float, float]] = []
+        self._pending: list[tuple[float, ...]] = []
         self._early: list[float] = []
         self._lock = threading.Lock()
         self._since_fit = 0
@@ -199,7 +214,8 @@ class MeasuredStepTime:
         """Steps used in the fit so far."""
         self.skipped = 0
         """Steps not used (outliers, non-positive times)."""
-        self._model = self._as_model(self._p)
+        self._emitted_cost = 0.0
+        self._model = self._adopt(self._p)
 
     def observe(
         self,
@@ -208,10 +224,13 @@ class MeasuredStepTime:
         seconds: float,
         spec_kv: float = 0.0,
         draft_kv: float = 0.0,
+        emitted: float = 0.0,
     ) -> bool:
         """Add one measured step; returns whether it was used. ``spec_kv``: KV tokens of
         the requests that carried a draft; ``draft_kv``: Σ over draft tokens of their
-        request's KV tokens (:class:`~agentspec_mw.costmodel.StepTimeModel`)."""
+        request's KV tokens (:class:`~agentspec_mw.costmodel.StepTimeModel`); ``emitted``:
+        the tokens the step emitted (each request's accepted drafts plus its one sampled
+        token)."""
         with self._lock:
             if (
                 not (seconds > 0.0 and math.isfinite(seconds))
@@ -219,41 +238,49 @@ class MeasuredStepTime:
                 or num_kv < 0
                 or spec_kv < 0
                 or draft_kv < 0
+                or emitted < 0
             ):
                 self.skipped += 1
                 return False
             if self.observed >= self.min_steps:
                 typical = self._model.step_time(num_batched, num_kv, None, spec_kv, draft_kv)
+                typical += self._emitted_cost * emitted
             else:  # the preset's times mean little yet: compare with the steps seen so far
                 self._early.append(seconds)
                 typical = float(np.median(self._early)) if len(self._early) >= 4 else math.inf
             if seconds > self.outlier_ratio * typical:
                 self.skipped += 1
                 return False
-            x = (1.0, float(num_batched), float(num_kv), *self._draft_features(spec_kv, draft_kv))
+            x = (
+                1.0,
+                float(num_batched),
+                float(num_kv),
+                *self._draft_features(spec_kv, draft_kv),
+                float(emitted),
+            )
             d = self._decay
             xx, xy = self._xx, self._xy
-            for idx, (i, j) in enumerate(_TRI):
+            for idx, (i, j) in enumerate(self._tri):
                 xx[idx] = xx[idx] * d + x[i] * x[j]
-            for i in range(_D):
+            for i in range(self._d):
                 xy[i] = xy[i] * d + x[i] * seconds
             self._pending.append(x[1:])
             self.observed += 1
             self._since_fit += 1
             if self._since_fit >= self.refit_every or self.observed <= self.min_steps:
-                self._model = self._as_model(self._solve())
+                self._model = self._adopt(self._solve())
                 self._since_fit = 0
         return True
 
-    def _draft_features(self, spec_kv: float, draft_kv: float) -> tuple[float, float]:
-        """The fit's last two features of a step: ``(N_spec_kv, N_draft_kv)``, or with a
-        draft shape ``(the prior's draft price of the step, 0)``."""
+    def _draft_features(self, spec_kv: float, draft_kv: float) -> tuple[float, ...]:
+        """The fit's draft features of a step: ``(N_spec_kv, N_draft_kv)``, or with a
+        draft shape ``(the prior's draft price of the step,)``."""
         if self._shape is None:
             return float(spec_kv), float(draft_kv)
-        return self._shape[0] * float(spec_kv) + self._shape[1] * float(draft_kv), 0.0
+        return (self._shape[0] * float(spec_kv) + self._shape[1] * float(draft_kv),)
 
     def _solve(self) -> np.ndarray:
-        """``(c_fix, c_tok, c_kv, *draft)`` (``draft``: the coefficients of
+        """``(c_fix, c_tok, c_kv, *draft, c_emit)`` (``draft``: the coefficients of
         :meth:`_draft_features`): the scaled preset before
         ``min_steps`` steps, then the non-negative ridge fit described in the module
         docstring (the vectors in Python floats, elementwise as numpy did them; the solve
@@ -273,31 +300,39 @@ class MeasuredStepTime:
             scaled = p
         if self.observed < self.min_steps:
             return np.array(scaled)
-        mean = [xx[i] / weight for i in range(_D)]  # the first row of x x^T: the sums of x
+        d = self._d
+        mean = [xx[i] / weight for i in range(d)]  # the first row of x x^T: the sums of x
         # prior sd of each slope: prior_spread x the scaled preset's (at least the slope
-        # that adds 1 % of the mean step at the feature's mean), against the step noise
+        # that adds 1 % of the mean step at the feature's mean), against the step noise;
+        # the emitted tokens' (no preset prices them): a batched token's scaled cost
         mean_step = xy[0] / weight
         noise2 = (self.noise * mean_step) ** 2
         ridge = [0.0]  # the intercept is the data's
-        for m, c in zip(mean[1:], scaled[1:], strict=True):
+        for m, c in zip(mean[1:-1], scaled[1:-1], strict=True):
             floor = 0.01 * mean_step / (m if m > 1.0 else 1.0)
             sd = self.prior_spread * (c if c > floor else floor)
             sd = sd if sd > 1e-30 else 1e-30
             ridge.append(noise2 / (sd * sd))
-        a = np.empty((_D, _D))
-        for idx, (i, j) in enumerate(_TRI):
+        sd = self.prior_spread * scaled[1]
+        sd = sd if sd > 1e-30 else 1e-30
+        ridge.append(noise2 / (sd * sd))
+        a = np.empty((d, d))
+        for idx, (i, j) in enumerate(self._tri):
             a[i, j] = a[j, i] = xx[idx]
-        for i in range(_D):
+        for i in range(d):
             a[i, i] += ridge[i]
-        b = np.array([xy[j] + ridge[j] * scaled[j] for j in range(_D)])
+        b = np.array([xy[j] + ridge[j] * scaled[j] for j in range(d)])
         return _nonnegative_normal_solve(a, b)
 
-    def _as_model(self, coef: np.ndarray) -> StepTimeModel:
-        """The fit's coefficients as a linear :class:`StepTimeModel` (``c_oh`` folded into
-        ``c_fix``; with a draft shape, the draft factor times the prior's two terms)."""
-        spec, draft = float(coef[3]), float(coef[4])
+    def _adopt(self, coef: np.ndarray) -> StepTimeModel:
+        """Take the fit's coefficients: the emitted-token cost, and the rest as a linear
+        :class:`StepTimeModel` (``c_oh`` folded into ``c_fix``; with a draft shape, the draft
+        factor times the prior's two terms), returned."""
+        self._emitted_cost = float(coef[-1])
         if self._shape is not None:
-            spec, draft = spec * self._shape[0], spec * self._shape[1]
+            spec, draft = float(coef[3]) * self._shape[0], float(coef[3]) * self._shape[1]
+        else:
+            spec, draft = float(coef[3]), float(coef[4])
         return StepTimeModel(
             name="measured",
             c_fix=float(coef[0]),
@@ -310,8 +345,28 @@ class MeasuredStepTime:
 
     @property
     def model(self) -> StepTimeModel:
-        """The current fit as a frozen :class:`StepTimeModel` (replaced at each refit)."""
+        """The current fit without its emitted-token term, as a frozen
+        :class:`StepTimeModel` (replaced at each refit): what the budget prices drafts by."""
         return self._model
+
+    @property
+    def emitted_cost(self) -> float:
+        """The fitted seconds per emitted token (``c_emit``; not in :attr:`model`)."""
+        return self._emitted_cost
+
+    def predict(
+        self,
+        num_batched: float,
+        num_kv: float,
+        spec_kv: float = 0.0,
+        draft_kv: float = 0.0,
+        emitted: float = 0.0,
+    ) -> float:
+        """Seconds the current fit predicts for a step (:meth:`observe`'s arguments),
+        its emitted tokens included."""
+        with self._lock:
+            model, emit = self._model, self._emitted_cost
+        return model.step_time(num_batched, num_kv, None, spec_kv, draft_kv) + emit * emitted
 
     def linear_coefficients(self) -> np.ndarray:
         """The current fit as ``(c_fix, c_tok, c_kv, c_oh)`` with ``c_oh = 0``."""
@@ -347,6 +402,7 @@ class MeasuredStepTime:
             )
         return (
             f"measured step time {m.c_fix * 1e3:.2f} ms + {m.c_tok * 1e3:.3f} ms/token "
-            f"+ {m.c_kv * 1e9:.1f} ns/KV token{drafts} ({self.observed} steps, "
+            f"+ {m.c_kv * 1e9:.1f} ns/KV token{drafts} "
+            f"+ {self._emitted_cost * 1e3:.3f} ms/emitted token ({self.observed} steps, "
             f"{self.skipped} skipped)"
         )

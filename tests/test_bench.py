@@ -308,6 +308,7 @@ def test_the_fit_after_the_last_repeat_is_kept_and_printed() -> None:
         "kv_token": 2e-6,
         "spec_kv_token": 4e-6,
         "draft_kv_token": 8e-7,
+        "emitted_token": 3e-4,
         "steps": 300.0,
     }
     for r in range(3):
@@ -333,7 +334,7 @@ def test_the_fit_after_the_last_repeat_is_kept_and_printed() -> None:
     assert (
         "the fit after the last repeat: suffix demo N=4: 50.0 ms + 0.500 ms/token + "
         "2.00 us/KV token + 4.00 us/KV token of a drafting request + 0.800 us/(draft x KV "
-        "token) (300 steps)" in text
+        "token) + 0.300 ms/emitted token (300 steps)" in text
     )
 
 

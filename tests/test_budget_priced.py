@@ -211,3 +211,40 @@ def test_a_prior_with_a_draft_price_keeps_its_shape_and_learns_its_level() -> No
         assert terms[0] / terms[1] == pytest.approx(PRICED.c_spec_kv / PRICED.c_draft_kv)
         if factor is not None:
             assert terms[0] == pytest.approx(factor * PRICED.c_spec_kv, rel=0.1)
+
+
+def test_the_host_work_per_emitted_token_is_not_charged_to_drafts() -> None:
+    """A step that accepts drafts emits more tokens, and the host's work per emitted token
+    lands in it: the online fit learns that cost as its own term, keeps it out of the
+    model the budget reads, and prices drafts at what they cost; without the term (every
+    step emitting nothing, as before) the same steps price a draft ~1.5x too high."""
+    rng = np.random.default_rng(2)
+    n = 800
+    tokens, kv, spec, draft = _drafting_steps(rng, n, 1)
+    per_request = np.where(spec > 0, draft / np.maximum(spec, 1.0), 0.0)  # drafts each
+    b = tokens / (1.0 + per_request)  # the step's requests
+    drafted = tokens - b
+    accepted = np.floor(drafted * rng.uniform(0.3, 0.9, n))  # emitted: b + accepted drafts
+    emitted = b + accepted
+    per_emitted = 0.4e-3
+    y = 0.05 + 2e-3 * tokens + 5e-6 * kv + PRICED.c_spec_kv * spec + PRICED.c_draft_kv * draft
+    y = (y + per_emitted * emitted) * rng.normal(1.0, 0.01, n)
+    with_term = MeasuredStepTime(prior=PRICED, refit_every=1)
+    without = MeasuredStepTime(prior=PRICED, refit_every=1)
+    for i in range(n):
+        with_term.observe(tokens[i], kv[i], y[i], spec[i], draft[i], emitted[i])
+        without.observe(tokens[i], kv[i], y[i], spec[i], draft[i])
+    assert with_term.emitted_cost == pytest.approx(per_emitted, rel=0.25)
+    assert without.emitted_cost == 0.0
+    priced, blind = with_term.draft_coefficients(), without.draft_coefficients()
+    assert priced is not None and blind is not None
+    assert priced[0] == pytest.approx(PRICED.c_spec_kv, rel=0.15)
+    assert blind[0] > 1.3 * PRICED.c_spec_kv
+    # the budget's model has no emitted term; the prediction has it
+    i = int(np.argmax(emitted))
+    args = (tokens[i], kv[i], spec[i], draft[i])
+    budget = with_term.model.step_time(tokens[i], kv[i], None, spec[i], draft[i])
+    assert with_term.predict(*args, emitted[i]) == pytest.approx(
+        budget + with_term.emitted_cost * emitted[i]
+    )
+    assert "emitted token" in with_term.describe()

@@ -12,12 +12,12 @@ from agentspec_mw.costmodel import get_cost_model
 
 
 class _NumpySums(MeasuredStepTime):
-    """The fit written with numpy 5-vectors (the reference)."""
+    """The fit written with numpy vectors (the reference)."""
 
     def __init__(self, **kw: object) -> None:
         super().__init__(**kw)  # type: ignore[arg-type]
-        self._nxx = np.zeros((5, 5))
-        self._nxy = np.zeros(5)
+        self._nxx = np.zeros((self._d, self._d))
+        self._nxy = np.zeros(self._d)
         self._npy = 0.0
 
     def observe(
@@ -27,12 +27,14 @@ class _NumpySums(MeasuredStepTime):
         seconds: float,
         spec_kv: float = 0.0,
         draft_kv: float = 0.0,
+        emitted: float = 0.0,
     ) -> bool:
         if not (seconds > 0.0 and math.isfinite(seconds)) or min(num_batched, num_kv) < 0:
             self.skipped += 1
             return False
         if self.observed >= self.min_steps:
             typical = self._model.step_time(num_batched, num_kv, None, spec_kv, draft_kv)
+            typical += self.emitted_cost * emitted
         else:
             self._early.append(seconds)
             typical = float(np.median(self._early)) if len(self._early) >= 4 else math.inf
@@ -40,7 +42,7 @@ class _NumpySums(MeasuredStepTime):
             self.skipped += 1
             return False
         x = np.array(
-            [1.0, num_batched, num_kv, *self._draft_features(spec_kv, draft_kv)],
+            [1.0, num_batched, num_kv, *self._draft_features(spec_kv, draft_kv), emitted],
             dtype=np.float64,
         )
         self._nxx *= self._decay
@@ -52,7 +54,7 @@ class _NumpySums(MeasuredStepTime):
         self.observed += 1
         self._since_fit += 1
         if self._since_fit >= self.refit_every or self.observed <= self.min_steps:
-            self._model = self._as_model(self._numpy_solve())
+            self._model = self._adopt(self._numpy_solve())
             self._since_fit = 0
         return True
 
@@ -65,6 +67,7 @@ class _NumpySums(MeasuredStepTime):
         mean_step = self._nxy[0] / weight
         floor = 0.01 * mean_step / np.maximum(mean, 1.0)
         sd = self.prior_spread * np.maximum(scaled, floor)
+        sd[-1] = self.prior_spread * scaled[1]  # the emitted tokens' prior sd
         ridge = (self.noise * mean_step) ** 2 / np.maximum(sd, 1e-30) ** 2
         ridge[0] = 0.0
         a = self._nxx + np.diag(ridge)
@@ -88,13 +91,16 @@ def test_python_sums_fit_as_the_numpy_sums(prior: str, seed: int, refit_every: i
         spec = float(rng.integers(0, kv + 1)) if i % 2 else 0.0
         draft = spec * float(rng.integers(1, 8)) if spec else 0.0
         seconds = 0.045 + 4e-4 * n + 2e-9 * kv * (1 + i / 300) + rng.normal(0, 0.004)
-        seconds += 3e-9 * spec + 1e-9 * draft
+        emitted = n + float(rng.integers(0, 3 * n + 1)) if spec else n
+        seconds += 3e-9 * spec + 1e-9 * draft + 2e-4 * emitted
         if i % 97 == 13:
             seconds *= 9.0
         if i == 50:
             seconds = -1.0
-        assert fit.observe(n, kv, seconds, spec, draft) == ref.observe(n, kv, seconds, spec, draft)
+        used = fit.observe(n, kv, seconds, spec, draft, emitted)
+        assert used == ref.observe(n, kv, seconds, spec, draft, emitted)
         assert fit.linear_coefficients().tolist() == ref.linear_coefficients().tolist(), i
         assert fit.draft_coefficients() == ref.draft_coefficients(), i
+        assert fit.emitted_cost == ref.emitted_cost, i
     assert (fit.observed, fit.skipped) == (ref.observed, ref.skipped)
     assert fit.observed > 500 and fit.skipped >= 6

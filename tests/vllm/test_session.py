@@ -249,6 +249,7 @@ class RecordingTimer(MeasuredStepTime):
         super().__init__()
         self.calls: list[tuple[float, float, float]] = []
         self.drafts: list[tuple[float, float]] = []
+        self.emitted: list[float] = []
         self.explode = explode
 
     def observe(
@@ -258,12 +259,14 @@ class RecordingTimer(MeasuredStepTime):
         seconds: float,
         spec_kv: float = 0.0,
         draft_kv: float = 0.0,
+        emitted: float = 0.0,
     ) -> bool:
         if self.explode:
             raise ArithmeticError("boom-timer")
         self.calls.append((num_batched, num_kv, seconds))
         self.drafts.append((spec_kv, draft_kv))
-        return super().observe(num_batched, num_kv, seconds, spec_kv, draft_kv)
+        self.emitted.append(emitted)
+        return super().observe(num_batched, num_kv, seconds, spec_kv, draft_kv, emitted)
 
 
 def _clock(times: list[float]):  # type: ignore[no-untyped-def]
@@ -287,6 +290,7 @@ def test_engine_steps_are_timed_between_draft_calls() -> None:
     step(session, batch, {"a": [6, 6], "b": [7]}, scheduled={"a": 3, "b": 3})
     # 6 tokens scheduled, 6 + 4 resident, 50 ms from the end of the last call
     assert timer.calls == [(6, 10, pytest.approx(0.050))]
+    assert timer.emitted == [3]  # the tokens the step sampled: a's two, b's one
     assert metrics.snapshot().step_model["steps"] == 1.0
     batch.add("c", [8])
     step(session, batch, {"a": [6], "b": [7], "c": [9]}, scheduled={"a": 3, "b": 3, "c": 1})

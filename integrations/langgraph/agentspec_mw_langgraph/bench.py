@@ -487,7 +487,8 @@ def format_report(report: BenchReport) -> str:
             f"{r.label} {r.app} N={r.n}: {1e3 * m['fixed']:.1f} ms + "
             f"{1e3 * m['token']:.3f} ms/token + {1e6 * m['kv_token']:.2f} us/KV token + "
             f"{1e6 * m.get('spec_kv_token', 0.0):.2f} us/KV token of a drafting request + "
-            f"{1e6 * m.get('draft_kv_token', 0.0):.3f} us/(draft x KV token) "
+            f"{1e6 * m.get('draft_kv_token', 0.0):.3f} us/(draft x KV token) + "
+            f"{1e3 * m.get('emitted_token', 0.0):.3f} ms/emitted token "
             f"({m.get('steps', 0):.0f} steps)"
             for r in fits
             if {"fixed", "token", "kv_token"} <= (m := r.step_model).keys()

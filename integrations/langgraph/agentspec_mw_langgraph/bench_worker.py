@@ -158,11 +158,12 @@ def _instrument() -> None:
         s: float,
         spec_kv: float = 0.0,
         draft_kv: float = 0.0,
+        emitted: float = 0.0,
     ) -> bool:
         predicted = None
         if self.observed >= self.min_steps:
-            predicted = self.model.step_time(nb, kv, None, spec_kv, draft_kv)
-        used = observe(self, nb, kv, s, spec_kv, draft_kv)
+            predicted = self.predict(nb, kv, spec_kv, draft_kv, emitted)
+        used = observe(self, nb, kv, s, spec_kv, draft_kv, emitted)
         if used and predicted is not None:
             with STATS.lock:
                 STATS.fit_errors.append((predicted - s) / s)

@@ -24,8 +24,9 @@ Prometheus names (labels in braces):
 * ``agentspec_step_model_seconds{term}`` — with ``cost_model="measured"``, the engine's
   fitted step time: ``term="fixed"`` (seconds per step), ``"token"`` (per batched token),
   ``"kv_token"`` (per resident KV-cache token), ``"spec_kv_token"`` (per KV token of a
-  request that carries a draft) and ``"draft_kv_token"`` (per draft token per KV token of
-  its request).
+  request that carries a draft), ``"draft_kv_token"`` (per draft token per KV token of
+  its request) and ``"emitted_token"`` (per token the step emitted; not in the budget's
+  price, see :mod:`agentspec_mw.costfit`).
 
 Label values are tenant-safe: every ``agent``, ``block`` and ``scope`` value is reduced to
 printable ASCII without quotes or backslashes (other characters become ``_``) and cut to
@@ -77,7 +78,7 @@ MAX_BLOCK_LABELS = 32
 MAX_SCOPE_LABELS = 64
 MAX_LABEL_CHARS = 48
 #: ``agentspec_step_model_seconds``'s ``term`` label values, in ``record_step_model``'s order
-_STEP_TERMS = ("fixed", "token", "kv_token", "spec_kv_token", "draft_kv_token")
+_STEP_TERMS = ("fixed", "token", "kv_token", "spec_kv_token", "draft_kv_token", "emitted_token")
 LABELS_ENV = "AGENTSPEC_METRICS_LABELS"
 METRIC_LABELS = ("agent", "scope")
 """The request identities that can label the counters."""
@@ -348,13 +349,15 @@ class DrafterMetrics:
         steps: int,
         spec_kv_token: float = 0.0,
         draft_kv_token: float = 0.0,
+        emitted_token: float = 0.0,
     ) -> None:
         """Publish the engine's fitted step time (seconds per step / token / KV token / KV
-        token of a drafting request / draft token x its request's KV token).
+        token of a drafting request / draft token x its request's KV token / emitted
+        token).
 
         Called at every timed step; the Prometheus gauges are set when the fit changed
         (it changes at a refit, every few steps)."""
-        terms = (fixed, token, kv_token, spec_kv_token, draft_kv_token)
+        terms = (fixed, token, kv_token, spec_kv_token, draft_kv_token, emitted_token)
         with self._lock:
             self._step_model = {
                 "fixed": fixed,
@@ -362,6 +365,7 @@ class DrafterMetrics:
                 "kv_token": kv_token,
                 "spec_kv_token": spec_kv_token,
                 "draft_kv_token": draft_kv_token,
+                "emitted_token": emitted_token,
                 "steps": float(steps),
             }
             changed = terms != self._published

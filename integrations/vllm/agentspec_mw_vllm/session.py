@@ -21,9 +21,10 @@ Step timing: given a ``step_timer`` (the adapter's
 :class:`~agentspec_mw.costfit.MeasuredStepTime` when ``cost_model="measured"``), the
 session times the engine between two draft calls — from the end of one to the start of
 the next, which is one engine step without the proposer's own time — and reports it with
-the step's scheduled tokens (``BatchContext.num_scheduled_tokens``, prefill included) and
-resident KV tokens. A gap after which no request of the previous call is still in the
-batch is not reported: the engine may have been idle in it. The gap is read on
+the step's scheduled tokens (``BatchContext.num_scheduled_tokens``, prefill included),
+resident KV tokens, drafts and emitted tokens (the call's sampled tokens). A gap after
+which no request of the previous call is still in the batch is not reported: the engine
+may have been idle in it. The gap is read on
 ``step_clock`` (default ``clock``, wall time); with a per-thread clock (the adapter passes
 ``time.thread_time`` on vLLM's CPU build) a gap between calls on two threads is not
 reported either.
@@ -158,7 +159,7 @@ class DraftSession:
         self._last_ids: frozenset[str] = frozenset()
         self._fit_model: object = None  # the step timer's model last published
         self._fit_coef = (0.0, 0.0, 0.0)
-        self._fit_draft = (0.0, 0.0)
+        self._fit_draft = (0.0, 0.0, 0.0)  # c_spec_kv, c_draft_kv, seconds per emitted token
         self._next_blocks: dict[str, str] = {}
         """The block of each request drafted for by the last call, read after its propose."""
         block_of = getattr(proposer, "block_of", None)
@@ -281,7 +282,8 @@ class DraftSession:
             present = frozenset(ctx.req_ids[:n])
             counts: list[int] = num_tokens_no_spec[:n].tolist()
             if timed:
-                self._time_step(ctx, present, counts, start)
+                emitted = sum(len(row) for row in sampled_token_ids)
+                self._time_step(ctx, present, counts, emitted, start)
             if len(ctx.req_ids) < n:
                 raise RuntimeError(f"batch context has {len(ctx.req_ids)} rows, call has {n}")
             leavers = [r for r in self._reqs if r not in present]
@@ -356,10 +358,11 @@ class DraftSession:
         return out
 
     def _time_step(
-        self, ctx: BatchContext, ids: frozenset[str], counts: list[int], t0: float
+        self, ctx: BatchContext, ids: frozenset[str], counts: list[int], emitted: int, t0: float
     ) -> None:
         """Report the engine step that ran since the last draft call (see module doc):
-        ``ids`` are the call's request ids, ``counts`` its rows' token counts."""
+        ``ids`` are the call's request ids, ``counts`` its rows' token counts, ``emitted``
+        the tokens the step sampled (accepted drafts included)."""
         timer = self.step_timer
         assert timer is not None
         try:
@@ -385,6 +388,7 @@ class DraftSession:
                     t0 - last[1],
                     spec_kv,
                     draft_kv,
+                    emitted,
                 )
                 if used:
                     model = timer.model  # replaced at each refit: its floats read once
@@ -392,7 +396,11 @@ class DraftSession:
                         c = timer.linear_coefficients()
                         self._fit_model = model
                         self._fit_coef = (float(c[0]), float(c[1]), float(c[2]))
-                        self._fit_draft = (model.c_spec_kv, model.c_draft_kv)
+                        self._fit_draft = (
+                            model.c_spec_kv,
+                            model.c_draft_kv,
+                            timer.emitted_cost,
+                        )
                     self.metrics.record_step_model(
                         *self._fit_coef, timer.observed, *self._fit_draft
                     )

@@ -23,6 +23,7 @@ from agentspec_mw_langgraph.bench import (
     quick_config,
     summarize,
     verdict_lines,
+    write_fit_steps,
 )
 from agentspec_mw_langgraph.bench_apps import (
     APPS,
@@ -505,3 +506,22 @@ def test_bench_quick_with_an_app_by_file_path(
     assert {(r.app, r.label) for r in report.rows} == {(app, "none"), (app, "agentspec")}
     assert all(r.identical_to_none and r.tokens_per_s > 0 for r in report.rows)
     assert "the final state" in report.sample_output
+
+
+def test_the_timed_steps_are_written_one_line_per_run(tmp_path: Path) -> None:
+    config = BenchConfig(ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=3)
+    results = _results(config)
+    assert write_fit_steps(results, tmp_path / "none.steps.jsonl") is None  # nothing timed
+    step = [40.0, 9000.0, 3000.0, 9000.0, 52.0, 0.09]
+    key = ("suffix", "demo", 4, 1)
+    results[key] = results[key].model_copy(update={"fit_steps": [step, step]})
+    path = write_fit_steps(results, tmp_path / "b.steps.jsonl")
+    assert path is not None
+    (line,) = path.read_text().splitlines()
+    assert json.loads(line) == {
+        "label": "suffix",
+        "app": "demo",
+        "n": 4,
+        "repeat": 1,
+        "steps": [step, step],
+    }

@@ -60,6 +60,7 @@ __all__ = [
     "quick_config",
     "run_bench",
     "summarize",
+    "write_fit_steps",
 ]
 
 #: method -> (``build_llm(speculative=...)``, graphs tagged).
@@ -559,6 +560,25 @@ def _sample_output(results: dict[tuple[str, str, int, int], RunResult], config: 
     return f"the final state ({app}, N={n}, first query):\n{json.dumps(view)[:2000]}"
 
 
+def write_fit_steps(
+    results: dict[tuple[str, str, int, int], RunResult], path: str | Path
+) -> Path | None:
+    """Write the steps the measured cost model timed, one JSON line per run (``label``,
+    ``app``, ``n``, ``repeat``, ``steps``: ``[num_batched, num_kv, spec_kv, draft_kv,
+    emitted, seconds]`` each; ``benchmarks/fit_live_steps.py`` refits them); ``None``
+    (nothing written) when no run timed any."""
+    lines = [
+        json.dumps({"label": k[0], "app": k[1], "n": k[2], "repeat": k[3], "steps": r.fit_steps})
+        for k, r in sorted(results.items())
+        if r.fit_steps
+    ]
+    if not lines:
+        return None
+    path = Path(path)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def run_bench(
     config: BenchConfig,
     *,
@@ -567,8 +587,9 @@ def run_bench(
     progress: bool = True,
     echo: Callable[[str], None] = print,
 ) -> BenchReport:
-    """Run the sweep, print the table, write ``<out>.txt``, ``<out>.png`` and (with
-    ``json_path``) the report as JSON; return the report.
+    """Run the sweep, print the table, write ``<out>.txt``, ``<out>.png``,
+    ``<out>.steps.jsonl`` (:func:`write_fit_steps`) and (with ``json_path``) the report as
+    JSON; return the report.
 
     Raises:
         BenchError: an engine process failed.
@@ -644,6 +665,9 @@ def run_bench(
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(report.model_dump_json(indent=1))
         written.append(str(json_path))
+    steps = write_fit_steps(results, out.with_suffix(".steps.jsonl"))
+    if steps is not None:
+        written.append(str(steps))
     echo("wrote " + ", ".join(written))
     if mismatches:
         raise BenchMismatchError(

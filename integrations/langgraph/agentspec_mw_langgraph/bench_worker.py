@@ -21,8 +21,8 @@ What it measures per run, in this process (the engine runs here):
   vLLM's ``NgramProposer`` / ``SuffixDecodingProposer`` and of our ``AgentSpecDrafter``
   is wrapped with a timer (this process only);
 * with the measured cost model: each step's prediction by the fit before it saw the
-  step, against the step's measured time (relative error), and AgentSpec's
-  per-agent/per-block drafted and accepted counters.
+  step, against the step's measured time (relative error), the step's features and
+  time (``fit_steps``), and AgentSpec's per-agent/per-block drafted and accepted counters.
 """
 
 from __future__ import annotations
@@ -91,6 +91,9 @@ class RunResult(BaseModel):
     """Relative errors ``(predicted - measured) / measured`` of the step-time fit."""
     fit_seconds: list[float] = []
     """The measured seconds of the steps in ``fit_errors``, in the same order."""
+    fit_steps: list[list[float]] = []
+    """Every step the fit used: ``[num_batched, num_kv, spec_kv, draft_kv, emitted,
+    seconds]`` (``MeasuredStepTime.observe``'s arguments; ``<out>.steps.jsonl``)."""
     step_model: dict[str, float] = {}
     faults: dict[str, int] = {}
     views: list[Any]
@@ -117,6 +120,7 @@ class _Stats:
         self.proposer_calls = 0
         self.fit_errors: list[float] = []
         self.fit_seconds: list[float] = []
+        self.fit_steps: list[list[float]] = []
 
     def add_propose(self, seconds: float) -> None:
         with self.lock:
@@ -164,10 +168,12 @@ def _instrument() -> None:
         if self.observed >= self.min_steps:
             predicted = self.predict(nb, kv, spec_kv, draft_kv, emitted)
         used = observe(self, nb, kv, s, spec_kv, draft_kv, emitted)
-        if used and predicted is not None:
+        if used:
             with STATS.lock:
-                STATS.fit_errors.append((predicted - s) / s)
-                STATS.fit_seconds.append(s)
+                STATS.fit_steps.append([nb, kv, spec_kv, draft_kv, emitted, s])
+                if predicted is not None:
+                    STATS.fit_errors.append((predicted - s) / s)
+                    STATS.fit_seconds.append(s)
         return used
 
     MeasuredStepTime.observe = observe_and_score  # type: ignore[method-assign,assignment]
@@ -320,6 +326,7 @@ class Worker:
             per_block={k: [drafted.get(k, 0), accepted.get(k, 0)] for k in drafted},
             fit_errors=list(STATS.fit_errors),
             fit_seconds=list(STATS.fit_seconds),
+            fit_steps=list(STATS.fit_steps),
             step_model=dict(m1.step_model),
             faults=_delta(m1.faults, m0.faults),
             views=[view for view, _ in done],

@@ -94,7 +94,8 @@ def _add_bench(sub: Any) -> None:
             "your own graph by import path) on "
             "one warmed engine per method (none, ngram, suffix, agentspec, "
             "agentspec-untagged), repeats interleaved across methods; prints medians and "
-            "ratios to none, writes OUT.txt and OUT.png (and --json). Exit code 1 if any "
+            "ratios to none, writes OUT.txt, OUT.png, OUT.steps.jsonl (the measured cost "
+            "model's timed steps) and --json. Exit code 1 if any "
             "output differs from none's."
         ),
     )
@@ -123,7 +124,9 @@ def _add_bench(sub: Any) -> None:
     )
     p.add_argument("--quick", action="store_true", help="a tiny run for CI (N=2, demo app)")
     p.add_argument("--json", default=None, help="write the report as JSON here")
-    p.add_argument("--out", default="out/bench", help="writes OUT.txt, OUT.png (out/bench)")
+    p.add_argument(
+        "--out", default="out/bench", help="writes OUT.txt, OUT.png, OUT.steps.jsonl (out/bench)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_bench)
 

@@ -217,7 +217,9 @@ def test_the_host_work_per_emitted_token_is_not_charged_to_drafts() -> None:
     """A step that accepts drafts emits more tokens, and the host's work per emitted token
     lands in it: the online fit learns that cost as its own term, keeps it out of the
     model the budget reads, and prices drafts at what they cost; without the term (every
-    step emitting nothing, as before) the same steps price a draft ~1.5x too high."""
+    step emitting nothing, as before) the same steps charge that work to every batched
+    token, drafts included (on the demo's engine it went to the draft and KV terms:
+    docs/experiments/emitted_tokens_2026-12-04.md)."""
     rng = np.random.default_rng(2)
     n = 800
     tokens, kv, spec, draft = _drafting_steps(rng, n, 1)
@@ -236,10 +238,11 @@ def test_the_host_work_per_emitted_token_is_not_charged_to_drafts() -> None:
         without.observe(tokens[i], kv[i], y[i], spec[i], draft[i])
     assert with_term.emitted_cost == pytest.approx(per_emitted, rel=0.25)
     assert without.emitted_cost == 0.0
-    priced, blind = with_term.draft_coefficients(), without.draft_coefficients()
-    assert priced is not None and blind is not None
+    priced = with_term.draft_coefficients()
+    assert priced is not None
     assert priced[0] == pytest.approx(PRICED.c_spec_kv, rel=0.15)
-    assert blind[0] > 1.3 * PRICED.c_spec_kv
+    assert with_term.model.c_tok == pytest.approx(2e-3, rel=0.05)
+    assert without.model.c_tok > 1.08 * 2e-3
     # the budget's model has no emitted term; the prediction has it
     i = int(np.argmax(emitted))
     args = (tokens[i], kv[i], spec[i], draft[i])

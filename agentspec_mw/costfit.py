@@ -30,17 +30,18 @@ the vLLM adapter times the interval between two draft calls, see
   learns one factor on the prior's draft price ``c_spec_kv N_spec_kv + c_draft_kv N_draft_kv``
   instead of the two terms: every drafting request pays both in proportions a busy engine's
   steps barely vary, so free terms wandered (0-13 µs per KV token of a drafting request
-  across runs against the grid's 3.0; the factor is stable, though on the demo at 32
-  concurrent workflows it settles ~3x the grid's level and the fixed preset is still ~2 %
-  faster: docs/experiments/cost_model_ab_2026-12-03.md). A prior without a draft price
-  (the GPU presets) leaves both terms free;
+  across runs against the grid's 3.0; docs/experiments/cost_model_ab_2026-12-03.md). On
+  the demo at 32 concurrent workflows the factor settles at 1.2-1.3x the grid's (~3x
+  before the emitted-token term, below). A prior without a draft price (the GPU presets)
+  leaves both terms free;
 * **emitted tokens** — a step that accepts drafts emits more tokens, and the host's work
-  per emitted token (vLLM's output processing, and on a 2-core CPU host the front end's
-  detokenising and the graphs' callbacks, which delay the engine's OpenMP threads) lands in
-  that step. Left out of the fit it was charged to drafts and to the KV term: on the demo's
-  engine (N = 1 / 16 / 32, 699 steps, docs/experiments/emitted_tokens_2026-12-04.md) it is
-  ~0.39 ms per emitted token, and without it the fit priced a draft 2.8x and a KV token 1.7x
-  what they cost with it. It is fitted (prior 0) but is not part of :attr:`model`, the
+  per emitted token (vLLM's output processing; on a 2-core CPU host likely also the front
+  end's detokenising and graphs delaying the engine's OpenMP threads; not profiled) lands
+  in that step. Left out of the fit it was charged to drafts and to the KV term: on the
+  demo's engine (N = 1 / 16 / 32, 699 steps, docs/experiments/emitted_tokens_2026-12-04.md)
+  it is ~0.39 ms per emitted token, and without it the offline fit's draft factor was 2.84x
+  the grid's (2.15x with it) and its KV price 5.7 µs (3.0 with it; the grid 3.42). It is
+  fitted (prior 0) but is not part of :attr:`model`, the
   model the budget reads: per step the host's cost is ``A(n) + c_emit E(n)`` with ``E(n)``
   the expected emitted tokens, and ``E / (A + c_emit E)`` is largest where ``E / A`` is, so
   the budget's choice is exact without it (drafting moves this work, it does not add it).

@@ -12,11 +12,18 @@ weighted least-squares fit of the steps the host times (:meth:`MeasuredStepTime.
 the vLLM adapter times the interval between two draft calls, see
 :class:`agentspec_mw_vllm.session.DraftSession`):
 
+* **relative error** — each step weighs ``1 / seconds^2``, as in the offline fit
+  (:func:`fit_step_times`) the presets come from: the fit minimises each step's relative
+  error. Unweighted, the few prefill steps (0.5-1 s on the demo's engine, against 40-150 ms
+  decode steps) decided the slopes: two engines running one workload ended at draft prices
+  3x apart (0.81 and 1.88x the grid's), where the offline fit of either's steps gives 1.7x
+  and the weighted online fit 1.5-1.6x (docs/experiments/weighted_fit_2026-12-04.md);
+
 * **prior** — the fit is a ridge regression toward a preset (default ``llama8b-h100``)
   *scaled to this engine's speed* (by the ratio of the measured times to the preset's
   times for the same steps): each slope has a Gaussian prior centred on the scaled
   preset's, with a standard deviation of ``prior_spread`` times that value (default 1),
-  weighed against a step-time noise of ``noise`` times the mean step (default 10 %). The
+  weighed against a relative step-time noise of ``noise`` (default 10 %). The
   prior's weight does not grow with the number of steps, so a slope leaves the preset's
   value only as far as the steps' spread in its feature identifies it: a feature the
   steps barely vary in (the resident KV of one or two short requests) keeps the preset's
@@ -196,14 +203,15 @@ class MeasuredStepTime:
         )
         self._d = d = len(self._p)
         self._tri = [(i, j) for i in range(d) for j in range(i, d)]  # x x^T's upper triangle
-        # decayed sums over the steps, x = (1, N, kv, *_draft_features, emitted): x x^T (its
-        # first row holds the weight and the sums of x; kept as the upper triangle in the
-        # order of _tri), x y, and the preset's time for the same steps. Python floats: each step
+        # decayed sums over the steps, each weighted by 1 / seconds^2, x = (1, N, kv,
+        # *_draft_features, emitted): x x^T (its first row holds the weight and the sums of
+        # x; kept as the upper triangle in the order of _tri), x y, and the preset's time for
+        # the same steps. Python floats: each step
         # adds a few products, which numpy's per-call cost made ~3x slower (the same IEEE
         # operations in the same order, so the same sums to the bit). The preset's time of
         # a step is numpy's dot, whose summation order Python's would not match: the
-        # steps' features wait in ``_pending`` and are added, in order, when the fit needs
-        # the sum
+        # steps' weights and features wait in ``_pending`` and are added, in order, when the
+        # fit needs the sum
         self._xx = [0.0] * len(self._tri)
         self._xy = [0.0] * d
         self._prior_y = 0.0
@@ -259,13 +267,16 @@ class MeasuredStepTime:
                 *self._draft_features(spec_kv, draft_kv),
                 float(emitted),
             )
+            # relative error: each step weighs 1 / seconds^2 (as the offline fit and the
+            # grid's; unweighted, a few long prefill steps outweighed the decode steps)
+            w2 = 1.0 / (seconds * seconds)
             d = self._decay
             xx, xy = self._xx, self._xy
             for idx, (i, j) in enumerate(self._tri):
-                xx[idx] = xx[idx] * d + x[i] * x[j]
+                xx[idx] = xx[idx] * d + w2 * (x[i] * x[j])
             for i in range(self._d):
-                xy[i] = xy[i] * d + x[i] * seconds
-            self._pending.append(x[1:])
+                xy[i] = xy[i] * d + w2 * x[i] * seconds
+            self._pending.append((w2, *x[1:]))
             self.observed += 1
             self._since_fit += 1
             if self._since_fit >= self.refit_every or self.observed <= self.min_steps:
@@ -288,8 +299,8 @@ class MeasuredStepTime:
         is numpy's)."""
         if self._pending:
             prior, d, y = self._p, self._decay, self._prior_y
-            for feats in self._pending:
-                y = y * d + float(prior @ np.array((1.0, *feats)))
+            for w2, *feats in self._pending:
+                y = y * d + w2 * float(prior @ np.array((1.0, *feats)))
             self._prior_y = y
             self._pending.clear()
         xx, xy, p = self._xx, self._xy, self._p.tolist()
@@ -307,7 +318,7 @@ class MeasuredStepTime:
         # that adds 1 % of the mean step at the feature's mean), against the step noise;
         # the emitted tokens' (no preset prices them): a batched token's scaled cost
         mean_step = xy[0] / weight
-        noise2 = (self.noise * mean_step) ** 2
+        noise2 = self.noise * self.noise  # the weighted residuals are relative errors
         ridge = [0.0]  # the intercept is the data's
         for m, c in zip(mean[1:-1], scaled[1:-1], strict=True):
             floor = 0.01 * mean_step / (m if m > 1.0 else 1.0)

@@ -34,7 +34,10 @@ def test_the_fit_recovers_the_engine_and_skips_pauses() -> None:
         )
     c_fix, c_tok, c_kv, c_oh = fit.linear_coefficients()
     assert c_fix == pytest.approx(TRUE[0], rel=0.1)
-    assert c_tok == pytest.approx(TRUE[1], rel=0.05)
+    # the GPU prior (a token nearly free, KV reads dear) still pulls c_tok ~6 % low and c_kv
+    # up: each step now counts by its relative error, so the long steps that pin c_tok
+    # weigh no more than the short ones; the step times below stay within 5 %
+    assert c_tok == pytest.approx(TRUE[1], rel=0.1)
     assert c_oh == 0.0 and c_kv >= 0.0
     # what the budget needs: step times across the shapes it compares
     for tokens, kv in [(4, 2000), (32, 4000), (96, 8000)]:

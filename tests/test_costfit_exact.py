@@ -45,12 +45,13 @@ class _NumpySums(MeasuredStepTime):
             [1.0, num_batched, num_kv, *self._draft_features(spec_kv, draft_kv), emitted],
             dtype=np.float64,
         )
+        w2 = 1.0 / (seconds * seconds)
         self._nxx *= self._decay
         self._nxy *= self._decay
         self._npy *= self._decay
-        self._nxx += np.outer(x, x)
-        self._nxy += x * seconds
-        self._npy += float(self._p @ x)
+        self._nxx += w2 * np.outer(x, x)
+        self._nxy += w2 * x * seconds
+        self._npy += w2 * float(self._p @ x)
         self.observed += 1
         self._since_fit += 1
         if self._since_fit >= self.refit_every or self.observed <= self.min_steps:
@@ -68,7 +69,7 @@ class _NumpySums(MeasuredStepTime):
         floor = 0.01 * mean_step / np.maximum(mean, 1.0)
         sd = self.prior_spread * np.maximum(scaled, floor)
         sd[-1] = self.prior_spread * scaled[1]  # the emitted tokens' prior sd
-        ridge = (self.noise * mean_step) ** 2 / np.maximum(sd, 1e-30) ** 2
+        ridge = self.noise**2 / np.maximum(sd, 1e-30) ** 2
         ridge[0] = 0.0
         a = self._nxx + np.diag(ridge)
         b = self._nxy + ridge * scaled

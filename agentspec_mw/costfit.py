@@ -38,9 +38,10 @@ the vLLM adapter times the interval between two draft calls, see
   instead of the two terms: every drafting request pays both in proportions a busy engine's
   steps barely vary, so free terms wandered (0-13 µs per KV token of a drafting request
   across runs against the grid's 3.0; docs/experiments/cost_model_ab_2026-12-03.md). On
-  the demo at 32 concurrent workflows the factor settles at 1.2-1.3x the grid's (~3x
-  before the emitted-token term, below). A prior without a draft price (the GPU presets)
-  leaves both terms free;
+  the demo at 32 concurrent workflows the factor ends at 0.9x the grid's when the engine
+  ran only that load and 1.7-2x after 1-workflow steps (one linear price for both
+  regimes), 0-0.3x on `supervisor_team` (docs/experiments/weighted_fit_2026-12-04.md). A
+  prior without a draft price (the GPU presets) leaves both terms free;
 * **emitted tokens** — a step that accepts drafts emits more tokens, and the host's work
   per emitted token (vLLM's output processing; on a 2-core CPU host likely also the front
   end's detokenising and graphs delaying the engine's OpenMP threads; not profiled) lands

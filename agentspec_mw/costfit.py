@@ -40,7 +40,7 @@ the vLLM adapter times the interval between two draft calls, see
   across runs against the grid's 3.0; docs/experiments/cost_model_ab_2026-12-03.md). On
   the demo at 32 concurrent workflows the factor ends at 0.9x the grid's when the engine
   ran only that load and 1.7-2x after 1-workflow steps (one linear price for both
-  regimes), 0-0.3x on `supervisor_team` (docs/experiments/weighted_fit_2026-12-04.md). A
+  regimes), 0-1.1x on `supervisor_team` (docs/experiments/weighted_fit_2026-12-04.md). A
   prior without a draft price (the GPU presets) leaves both terms free;
 * **emitted tokens** — a step that accepts drafts emits more tokens, and the host's work
   per emitted token (vLLM's output processing; on a 2-core CPU host likely also the front

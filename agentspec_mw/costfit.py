@@ -77,7 +77,7 @@ import numpy as np
 
 from agentspec_mw.costmodel import PRESETS, StepTimeModel
 
-__all__ = ["MeasuredStepTime", "fit_step_times"]
+__all__ = ["MeasuredStepTime", "fit_ridge_step_times", "fit_step_times"]
 
 
 def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -146,6 +146,50 @@ def fit_step_times(
     x = np.column_stack(cols).astype(np.float64)
     w = 1.0 / y
     return _nonnegative_lstsq(x * w[:, None], y * w)
+
+
+def fit_ridge_step_times(
+    num_batched: np.ndarray,
+    num_kv: np.ndarray,
+    num_rows: np.ndarray,
+    seconds: np.ndarray,
+) -> tuple[np.ndarray, float]:
+    """Offline fit of the ridge form ``T = c_oh + c_kv N_kv + c_row N_rows + max(c_fix,
+    c_tok N_batched)`` (:class:`~agentspec_mw.costmodel.StepTimeModel`, how the
+    ``llama8b-h200`` preset is made, ``benchmarks/fit_gpu_steps.py``) on the relative error.
+
+    For a fixed ridge ``N0 = c_fix / c_tok`` the form is linear in ``(1, max(N_batched,
+    N0), N_kv, N_rows)``, fitted as :func:`fit_step_times` fits; ``N0`` is the one of a
+    log-spaced scan from 1 to the largest step, refined by golden-section search, with
+    the least weighted squared error. Returns ``(c_fix, c_tok, c_kv, c_row, c_oh)`` in
+    seconds and the fit's root-mean-square relative error.
+    """
+    y = np.asarray(seconds, dtype=np.float64)
+    nb = np.asarray(num_batched, dtype=np.float64)
+    if y.ndim != 1 or y.size < 5 or np.any(y <= 0):
+        raise ValueError(f"fit_ridge_step_times needs >= 5 positive step times, got {y.size}")
+    w = 1.0 / y
+
+    def fit_at(n0: float) -> tuple[np.ndarray, float]:
+        x = np.column_stack([np.ones_like(y), np.maximum(nb, n0), num_kv, num_rows])
+        coef = _nonnegative_lstsq(x * w[:, None], y * w)
+        err = (x @ coef - y) * w
+        return coef, float(np.sqrt(np.mean(err * err)))
+
+    grid = np.geomspace(1.0, max(2.0, float(nb.max())), 200)
+    best = int(np.argmin([fit_at(float(n))[1] for n in grid]))
+    lo, hi = float(grid[max(best - 1, 0)]), float(grid[min(best + 1, grid.size - 1)])
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    for _ in range(40):
+        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+        if fit_at(a)[1] <= fit_at(b)[1]:
+            hi = b
+        else:
+            lo = a
+    n0 = (lo + hi) / 2.0
+    coef, rms = fit_at(n0)
+    c_oh, c_tok, c_kv, c_row = coef.tolist()
+    return np.array([c_tok * n0, c_tok, c_kv, c_row, c_oh]), rms
 
 
 class MeasuredStepTime:

@@ -16,8 +16,17 @@ Sources and limits:
   token, c_kv = 39.3 ns per resident KV token, c_oh = 1.207 ms (no separate row term:
   c_row = 0). Its constants match a roofline. This is the pessimistic form: every extra
   token costs c_tok.
-* ``llama8b-h200`` — *inferred, not measured*: same compute as the H100, memory bandwidth
-  4.8 vs 3.35 TB/s scales the memory-bound terms: c_fix = 4.11 ms, c_kv = 27.4 ns.
+* ``llama8b-h200`` — *measured GPU work*, ridge form: Llama-3.1-8B's shapes (random bf16
+  weights) timed step by step on one H200 in PyTorch with CUDA graphs
+  (``benchmarks/gpu_step_time.py``: 1-256 requests x 1-16 query tokens x 256-16,384
+  tokens of context, prefill chunks alone and with decodes; 268 steps in two runs on
+  2026-12-04, ``docs/results/gpu_steps_h200_2026-12-04*.json``) and fitted by
+  :func:`agentspec_mw.costfit.fit_ridge_step_times` (``benchmarks/fit_gpu_steps.py``):
+  c_fix = 3.923 ms, c_tok = 23.18 µs (the ridge at 169 batched tokens), c_kv = 30.32 ns,
+  c_row = 2.41 µs, c_oh = 1.884 ms; relative error median 4.5 %, p90 11.9 % (the linear
+  form on the same steps: 6.2 / 18.4 %, -7 % at batch 1 and -6 % at 256). Not vLLM: its
+  paged FlashAttention, RoPE and the host's scheduling and sampling are not in it (the
+  faster of SDPA and two batched matmuls stands in for the attention kernel).
 * ``llama8b-h100-roofline`` — the optimistic bound, ``T = c_oh + max(c_fix + c_kv N_kv,
   c_tok N_batched)``: batched tokens are free until the step becomes compute-bound (the
   ridge, ``c_fix / c_tok`` ≈ 280 tokens at zero context).
@@ -156,12 +165,19 @@ CPU_SMOLLM2_LIMITS = ServingLimits(
 
 
 class StepTimeModel(BaseModel):
-    """A linear or roofline step-time model; all times in seconds."""
+    """A linear, roofline or ridge step-time model; all times in seconds.
+
+    ``linear``: ``c_fix + c_tok N + c_kv N_kv + c_row N_rows + c_oh`` (plus the draft
+    terms); ``roofline``: ``c_oh + c_row N_rows + max(c_fix + c_kv N_kv, c_tok N)``;
+    ``ridge``: ``c_oh + c_kv N_kv + c_row N_rows + max(c_fix, c_tok N)`` — batched tokens
+    ride free under the weights' read up to the ridge ``c_fix / c_tok``, while the
+    attention's KV read is its own kernels' time and hides nothing (measured on an H200,
+    ``llama8b-h200``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = "custom"
-    form: Literal["linear", "roofline"] = "linear"
+    form: Literal["linear", "roofline", "ridge"] = "linear"
     c_fix: float = Field(ge=0.0, description="fixed time per step (weights read), s")
     c_tok: float = Field(ge=0.0, description="time per batched token, s")
     c_kv: float = Field(ge=0.0, description="time per resident KV-cache token, s")
@@ -211,6 +227,8 @@ class StepTimeModel(BaseModel):
             if self.c_spec_kv or self.c_draft_kv:
                 t += self.c_spec_kv * spec_kv + self.c_draft_kv * draft_kv
             return t
+        if self.form == "ridge":
+            return self.c_oh + rows + self.c_kv * num_kv + max(self.c_fix, self.c_tok * num_batched)
         return self.c_oh + rows + max(self.c_fix + self.c_kv * num_kv, self.c_tok * num_batched)
 
     def draft_coefficients(self) -> tuple[float, float] | None:
@@ -227,6 +245,13 @@ class StepTimeModel(BaseModel):
         nb = np.asarray(num_batched, dtype=np.float64)
         if self.form == "linear":
             return self.c_fix + (self.c_tok + self.c_row) * nb + self.c_kv * num_kv + self.c_oh
+        if self.form == "ridge":
+            return (
+                self.c_oh
+                + self.c_row * nb
+                + self.c_kv * num_kv
+                + np.maximum(self.c_fix, self.c_tok * nb)
+            )
         return (
             self.c_oh
             + self.c_row * nb
@@ -241,7 +266,7 @@ class StepTimeModel(BaseModel):
         """``(c_fix, c_tok + c_row, c_kv, c_oh)`` for the linear form — the step whose
         batched tokens are all logits rows, as a drafting budget sees its decode and draft
         tokens (budgets evaluate it in a kernel; :mod:`agentspec_mw.agentspec.budget` takes
-        the rows its prefill tokens lack back out); ``None`` for the roofline form."""
+        the rows its prefill tokens lack back out); ``None`` for the other forms."""
         if self.form != "linear":
             return None
         return np.array(
@@ -260,10 +285,12 @@ PRESETS: dict[str, StepTimeModel] = {
     ),
     "llama8b-h200": StepTimeModel(
         name="llama8b-h200",
-        c_fix=4.11e-3,
-        c_tok=21.0e-6,
-        c_kv=27.4e-9,
-        c_oh=1.207e-3,
+        form="ridge",
+        c_fix=3.923e-3,
+        c_tok=23.18e-6,
+        c_kv=30.32e-9,
+        c_oh=1.884e-3,
+        c_row=2.41e-6,
         limits=H200_LIMITS,
     ),
     "llama8b-h100-roofline": StepTimeModel(

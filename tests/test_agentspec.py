@@ -644,8 +644,14 @@ def _measured_cost() -> MeasuredStepTime:
 
 @pytest.mark.parametrize(
     "cost",
-    [COST, PRESETS["llama8b-h100-roofline"], _ScalarCost(), _measured_cost()],
-    ids=["linear", "roofline", "step_time-only", "measured"],
+    [
+        COST,
+        PRESETS["llama8b-h100-roofline"],
+        PRESETS["llama8b-h200"],
+        _ScalarCost(),
+        _measured_cost(),
+    ],
+    ids=["linear", "roofline", "ridge", "step_time-only", "measured"],
 )
 def test_budget_matches_the_reference_on_random_steps(cost: StepTimeFn) -> None:
     # linear models (the preset, the measured fit) are evaluated inside the kernel, the

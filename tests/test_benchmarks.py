@@ -337,3 +337,17 @@ def test_check_bars_with_proposer_time_and_median(
     assert "median over 3 reports" in out and "with proposer time" in out
     assert "PASS  llama8b-h100, k = 16, with proposer time: AgentSpec >= 1.0x Suff" in out
     assert bars.main([reps[0]]) == 1  # one report alone: 0.9
+
+
+def test_gpu_step_time_runs_tiny_and_its_fit_reads_it(tmp_path: Path) -> None:
+    """The device script on toy shapes (CPU without CUDA), then the fit of its steps."""
+    out = tmp_path / "steps.json"
+    script("gpu_step_time").main(["--tiny", "--json", str(out), "--target-s", "0.001"])
+    data = json.loads(out.read_text())
+    assert len(data["steps"]) == 10 and data["columns"][3] == "chunk"
+    mixed = [r for r in data["steps"] if r[0] and r[3]]
+    assert mixed and mixed[0][4] == 4 * 2 + 16 and mixed[0][6] == 4 * 2 + 1  # tokens, rows
+    fits = tmp_path / "fit.json"
+    script("fit_gpu_steps").main([str(out), "--json", str(fits)])
+    got = json.loads(fits.read_text())
+    assert set(got) == {"linear", "ridge"} and len(got["ridge"]["coef"]) == 5

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from agentspec_mw.agentspec.budget import allocate
-from agentspec_mw.costfit import MeasuredStepTime, fit_step_times
+from agentspec_mw.costfit import MeasuredStepTime, fit_ridge_step_times, fit_step_times
 from agentspec_mw.costmodel import PRESETS, StepTimeModel, step_time_of
 
 #: A CPU-like engine: 30 ms per step, 3.2 ms per batched token, 200 ns per KV token.
@@ -171,3 +171,25 @@ def test_a_feature_the_steps_barely_vary_keeps_the_presets_cost() -> None:
     assert fitted(prior_spread=float("inf")).step_time(1, 600) > 1.8 * fitted().step_time(1, 100)
     with pytest.raises(ValueError, match="prior_spread > 0"):
         MeasuredStepTime(prior_spread=0.0)
+
+
+def test_the_ridge_fit_recovers_a_ridge_engine() -> None:
+    # an H200-like step: 4 ms of weights hide the first 170 tokens, KV read on top
+    truth = PRESETS["llama8b-h200"]
+    rng = np.random.default_rng(5)
+    steps = []
+    for _ in range(200):
+        reqs, q = int(rng.integers(1, 257)), int(rng.integers(1, 17))
+        kv = reqs * int(rng.integers(256, 4096))
+        t = truth.step_time(reqs * q, kv, reqs * q) * rng.lognormal(0.0, 0.02)
+        steps.append((reqs * q, kv, reqs * q, t))
+    a = np.array(steps)
+    coef, rms = fit_ridge_step_times(a[:, 0], a[:, 1], a[:, 2], a[:, 3])
+    c_fix, c_tok, c_kv, _c_row, c_oh = coef
+    assert c_fix / c_tok == pytest.approx(truth.c_fix / truth.c_tok, rel=0.1)
+    assert c_tok == pytest.approx(truth.c_tok, rel=0.1)
+    assert c_kv == pytest.approx(truth.c_kv, rel=0.1)
+    assert c_fix + c_oh == pytest.approx(truth.c_fix + truth.c_oh, rel=0.05)
+    assert 0.01 < rms < 0.03
+    with pytest.raises(ValueError, match="positive step times"):
+        fit_ridge_step_times(a[:3, 0], a[:3, 1], a[:3, 2], a[:3, 3])

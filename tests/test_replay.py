@@ -119,6 +119,20 @@ def test_cost_model_forms() -> None:
     # roofline: batched tokens are free below the ridge, then cost c_tok each
     assert roof.marginal_token_cost(10, 0) == 0.0
     assert roof.marginal_token_cost(1000, 0) == pytest.approx(21e-6)
+    # ridge: the same below and above the ridge, but the KV read is never hidden
+    ridge = PRESETS["llama8b-h200"]
+    ridge_n = ridge.c_fix / ridge.c_tok
+    row = ridge.c_row
+    assert ridge.marginal_token_cost(10, 5e5) == pytest.approx(row)
+    assert ridge.marginal_token_cost(2 * ridge_n, 5e5) == pytest.approx(ridge.c_tok + row)
+    assert ridge.step_time(10, 2e5) - ridge.step_time(10, 1e5) == pytest.approx(1e5 * ridge.c_kv)
+    # the roofline hides KV reads under a compute-bound step, and tokens under a long KV read
+    assert roof.step_time(4000, 2e5) == roof.step_time(4000, 1e5)
+    assert roof.marginal_token_cost(400, 5e5) == 0.0 < ridge.marginal_token_cost(400, 5e5)
+    nb = np.array([1.0, 50.0, 400.0, 4000.0])
+    assert ridge.step_time_array(nb, 3e4) == pytest.approx(
+        [ridge.step_time(x, 3e4) for x in nb], rel=1e-12
+    )
     with pytest.raises(ValueError, match="not a preset"):
         get_cost_model("nope")
 

@@ -4,9 +4,8 @@ The presets of :mod:`agentspec_mw.costmodel` describe one model on one GPU. Anyw
 — another model, another GPU, or the CPU engine this project's demo runs on, where one
 more verified token costs a large share of a step rather than 0.3 % of it — a preset
 makes the budget draft for an engine that is not there. :class:`MeasuredStepTime` is a
-linear model (from a ridge prior a ridge-form one, below) ``T = c_fix + c_tok * N_batched
-+ c_kv * N_kv + c_spec_kv * N_spec_kv + c_draft_kv * N_draft_kv + c_emit * N_emitted``
-(``spec_kv`` and ``draft_kv`` price a draft
+linear model ``T = c_fix + c_tok * N_batched + c_kv * N_kv + c_spec_kv * N_spec_kv +
+c_draft_kv * N_draft_kv + c_emit * N_emitted`` (``spec_kv`` and ``draft_kv`` price a draft
 by its request's context, see :class:`~agentspec_mw.costmodel.StepTimeModel`; the last
 term is the host's work per token the step emits, below) whose coefficients are the
 weighted least-squares fit of the steps the host times (:meth:`MeasuredStepTime.observe`;
@@ -56,13 +55,6 @@ the vLLM adapter times the interval between two draft calls, see
   the budget's choice is exact without it (drafting moves this work, it does not add it).
   Its prior is 0 with a standard deviation of a batched token's (scaled) cost: no preset
   measured it. :meth:`MeasuredStepTime.predict` includes it;
-* **ridge** — from a ridge-form prior (``llama8b-h200``, measured on that GPU) the fit is
-  ``c_oh + c_tok max(N_batched, N0) + c_row N_batched + c_kv N_kv (+ the rest)``: the
-  prior's ridge point ``N0 = c_fix / c_tok`` is kept (it is the GPU's FLOP-per-byte
-  ridge, the same for every model's matmuls on it) and the slopes are fitted, so drafts
-  under the ridge cost a logits row and above it a token's compute. :attr:`model` is then
-  a ridge-form :class:`StepTimeModel` (the budget evaluates it by step times, without
-  per-request draft prices). From any other prior the fit is linear;
 * **sign** — coefficients are never negative: a slope the data make negative is fixed at 0
   and the rest refitted;
 * **outliers** — a step measured over ``outlier_ratio`` × the fit's prediction (before
@@ -73,8 +65,7 @@ It implements :class:`~agentspec_mw.costmodel.StepTimeFn` plus ``linear_coeffici
 which the AgentSpec budget reads each step (so it always uses the current fit).
 
 The fit's features: ``(1, N_batched, N_kv, N_spec_kv, N_draft_kv, N_emitted)``, or with a
-draft shape ``(1, N_batched, N_kv, the prior's draft price, N_emitted)``; a ridge fit has
-``(max(N_batched, N0), N_batched)`` in place of ``N_batched``.
+draft shape ``(1, N_batched, N_kv, the prior's draft price, N_emitted)``.
 """
 
 from __future__ import annotations
@@ -202,8 +193,7 @@ def fit_ridge_step_times(
 
 
 class MeasuredStepTime:
-    """A linear (or, from a ridge prior, ridge-form) step-time model fitted online to
-    measured steps (see the module doc).
+    """A linear step-time model fitted online to measured steps (see the module doc).
 
     Thread-safe: the host may observe from the engine's thread while another reads.
     """
@@ -233,13 +223,9 @@ class MeasuredStepTime:
                 "refit_every >= 1 and outlier_ratio > 1"
             )
         prior = prior if prior is not None else PRESETS["llama8b-h100"]
-        if prior.form == "roofline":
+        if prior.form != "linear":
             prior = prior.model_copy(update={"form": "linear"})
         self.prior = prior
-        # the ridge form's ridge point N0 = c_fix / c_tok is the hardware's (the FLOP/byte
-        # at which a step's matmuls turn compute-bound: the same for every model on it), so
-        # a ridge prior's is kept and the fit learns the slopes ("ridge" in the module doc)
-        self.ridge_tokens = prior.c_fix / prior.c_tok if prior.form == "ridge" else 0.0
         self.prior_spread = float(prior_spread)
         self.noise = float(noise)
         self.refit_every = int(refit_every)
@@ -257,13 +243,9 @@ class MeasuredStepTime:
         # with a draft shape the fourth feature is the prior's draft price (factor 1); the
         # last is the emitted tokens, whose prior cost is 0 (a preset has no such term)
         draft_prior = (1.0,) if self._shape is not None else (prior.c_spec_kv, prior.c_draft_kv)
-        if self.ridge_tokens:
-            # x = (1, max(N, N0), N, kv, ...): c_oh, c_tok, c_row (every batched token a row)
-            head = [prior.c_oh, prior.c_tok, prior.c_row]
-        else:
-            head = [prior.c_fix + prior.c_oh, prior.c_tok + prior.c_row]
-        self._p = np.array([*head, prior.c_kv, *draft_prior, 0.0])
-        self._kv_at = len(head)  # the index of the KV coefficient; the drafts' follow
+        self._p = np.array(
+            [prior.c_fix + prior.c_oh, prior.c_tok + prior.c_row, prior.c_kv, *draft_prior, 0.0]
+        )
         self._d = d = len(self._p)
         self._tri = [(i, j) for i in range(d) for j in range(i, d)]  # x x^T's upper triangle
         # decayed sums over the steps, each weighted by 1 / seconds^2, x = (1, N, kv,
@@ -323,11 +305,9 @@ class MeasuredStepTime:
             if seconds > self.outlier_ratio * typical:
                 self.skipped += 1
                 return False
-            nb = float(num_batched)
-            tokens = (max(nb, self.ridge_tokens), nb) if self.ridge_tokens else (nb,)
             x = (
                 1.0,
-                *tokens,
+                float(num_batched),
                 float(num_kv),
                 *self._draft_features(spec_kv, draft_kv),
                 float(emitted),
@@ -406,23 +386,10 @@ class MeasuredStepTime:
         :class:`StepTimeModel` (``c_oh`` folded into ``c_fix``; with a draft shape, the draft
         factor times the prior's two terms), returned."""
         self._emitted_cost = float(coef[-1])
-        at = self._kv_at + 1
         if self._shape is not None:
-            spec, draft = float(coef[at]) * self._shape[0], float(coef[at]) * self._shape[1]
+            spec, draft = float(coef[3]) * self._shape[0], float(coef[3]) * self._shape[1]
         else:
-            spec, draft = float(coef[at]), float(coef[at + 1])
-        if self.ridge_tokens:
-            return StepTimeModel(
-                name="measured",
-                form="ridge",
-                c_fix=float(coef[1]) * self.ridge_tokens,
-                c_tok=float(coef[1]),
-                c_row=float(coef[2]),
-                c_kv=float(coef[3]),
-                c_oh=float(coef[0]),
-                c_spec_kv=spec,
-                c_draft_kv=draft,
-            )
+            spec, draft = float(coef[3]), float(coef[4])
         return StepTimeModel(
             name="measured",
             c_fix=float(coef[0]),
@@ -458,16 +425,14 @@ class MeasuredStepTime:
             model, emit = self._model, self._emitted_cost
         return model.step_time(num_batched, num_kv, None, spec_kv, draft_kv) + emit * emitted
 
-    def linear_coefficients(self) -> np.ndarray | None:
-        """The current fit as ``(c_fix, c_tok, c_kv, c_oh)`` with ``c_oh = 0``; ``None``
-        for a ridge fit (the budget then evaluates :meth:`step_time_array`)."""
-        return self._model.linear_coefficients()
+    def linear_coefficients(self) -> np.ndarray:
+        """The current fit as ``(c_fix, c_tok, c_kv, c_oh)`` with ``c_oh = 0``."""
+        coef = self._model.linear_coefficients()
+        assert coef is not None  # the fit is linear
+        return coef
 
     def draft_coefficients(self) -> tuple[float, float] | None:
-        """The current fit's ``(c_spec_kv, c_draft_kv)``, ``None`` while both are 0 or the
-        fit is a ridge (the budget prices drafts by context on the linear form only)."""
-        if self.ridge_tokens:
-            return None
+        """The current fit's ``(c_spec_kv, c_draft_kv)``, ``None`` while both are 0."""
         return self._model.draft_coefficients()
 
     def step_time(self, num_batched: float, num_kv: float) -> float:
@@ -486,14 +451,6 @@ class MeasuredStepTime:
     def describe(self) -> str:
         """One line: the fit in milliseconds and how many steps it rests on."""
         m = self._model
-        if self.ridge_tokens:
-            return (
-                f"measured step time {m.c_oh * 1e3:.2f} ms + max({m.c_fix * 1e3:.2f} ms, "
-                f"{m.c_tok * 1e3:.4f} ms/token) + {m.c_row * 1e3:.4f} ms/token "
-                f"+ {m.c_kv * 1e9:.1f} ns/KV token + {self._emitted_cost * 1e3:.3f} ms/emitted "
-                f"token (ridge at {self.ridge_tokens:.0f} tokens; {self.observed} steps, "
-                f"{self.skipped} skipped)"
-            )
         drafts = ""
         if m.c_spec_kv or m.c_draft_kv:
             drafts = (

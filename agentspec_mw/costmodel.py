@@ -60,11 +60,10 @@ that engine reported. Its row term is large: a logits row is the 49k-entry LM he
 135M-parameter model plus the sampler, so a decode or draft token costs ``c_tok + c_row``
 and a prefill token ``c_tok``.
 
-**Drafts priced by their request's context** (``c_spec_kv``, ``c_draft_kv``; linear and
-ridge forms, 0 in the GPU presets; the budget prices drafts by them on the linear form). On
-vLLM's CPU backend a request that carries a draft costs ``c_spec_kv`` per token of its
-context more than one that does not (its attention leaves the one-query decode path: about
-another read of its KV), and each draft token
+**Drafts priced by their request's context** (``c_spec_kv``, ``c_draft_kv``; linear form
+only, 0 in the GPU presets). On vLLM's CPU backend a request that carries a draft costs
+``c_spec_kv`` per token of its context more than one that does not (its attention leaves
+the one-query decode path: about another read of its KV), and each draft token
 ``c_draft_kv`` per token of its request's context (the position's attention), beyond its
 ``c_tok + c_row``: at 1,000 tokens of context, drafting at all costs 3.0 ms and each
 position 1.36 ms instead of 1.17 ms. ``step_time`` takes them as ``spec_kv`` (KV tokens of
@@ -193,21 +192,21 @@ class StepTimeModel(BaseModel):
         default=0.0,
         ge=0.0,
         description="time per resident KV token of each request that carries a draft "
-        "(linear and ridge forms), s",
+        "(linear form only), s",
     )
     c_draft_kv: float = Field(
         default=0.0,
         ge=0.0,
-        description="time per draft token per resident KV token of its request (linear and "
-        "ridge forms), s",
+        description="time per draft token per resident KV token of its request (linear form "
+        "only), s",
     )
     limits: ServingLimits = Field(default_factory=ServingLimits)
     """The token budget, sequence limit, KV capacity and block size of the hardware."""
 
     @model_validator(mode="after")
     def _draft_terms_linear(self) -> StepTimeModel:
-        if self.form == "roofline" and (self.c_spec_kv or self.c_draft_kv):
-            raise ValueError("c_spec_kv and c_draft_kv are not terms of the roofline form")
+        if self.form != "linear" and (self.c_spec_kv or self.c_draft_kv):
+            raise ValueError("c_spec_kv and c_draft_kv are terms of the linear form only")
         return self
 
     def step_time(
@@ -229,8 +228,7 @@ class StepTimeModel(BaseModel):
                 t += self.c_spec_kv * spec_kv + self.c_draft_kv * draft_kv
             return t
         if self.form == "ridge":
-            t = self.c_oh + rows + self.c_kv * num_kv + max(self.c_fix, self.c_tok * num_batched)
-            return t + self.c_spec_kv * spec_kv + self.c_draft_kv * draft_kv
+            return self.c_oh + rows + self.c_kv * num_kv + max(self.c_fix, self.c_tok * num_batched)
         return self.c_oh + rows + max(self.c_fix + self.c_kv * num_kv, self.c_tok * num_batched)
 
     def draft_coefficients(self) -> tuple[float, float] | None:

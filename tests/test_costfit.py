@@ -193,30 +193,3 @@ def test_the_ridge_fit_recovers_a_ridge_engine() -> None:
     assert 0.01 < rms < 0.03
     with pytest.raises(ValueError, match="positive step times"):
         fit_ridge_step_times(a[:3, 0], a[:3, 1], a[:3, 2], a[:3, 3])
-
-
-def test_a_ridge_prior_keeps_its_ridge_point_and_the_fit_learns_the_slopes() -> None:
-    # an engine shaped like the H200 preset but 1.4x slower per token and 1.2x per KV token
-    prior = PRESETS["llama8b-h200"]
-    truth = prior.model_copy(
-        update={"c_tok": 1.4 * prior.c_tok, "c_fix": 1.4 * prior.c_fix, "c_kv": 1.2 * prior.c_kv}
-    )
-    rng = np.random.default_rng(3)
-    fit = MeasuredStepTime(prior=prior)
-    assert fit.ridge_tokens == pytest.approx(prior.c_fix / prior.c_tok)
-    for _ in range(600):
-        reqs, q = int(rng.integers(1, 257)), int(rng.integers(1, 9))
-        kv = reqs * int(rng.integers(256, 4096))
-        fit.observe(reqs * q, kv, truth.step_time(reqs * q, kv) * rng.lognormal(0.0, 0.03))
-    m = fit.model
-    assert m.form == "ridge" and fit.linear_coefficients() is None
-    assert m.c_fix / m.c_tok == pytest.approx(fit.ridge_tokens)
-    assert m.c_tok + m.c_row == pytest.approx(truth.c_tok + truth.c_row, rel=0.1)
-    assert m.c_kv == pytest.approx(truth.c_kv, rel=0.1)
-    for tokens, kv in [(8, 8_000), (128, 200_000), (1024, 500_000)]:
-        assert fit.step_time(tokens, kv) == pytest.approx(truth.step_time(tokens, kv), rel=0.05)
-    # a draft under the ridge costs a logits row, not a token's compute
-    assert fit.marginal_token_cost(20, 1e5) == pytest.approx(m.c_row)
-    assert fit.draft_coefficients() is None and "ridge at" in fit.describe()
-    # a linear prior keeps the linear fit
-    assert MeasuredStepTime().ridge_tokens == 0.0

@@ -59,19 +59,7 @@ def _prior(config: DrafterConfig) -> str:
         return config.cost_prior
     from agentspec_mw_vllm.engine import is_cpu_build
 
-    if is_cpu_build():
-        return "cpu-smollm2"
-    return "llama8b-h200" if "H200" in _gpu_name() else "llama8b-h100"
-
-
-def _gpu_name() -> str:
-    """The first CUDA device's name, or ``""`` (no CUDA, or it cannot be asked)."""
-    try:
-        import torch
-
-        return str(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else ""
-    except Exception:  # a broken driver must not stop the engine: fall back to the default
-        return ""
+    return "cpu-smollm2" if is_cpu_build() else "llama8b-h100"
 
 
 def _step_clock() -> Callable[[], float] | None:

@@ -41,15 +41,14 @@ class DrafterConfig(BaseModel):
     """Keyword options for the proposer's constructor."""
     cost_model: str = MEASURED
     """The step-time model handed to the proposer for its budget: ``"measured"`` (the
-    default: a model fitted to this engine's own timed steps,
+    default: a linear model fitted to this engine's own timed steps,
     :class:`agentspec_mw.costfit.MeasuredStepTime`, warm-started from ``cost_prior``), or
     a :mod:`agentspec_mw.costmodel` preset name (fixed; the presets describe one model on
     one machine each, and are what the replay uses)."""
     cost_prior: str | None = None
     """The stored fit whose relative costs the measured model starts from (and is pulled
     toward): a preset name; ``None`` = ``cpu-smollm2`` on vLLM's CPU build (measured on
-    that engine), ``llama8b-h200`` on an H200 (its ridge form: the fit keeps the GPU's
-    ridge point and learns the slopes), ``llama8b-h100`` elsewhere."""
+    that engine), ``llama8b-h100`` elsewhere."""
 
     @field_validator("cost_model")
     @classmethod

@@ -393,13 +393,9 @@ class DraftSession:
                 if used:
                     model = timer.model  # replaced at each refit: its floats read once
                     if model is not self._fit_model:
+                        c = timer.linear_coefficients()
                         self._fit_model = model
-                        # the fixed and per-token parts (a ridge fit: under its ridge)
-                        self._fit_coef = (
-                            model.c_fix + model.c_oh,
-                            model.c_tok + model.c_row,
-                            model.c_kv,
-                        )
+                        self._fit_coef = (float(c[0]), float(c[1]), float(c[2]))
                         self._fit_draft = (
                             model.c_spec_kv,
                             model.c_draft_kv,

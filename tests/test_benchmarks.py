@@ -351,3 +351,25 @@ def test_gpu_step_time_runs_tiny_and_its_fit_reads_it(tmp_path: Path) -> None:
     script("fit_gpu_steps").main([str(out), "--json", str(fits)])
     got = json.loads(fits.read_text())
     assert set(got) == {"linear", "ridge"} and len(got["ridge"]["coef"]) == 5
+
+
+def test_cost_belief_ab_prints_each_belief_on_the_sample(
+    sample_path: Path,
+    tiny_tokenizer_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("AGENTSPEC_CACHE", str(tmp_path / "cache"))
+    ab = script("cost_belief_ab")
+    argv = ["--traces", str(sample_path), "--tokenizer", str(tiny_tokenizer_dir)]
+    argv += ["--batch", "2", "--k", "4"]
+    argv += ["--beliefs", "llama8b-h200,linear-fit,measured:llama8b-h100"]
+    assert ab.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "agentspec[linear-fit]" in printed and "agentspec[measured:llama8b-h100]" in printed
+    row = [ln for ln in printed.splitlines() if ln.split()[1:2] == ["2"]][0]
+    assert row.count("x ") == 4  # suffix and three beliefs: speedup, accepted / drafted
+    assert "measured step time" in printed  # the online fit's final state
+    with pytest.raises(ValueError, match="not a preset"):
+        ab.main([*argv[:6], "--beliefs", "measured:nope"])

@@ -1,0 +1,141 @@
+"""Replay A/B: AgentSpec's budget reading a different step-time model than the engine has.
+
+The replay charges every step by ``--engine`` (default ``llama8b-h200``, the ridge form
+measured on an H200); each ``--beliefs`` entry is the model AgentSpec's budget reads:
+a preset name; ``linear-fit``, the linear form fitted (``fit_step_times``) to the GPU
+steps in ``--gpu-steps`` (what a linear fit of that engine would settle on); or
+``measured:<preset>``, the online fit (:class:`~agentspec_mw.costfit.MeasuredStepTime`,
+``cost_model="measured"`` in vLLM) warm-started from ``<preset>`` and fed every step the
+replay charges, as the vLLM adapter feeds it the engine's timed steps. SuffixDecoding
+runs under the same charges. Prints, per trace and batch, each method's predicted speedup
+over no speculation and its accepted / drafted tokens. Deterministic.
+
+    python benchmarks/cost_belief_ab.py --traces ../shared/traces/react_fever_webshop.jsonl.xz \\
+        --tokenizer ../shared/tokenizers/qwen2.5 --batch 8,32,64,256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from _replay_setup import load_workloads
+
+from agentspec_mw.costfit import MeasuredStepTime, fit_step_times
+from agentspec_mw.costmodel import StepTimeModel, get_cost_model
+from agentspec_mw.proposer import ProposerEnv
+from agentspec_mw.registry import make_proposer
+from agentspec_mw.replay.sim import StepRecord, replay_workload
+
+_GPU_STEPS = sorted(
+    str(p) for p in (Path(__file__).parents[1] / "docs" / "results").glob("gpu_steps_h200_*.json")
+)
+
+
+def linear_fit(paths: list[str], engine: StepTimeModel) -> StepTimeModel:
+    """The linear form fitted to the GPU steps of ``paths`` (the faster attention variant
+    of each), with ``engine``'s serving limits."""
+    rows = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for step in data["steps"]:
+            r = dict(zip(data["columns"], step, strict=True))
+            best = r["sdpa_s"] if r["bmm_s"] is None else min(r["sdpa_s"], r["bmm_s"])
+            rows.append((r["tokens"], r["kv"], r["rows"], best))
+    a = np.array(rows, dtype=np.float64)
+    c_fix, c_tok, c_kv, c_row = fit_step_times(a[:, 0], a[:, 1], a[:, 2], a[:, 3]).tolist()
+    return StepTimeModel(
+        name="linear-fit",
+        c_fix=c_fix,
+        c_tok=c_tok,
+        c_kv=c_kv,
+        c_row=c_row,
+        c_oh=0.0,
+        limits=engine.limits,
+    )
+
+
+def _feeder(fit: MeasuredStepTime) -> Callable[[StepRecord], None]:
+    """An ``on_step`` that gives ``fit`` each replayed step as the vLLM adapter gives it
+    the engine's: batched tokens, KV, seconds (the replay has no host work per emitted
+    token)."""
+
+    def feed(rec: StepRecord) -> None:
+        batched = rec.prefill_tokens + rec.decoding + rec.draft_tokens
+        fit.observe(batched, rec.kv_tokens, rec.time_s, rec.spec_kv, rec.draft_kv)
+
+    return feed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", nargs="+", required=True)
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--engine", default="llama8b-h200", help="the preset the replay charges")
+    ap.add_argument("--beliefs", default="llama8b-h200,linear-fit,llama8b-h100")
+    ap.add_argument("--gpu-steps", nargs="+", default=_GPU_STEPS)
+    ap.add_argument("--batch", default="8,32,64,256")
+    ap.add_argument("--k", type=int, default=16)
+    ap.add_argument("--max-calls-per-run", type=int, default=None)
+    args = ap.parse_args(argv)
+    engine = get_cost_model(args.engine)
+    beliefs: dict[str, StepTimeModel | None] = {}
+    for name in args.beliefs.split(","):
+        if name == "linear-fit":
+            beliefs[name] = linear_fit(args.gpu_steps, engine)
+        elif name.startswith("measured:"):
+            get_cost_model(name.split(":", 1)[1])  # a preset, or a clear error now
+            beliefs[name] = None  # a fresh fit per replay
+        else:
+            beliefs[name] = get_cost_model(name)
+        print(f"belief {name}: {beliefs[name]!r}")
+    cols = ["suffix", *(f"agentspec[{n}]" for n in beliefs)]
+    print(f"engine {args.engine}, k = {args.k}")
+    print(f"{'trace':22s} {'b':>3s} " + " ".join(f"{c:>28s}" for c in cols))
+    for trace in args.traces:
+        setup = load_workloads(
+            [trace],
+            args.tokenizer,
+            max_k=args.k,
+            cost_model=args.engine,
+            max_calls_per_run=args.max_calls_per_run,
+        )
+        for name, calls in setup.workloads.items():
+            for b in (int(x) for x in args.batch.split(",")):
+                base = replay_workload(
+                    calls, make_proposer("none", setup.env), batch=b, k=0, cost_model=engine
+                )
+                cells = []
+                for col in cols:
+                    on_step = None
+                    if col == "suffix":
+                        prop = make_proposer("suffix", setup.env)
+                    else:
+                        belief = col[len("agentspec[") : -1]
+                        model = beliefs[belief]
+                        if model is None:
+                            fit = MeasuredStepTime(prior=get_cost_model(belief.split(":", 1)[1]))
+                            on_step = _feeder(fit)
+                        env = ProposerEnv(
+                            token_bytes=setup.env.token_bytes,
+                            cost_model=fit if model is None else model,
+                            max_k=args.k,
+                        )
+                        prop = make_proposer("agentspec", env)
+                    run = replay_workload(
+                        calls, prop, batch=b, k=args.k, cost_model=engine, on_step=on_step
+                    )
+                    if on_step is not None:
+                        print(f"  {col} b={b}: {fit.describe()}", flush=True)
+                    speedup = base.sim_time_s / run.sim_time_s
+                    cells.append(f"{speedup:6.3f}x {run.accepted:8d}/{run.drafted:8d}")
+                print(f"{name[:22]:22s} {b:3d} " + " ".join(f"{c:>28s}" for c in cells), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,7 +6,8 @@ a preset name; ``linear-fit``, the linear form fitted (``fit_step_times``) to th
 steps in ``--gpu-steps`` (what a linear fit of that engine would settle on); or
 ``measured:<preset>``, the online fit (:class:`~agentspec_mw.costfit.MeasuredStepTime`,
 ``cost_model="measured"`` in vLLM) warm-started from ``<preset>`` and fed every step the
-replay charges, as the vLLM adapter feeds it the engine's timed steps. SuffixDecoding
+replay charges, as the vLLM adapter feeds it the engine's timed steps; or
+``scaled:<preset>:<field>:<factor>``, a preset with one coefficient scaled. SuffixDecoding
 runs under the same charges. Prints, per trace and batch, each method's predicted speedup
 over no speculation and its accepted / drafted tokens. Deterministic.
 
@@ -87,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.beliefs.split(","):
         if name == "linear-fit":
             beliefs[name] = linear_fit(args.gpu_steps, engine)
+        elif name.startswith("scaled:"):  # scaled:<preset>:<field>:<factor>
+            _, preset, field, factor = name.split(":")
+            preset_model = get_cost_model(preset)
+            beliefs[name] = preset_model.model_copy(
+                update={field: getattr(preset_model, field) * float(factor), "name": name}
+            )
         elif name.startswith("measured:"):
             get_cost_model(name.split(":", 1)[1])  # a preset, or a clear error now
             beliefs[name] = None  # a fresh fit per replay

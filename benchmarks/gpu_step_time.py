@@ -21,8 +21,9 @@ Only ``torch`` is imported, so the script runs on a bare GPU machine::
 
 Steps are timed in a shuffled order and the JSON is rewritten after each, so a run cut
 short by ``--budget-s`` still covers the grid evenly. ``--tiny`` runs a toy shape (on the
-CPU without CUDA) to check the script. ``python benchmarks/fit_gpu_steps.py out.json`` fits
-the presets' step-time forms to the result.
+CPU without CUDA) to check the script; ``--config config.json`` times another decoder's
+shapes (a Hugging Face config: Llama, Qwen2, Mistral keys). ``python
+benchmarks/fit_gpu_steps.py out.json`` fits the presets' step-time forms to the result.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -57,6 +59,20 @@ TINY = {
     "layers": 2,
     "vocab": 500,
 }
+
+
+def shapes_of(config: dict[str, Any]) -> dict[str, int]:
+    """A decoder's shapes from its Hugging Face ``config.json`` (Llama, Qwen2, Mistral keys)."""
+    heads = int(config["num_attention_heads"])
+    return {
+        "hidden": int(config["hidden_size"]),
+        "heads": heads,
+        "kv_heads": int(config.get("num_key_value_heads", heads)),
+        "head_dim": int(config.get("head_dim") or config["hidden_size"] // heads),
+        "inter": int(config["intermediate_size"]),
+        "layers": int(config["num_hidden_layers"]),
+        "vocab": int(config["vocab_size"]),
+    }
 
 
 class Stack:
@@ -228,11 +244,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--target-s", type=float, default=0.25, help="time spent per variant")
     ap.add_argument("--seed", type=int, default=0, help="order of the shuffled grid")
     ap.add_argument("--tiny", action="store_true", help="toy shapes (a check of the script)")
+    ap.add_argument(
+        "--config",
+        type=Path,
+        help="a Hugging Face config.json whose shapes to time instead of Llama-3.1-8B's",
+    )
     a = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     shapes = TINY if a.tiny else LLAMA8B
+    if a.config is not None:
+        shapes = shapes_of(json.loads(a.config.read_text()))
     t_start = time.perf_counter()
     torch.manual_seed(0)
     model = Stack(shapes, device, dtype)

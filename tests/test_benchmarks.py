@@ -349,6 +349,24 @@ def test_gpu_step_time_runs_tiny_and_its_fit_reads_it(tmp_path: Path) -> None:
     assert mixed and mixed[0][4] == 4 * 2 + 16 and mixed[0][6] == 4 * 2 + 1  # tokens, rows
     fits = tmp_path / "fit.json"
     script("fit_gpu_steps").main([str(out), "--json", str(fits)])
+    # another decoder's shapes from its config.json (Qwen2-style keys, no head_dim)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(
+        json.dumps(
+            {
+                "hidden_size": 32,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "intermediate_size": 48,
+                "num_hidden_layers": 1,
+                "vocab_size": 100,
+            }
+        )
+    )
+    out2 = tmp_path / "steps2.json"
+    gpu = script("gpu_step_time")
+    gpu.main(["--tiny", "--config", str(cfg), "--json", str(out2), "--target-s", "0.001"])
+    assert json.loads(out2.read_text())["shapes"]["head_dim"] == 8
     got = json.loads(fits.read_text())
     assert set(got) == {"linear", "ridge"} and len(got["ridge"]["coef"]) == 5
 

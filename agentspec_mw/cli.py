@@ -60,6 +60,8 @@ def _routings(text: str) -> list[str]:
 
 
 def _add_replay(sub: Any) -> None:
+    from agentspec_mw.costmodel import PRESETS  # numpy and pydantic only
+
     p = sub.add_parser(
         "replay",
         help="replay agent traces through proposers and predict speedups",
@@ -84,8 +86,7 @@ def _add_replay(sub: Any) -> None:
     p.add_argument(
         "--cost-model",
         default="llama8b-h100",
-        help="step-time preset with its hardware limits (llama8b-h100, llama8b-h200, "
-        "llama8b-h100-roofline, cpu-smollm2)",
+        help=f"step-time preset with its hardware limits ({', '.join(PRESETS)})",
     )
     p.add_argument(
         "--add-proposer-time",

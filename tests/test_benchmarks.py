@@ -389,5 +389,8 @@ def test_cost_belief_ab_prints_each_belief_on_the_sample(
     row = [ln for ln in printed.splitlines() if ln.split()[1:2] == ["2"]][0]
     assert row.count("x ") == 4  # suffix and three beliefs: speedup, accepted / drafted
     assert "measured step time" in printed  # the online fit's final state
+    # blind to the waiting prompts, as in vLLM: the same table, said in its header
+    assert ab.main([*argv[:6], "--beliefs", "llama8b-h200", "--blind"]) == 0
+    assert "AgentSpec blind to prefill" in capsys.readouterr().out
     with pytest.raises(ValueError, match="not a preset"):
         ab.main([*argv[:6], "--beliefs", "measured:nope"])

@@ -60,3 +60,31 @@ def test_gpu_presets_are_unchanged(name: str) -> None:
     assert t.tolist() == cost.step_time_array(b + 500 + n, kv).tolist()  # bit for bit
     t = step_times(cost, StepShape(b, kv, budget, 500), n)
     assert t.tolist() == cost.step_time_array(b + 500 + n, kv).tolist()
+
+
+def test_an_unseen_queue_prices_drafts_as_if_prompts_filled_the_step() -> None:
+    """vLLM's model runner cannot see waiting prompts (``num_prefill_tokens=None``): the
+    step is priced as if they filled its share of the budget — the same allocation under
+    the linear form, each draft at its full-step price under the ridge form (not free)."""
+    from agentspec_mw.agentspec.budget import step_shape
+    from agentspec_mw.proposer import StepContext
+
+    blind = StepContext(batch_size=32, num_kv_tokens=64_000, max_num_batched_tokens=8192)
+    assert step_shape(blind).prefill_tokens == 8192 - 32
+    assert (
+        step_shape(
+            StepContext(batch_size=32, max_num_batched_tokens=8192, num_prefill_tokens=0)
+        ).prefill_tokens
+        == 0
+    )
+    assert step_shape(StepContext(batch_size=32)).prefill_tokens == 0  # no budget: no queue
+    rng = np.random.default_rng(2)
+    lens = np.full(32, 8)
+    surv = np.concatenate([np.sort(rng.uniform(0.0, 0.3, 8))[::-1] for _ in lens])
+    for name, same in (("llama8b-h100", True), ("llama8b-h200", False)):
+        cost = PRESETS[name]
+        kw = dict(batch_size=32, num_kv=64_000.0, cost=cost, budget=8192 - 32)
+        idle = allocate(surv, lens, prefill_tokens=0, **kw)  # type: ignore[arg-type]
+        full = allocate(surv, lens, prefill_tokens=8192 - 32, **kw)  # type: ignore[arg-type]
+        assert (idle.counts == full.counts) is same, name
+        assert full.used <= idle.used

@@ -100,7 +100,8 @@ class StepShape(NamedTuple):
 
     ``budget``: tokens the drafts and prefill chunks share (the scheduler's budget less
     one token per decoding request), ``None`` if unknown (no limit, nothing displaced).
-    ``prefill_tokens``: prompt tokens waiting to be computed (0 if unknown).
+    ``prefill_tokens``: prompt tokens waiting to be computed (:func:`step_shape` says what
+    an unknown queue becomes).
     """
 
     batch_size: int
@@ -112,12 +113,24 @@ class StepShape(NamedTuple):
 def step_shape(step: StepContext) -> StepShape:
     """The step as the cost model sees it: the drafts' and prefill chunks' share of the
     token budget is the budget less one token per decoding request
-    (``num_decode_tokens``, else ``batch_size``)."""
+    (``num_decode_tokens``, else ``batch_size``).
+
+    A host that cannot see the waiting prompts (``num_prefill_tokens is None``: vLLM's
+    model runner) gets the step priced as if prompts waited to fill that share: each draft
+    then costs what it costs a full step — under a convex model its highest price, under
+    the linear form the same as without a queue (nothing changes there). Under-pricing is
+    the costly error: in the replay under the ridge-form ``llama8b-h200``, a budget blind
+    to the queue that took every draft under the ridge as free was 3-5 % slower at batch 32
+    than one that saw it, while a price 1.5-2x too high costs at most ~0.5 %
+    (``benchmarks/cost_belief_ab.py``, docs/experiments/gpu_step_time_h200_2026-12-04.md)."""
     budget = None
     if step.max_num_batched_tokens is not None:
         decode = step.num_decode_tokens or step.batch_size
         budget = max(0, step.max_num_batched_tokens - decode)
-    return StepShape(step.batch_size, step.num_kv_tokens, budget, step.num_prefill_tokens or 0)
+    waiting = step.num_prefill_tokens
+    if waiting is None:
+        waiting = budget or 0
+    return StepShape(step.batch_size, step.num_kv_tokens, budget, waiting)
 
 
 def step_times(cost: StepTimeFn, shape: StepShape, n: np.ndarray) -> np.ndarray:

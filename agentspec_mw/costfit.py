@@ -168,12 +168,11 @@ def fit_ridge_step_times(
     nb = np.asarray(num_batched, dtype=np.float64)
     if y.ndim != 1 or y.size < 5 or np.any(y <= 0):
         raise ValueError(f"fit_ridge_step_times needs >= 5 positive step times, got {y.size}")
-    w = 1.0 / y
 
     def fit_at(n0: float) -> tuple[np.ndarray, float]:
-        x = np.column_stack([np.ones_like(y), np.maximum(nb, n0), num_kv, num_rows])
-        coef = _nonnegative_lstsq(x * w[:, None], y * w)
-        err = (x @ coef - y) * w
+        tokens = np.maximum(nb, n0)
+        coef = fit_step_times(tokens, num_kv, num_rows, y)
+        err = (coef[0] + coef[1] * tokens + coef[2] * num_kv + coef[3] * num_rows - y) / y
         return coef, float(np.sqrt(np.mean(err * err)))
 
     grid = np.geomspace(1.0, max(2.0, float(nb.max())), 200)

@@ -20,15 +20,14 @@ over no speculation and its accepted / drafted tokens. Deterministic.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from _replay_setup import load_workloads
+from fit_gpu_steps import load as load_gpu_steps
 
 from agentspec_mw.costfit import MeasuredStepTime, fit_step_times
 from agentspec_mw.costmodel import StepTimeModel, get_cost_model
@@ -44,15 +43,10 @@ _GPU_STEPS = sorted(
 def linear_fit(paths: list[str], engine: StepTimeModel) -> StepTimeModel:
     """The linear form fitted to the GPU steps of ``paths`` (the faster attention variant
     of each), with ``engine``'s serving limits."""
-    rows = []
-    for path in paths:
-        data = json.loads(Path(path).read_text())
-        for step in data["steps"]:
-            r = dict(zip(data["columns"], step, strict=True))
-            best = r["sdpa_s"] if r["bmm_s"] is None else min(r["sdpa_s"], r["bmm_s"])
-            rows.append((r["tokens"], r["kv"], r["rows"], best))
-    a = np.array(rows, dtype=np.float64)
-    c_fix, c_tok, c_kv, c_row = fit_step_times(a[:, 0], a[:, 1], a[:, 2], a[:, 3]).tolist()
+    st = load_gpu_steps([Path(p) for p in paths])
+    c_fix, c_tok, c_kv, c_row = fit_step_times(
+        st["tokens"], st["kv"], st["rows"], st["seconds"]
+    ).tolist()
     return StepTimeModel(
         name="linear-fit",
         c_fix=c_fix,

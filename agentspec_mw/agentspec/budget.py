@@ -120,8 +120,8 @@ def step_shape(step: StepContext) -> StepShape:
     then costs what it costs a full step — under a convex model its highest price, under
     the linear form the same as without a queue (nothing changes there). Under-pricing is
     the costly error: in the replay under the ridge-form ``llama8b-h200``, a budget blind
-    to the queue that took every draft under the ridge as free was 3-5 % slower at batch 32
-    than one that saw it, while a price 1.5-2x too high costs at most ~0.5 %
+    to the queue that took every draft under the ridge as free was 2.8-5.2 % slower at batch
+    32 than one that saw it, while a price 1.5-2x too high costs at most 1.1 %
     (``benchmarks/cost_belief_ab.py``, docs/experiments/gpu_step_time_h200_2026-12-04.md)."""
     budget = None
     if step.max_num_batched_tokens is not None:

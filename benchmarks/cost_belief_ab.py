@@ -104,10 +104,17 @@ def main(argv: list[str] | None = None) -> int:
         if name == "linear-fit":
             beliefs[name] = linear_fit(args.gpu_steps, engine)
         elif name.startswith("scaled:"):  # scaled:<preset>:<field>:<factor>
-            _, preset, field, factor = name.split(":")
+            parts = name.split(":")
+            if len(parts) != 4 or not parts[2].startswith("c_"):
+                ap.error(f"{name!r}: write scaled:<preset>:<c_field>:<factor>")
+            _, preset, field, factor = parts
             preset_model = get_cost_model(preset)
-            beliefs[name] = preset_model.model_copy(
-                update={field: getattr(preset_model, field) * float(factor), "name": name}
+            if field not in StepTimeModel.model_fields:
+                ap.error(f"{name!r}: {field!r} is not a StepTimeModel coefficient")
+            # validated: model_copy would take a negative or NaN factor as it comes
+            beliefs[name] = StepTimeModel.model_validate(
+                preset_model.model_dump()
+                | {field: getattr(preset_model, field) * float(factor), "name": name}
             )
         elif name.startswith("measured:"):
             get_cost_model(name.split(":", 1)[1])  # a preset, or a clear error now

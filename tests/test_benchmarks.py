@@ -394,3 +394,8 @@ def test_cost_belief_ab_prints_each_belief_on_the_sample(
     assert "AgentSpec blind to prefill" in capsys.readouterr().out
     with pytest.raises(ValueError, match="not a preset"):
         ab.main([*argv[:6], "--beliefs", "measured:nope"])
+    for bad in ("scaled:llama8b-h100:c_tok", "scaled:llama8b-h100:c_nope:2"):
+        with pytest.raises(SystemExit):
+            ab.main([*argv[:6], "--beliefs", bad])
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        ab.main([*argv[:6], "--beliefs", "scaled:llama8b-h100:c_tok:-1"])

@@ -9,7 +9,9 @@ steps in ``--gpu-steps`` (what a linear fit of that engine would settle on); or
 replay charges, as the vLLM adapter feeds it the engine's timed steps; or
 ``scaled:<preset>:<field>:<factor>``, a preset with one coefficient scaled. ``--blind``
 hides the waiting prompts from AgentSpec (``StepContext.num_prefill_tokens = None``), as the
-vLLM adapter's model runner is: the budget then never prices displaced prefill. SuffixDecoding
+vLLM adapter's model runner is (the budget then takes prompts to fill the step);
+``--blind hint`` tells it only what the runner could infer, that nothing waited when the step
+before left budget unused (``num_prefill_tokens = 0``, else ``None``). SuffixDecoding
 runs under the same charges. Prints, per trace and batch, each method's predicted speedup
 over no speculation and its accepted / drafted tokens. Deterministic.
 
@@ -59,17 +61,44 @@ def linear_fit(paths: list[str], engine: StepTimeModel) -> StepTimeModel:
 
 
 class _Blind:
-    """A proposer that sees every step without its waiting prompts (as in vLLM)."""
+    """A proposer that sees every step without its waiting prompts (as in vLLM).
 
-    def __init__(self, inner: Any) -> None:
+    With ``hint``, it is told what a vLLM host can tell from the step before: when that
+    step left part of the token budget unused, nothing was waiting
+    (``num_prefill_tokens = 0``); otherwise unknown (``None``)."""
+
+    def __init__(self, inner: Any, hint: bool = False) -> None:
         self._inner = inner
         self.name = inner.name
+        self._hint = hint
+        self._last: StepRecord | None = None
+
+    def observe(self, rec: StepRecord) -> None:
+        self._last = rec
 
     def propose(self, req_ids: Any, k: int, step: StepContext) -> Any:
-        return self._inner.propose(req_ids, k, replace(step, num_prefill_tokens=None))
+        waiting = None
+        last, budget = self._last, step.max_num_batched_tokens
+        if self._hint and last is not None and budget is not None:
+            if last.prefill_tokens + last.decoding + last.draft_tokens < budget:
+                waiting = 0
+        return self._inner.propose(req_ids, k, replace(step, num_prefill_tokens=waiting))
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._inner, attr)
+
+
+def _chain(
+    first: Callable[[StepRecord], None], then: Callable[[StepRecord], None] | None
+) -> Callable[[StepRecord], None]:
+    """An ``on_step`` calling ``first`` and then ``then`` (if any)."""
+
+    def both(rec: StepRecord) -> None:
+        first(rec)
+        if then is not None:
+            then(rec)
+
+    return both
 
 
 def _feeder(fit: MeasuredStepTime) -> Callable[[StepRecord], None]:
@@ -95,7 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--max-calls-per-run", type=int, default=None)
     ap.add_argument(
-        "--blind", action="store_true", help="AgentSpec does not see the waiting prompts (vLLM)"
+        "--blind",
+        nargs="?",
+        const="full",
+        choices=["full", "hint"],
+        help="AgentSpec does not see the waiting prompts (vLLM); with 'hint', it is told "
+        "when the step before left budget unused (nothing waited)",
     )
     args = ap.parse_args(argv)
     engine = get_cost_model(args.engine)
@@ -125,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     cols = ["suffix", *(f"agentspec[{n}]" for n in beliefs)]
     print(
         f"engine {args.engine}, k = {args.k}"
-        + (", AgentSpec blind to prefill" if args.blind else "")
+        + (f", AgentSpec blind to prefill ({args.blind})" if args.blind else "")
     )
     print(f"{'trace':22s} {'b':>3s} " + " ".join(f"{c:>28s}" for c in cols))
     for trace in args.traces:
@@ -144,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 cells = []
                 for col in cols:
                     on_step = None
+                    fit: MeasuredStepTime | None = None
                     if col == "suffix":
                         prop = make_proposer("suffix", setup.env)
                     else:
@@ -154,16 +189,19 @@ def main(argv: list[str] | None = None) -> int:
                             on_step = _feeder(fit)
                         env = ProposerEnv(
                             token_bytes=setup.env.token_bytes,
-                            cost_model=fit if model is None else model,
+                            cost_model=model if fit is None else fit,
                             max_k=args.k,
                         )
                         prop = make_proposer("agentspec", env)
                         if args.blind:
-                            prop = _Blind(prop)
+                            blind = _Blind(prop, hint=args.blind == "hint")
+                            prop = blind
+                            if args.blind == "hint":
+                                on_step = _chain(blind.observe, on_step)
                     run = replay_workload(
                         calls, prop, batch=b, k=args.k, cost_model=engine, on_step=on_step
                     )
-                    if on_step is not None:
+                    if fit is not None:
                         print(f"  {col} b={b}: {fit.describe()}", flush=True)
                     speedup = base.sim_time_s / run.sim_time_s
                     cells.append(f"{speedup:6.3f}x {run.accepted:8d}/{run.drafted:8d}")

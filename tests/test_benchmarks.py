@@ -391,7 +391,12 @@ def test_cost_belief_ab_prints_each_belief_on_the_sample(
     assert "measured step time" in printed  # the online fit's final state
     # blind to the waiting prompts, as in vLLM: the same table, said in its header
     assert ab.main([*argv[:6], "--beliefs", "llama8b-h200", "--blind"]) == 0
-    assert "AgentSpec blind to prefill" in capsys.readouterr().out
+    assert "AgentSpec blind to prefill (full)" in capsys.readouterr().out
+    # told only what the last step shows, beside the online fit (both read every step)
+    hint = [*argv[:6], "--beliefs", "measured:llama8b-h100", "--blind", "hint"]
+    assert ab.main(hint) == 0
+    printed = capsys.readouterr().out
+    assert "blind to prefill (hint)" in printed and "measured step time" in printed
     with pytest.raises(ValueError, match="not a preset"):
         ab.main([*argv[:6], "--beliefs", "measured:nope"])
     for bad in ("scaled:llama8b-h100:c_tok", "scaled:llama8b-h100:c_nope:2"):
@@ -399,3 +404,32 @@ def test_cost_belief_ab_prints_each_belief_on_the_sample(
             ab.main([*argv[:6], "--beliefs", bad])
     with pytest.raises(ValueError, match="greater than or equal to 0"):
         ab.main([*argv[:6], "--beliefs", "scaled:llama8b-h100:c_tok:-1"])
+
+
+def test_cost_belief_ab_hint_says_no_queue_only_after_a_step_with_room() -> None:
+    from agentspec_mw.proposer import StepContext
+    from agentspec_mw.replay.sim import StepRecord
+
+    ab = script("cost_belief_ab")
+    seen: list[int | None] = []
+
+    class Inner:
+        name = "probe"
+
+        def propose(self, req_ids: object, k: int, step: StepContext) -> list[object]:
+            seen.append(step.num_prefill_tokens)
+            return []
+
+    blind = ab._Blind(Inner(), hint=True)
+    ctx = StepContext(batch_size=4, max_num_batched_tokens=100, num_prefill_tokens=50)
+    blind.propose([], 4, ctx)  # no step seen yet: unknown
+
+    def rec(prefill: int) -> StepRecord:
+        return StepRecord(prefill, 4, 8, 0, 12, False, 0.01)
+
+    blind.observe(rec(88))  # 100 of 100: full
+    blind.propose([], 4, ctx)
+    blind.observe(rec(10))  # 22 of 100: nothing waited
+    blind.propose([], 4, ctx)
+    assert seen == [None, None, 0]
+    assert ab._Blind(Inner()).propose([], 4, ctx) == [] and seen[-1] is None  # plain blind

@@ -70,7 +70,7 @@ from agentspec_mw.costmodel import StepTimeFn, get_cost_model
 from agentspec_mw.proposer import EMPTY_DRAFT, Draft, ProposerEnv, StepContext, TokenIds
 from agentspec_mw.tags import StructureTags
 
-__all__ = ["AgentSpecProposer"]
+__all__ = ["AgentSpecProposer", "warm_kernels"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +79,9 @@ _MIN_BOUND = 1e-12  # a position of survival 0 is never worth scoring
 _warm = False
 
 
-def _warm_kernels() -> None:
-    """Load (or compile) the numba kernels once per process, at construction: tiny
+def warm_kernels() -> None:
+    """Load (or compile) the numba kernels once per process (``scripts/bootstrap.sh`` calls
+    it once so that numba's cache is filled at set-up; each proposer calls it when built): tiny
     private proposers draft for and verify a batch of requests (48: enough index rows for
     the threaded lookup) and stop them, live and not (``experimental.index_agent_live``). Otherwise
     the engine's first decoding steps pay it (~0.3 s with a warm numba cache here, and
@@ -161,7 +162,7 @@ class AgentSpecProposer:
         ``benchmarks/candidate_gap.py``): ``tok``/``lens`` per source row
         (``source * n_req + i``, sources in :data:`SOURCES` order) and ``pick`` (the row
         chosen for each request), before the budget cuts them."""
-        _warm_kernels()
+        warm_kernels()
 
     @property
     def grammar_fallbacks(self) -> int:

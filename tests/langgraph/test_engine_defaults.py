@@ -124,7 +124,10 @@ def test_fanout_streams_per_step_in_shared_steps(default_chat: ChatAgentSpecVLLM
     for i, chunks in seen.items():
         assert "".join(text for text, _, _ in chunks) == expected[i]  # as if not streamed
         texted = [c for c in chunks if c[0]]
-        assert len(texted) >= 3
+        # more than one chunk of text (not 3: the outputs are in AgentSpec's history from
+        # the calls above, and a step that accepts all k = 8 drafts emits 9 tokens, so a
+        # 10-token answer can come in two steps; CI saw it once, 2026-12-04)
+        assert len(texted) >= 2
         first, last = texted[0], chunks[-1]
         # the first text arrived steps (and time) before the generation ended
         assert first[1] < last[1] and first[2] < last[2]

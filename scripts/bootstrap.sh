@@ -80,9 +80,9 @@ if [ "$AGENTSPEC_CUDA" != "1" ]; then
   "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
 fi
 # First-use work, done once here instead of in the first run: the default model's conversion
-# from its GGUF (~40 s on 2 cores; the demo's engines would wait for it) and AgentSpec's numba
-# kernels (~15 s cold, cached beside the sources). Neither failing stops the set-up: both are
-# retried on first use.
+# from its GGUF (25 s alone on the 2-core VM, 2026-12-04; the demo's engines would wait for it)
+# and AgentSpec's numba kernels (15 s cold, cached beside the sources). Neither failing stops
+# the set-up: both are retried on first use.
 "$VENV/bin/python" -c "from agentspec_mw.default_model import default_model_dir; default_model_dir()" \
   || echo "bootstrap: the default model will be converted on first use" >&2
 NUMBA_NUM_THREADS=1 "$VENV/bin/python" -c "from agentspec_mw.agentspec.proposer import warm_kernels; warm_kernels()" \

@@ -297,7 +297,9 @@ def test_summary_medians_ratios_and_mismatches() -> None:
     )
     text = format_report(report)
     assert "outputs identical to none in every run: NO" in text
-    assert verdict_lines(rows) == ["demo N=4: fastest is suffix (100 tok/s, 2.00x none)"]
+    assert verdict_lines(rows) == [
+        "demo N=4: fastest is suffix (100 tok/s, 2.00x none, 100% over none)"
+    ]
 
 
 def test_the_fit_after_the_last_repeat_is_kept_and_printed() -> None:
@@ -378,8 +380,8 @@ def test_verdict_names_the_better_peer_and_the_tags() -> None:
     )
     assert not mismatches
     (line,) = verdict_lines(rows)
-    assert line.startswith("demo N=4: fastest is suffix (50 tok/s, 2.00x none)")
-    assert "agentspec 1.60x none is 0.80x suffix (behind the better peer)" in line
+    assert line.startswith("demo N=4: fastest is suffix (50 tok/s, 2.00x none, 25% over agentspec)")
+    assert "agentspec 1.60x none is 0.80x suffix (behind; the better peer)" in line
     assert "1.40x untagged's tok/s" in line
 
 
@@ -403,9 +405,39 @@ def test_verdict_pairs_the_repeats() -> None:
     assert ours.tokens_per_s_repeats == pytest.approx([100 / 0.9, 100 / 1.6, 100 / 1.3])
     assert paired_ratio(ours, suffix) == pytest.approx(1.0 / 0.9)
     (line,) = verdict_lines(rows)
-    assert f"is {1.0 / 0.9:.2f}x suffix (ahead of the better peer)" in line
+    assert f"is {1.0 / 0.9:.2f}x suffix (even: per repeat 0.92-1.25x; the better peer)" in line
     old = ours.model_copy(update={"tokens_per_s_repeats": []})
     assert paired_ratio(old, suffix) == pytest.approx(ours.ratio_to_none / suffix.ratio_to_none)
+
+
+@pytest.mark.parametrize(
+    ("suffix_walls", "ours_walls", "word"),
+    [
+        ([1.0], [0.97], "even: within one repeat's noise, 5%"),
+        ([1.0], [0.9], "ahead"),
+        ([1.0], [1.1], "behind"),
+        ([1.0, 1.0, 1.0], [0.9, 0.95, 0.98], "ahead in every repeat"),
+        ([1.0, 1.0], [1.01, 1.2], "behind in every repeat"),
+    ],
+)
+def test_verdict_calls_a_gap_inside_the_noise_even(
+    suffix_walls: list[float], ours_walls: list[float], word: str
+) -> None:
+    """One repeat: a gap under ONE_REPEAT_NOISE is even; more repeats: ahead or behind
+    only where every repeat agrees."""
+    repeats = len(suffix_walls)
+    config = BenchConfig(
+        ns=(4,), methods=("none", "suffix", "agentspec"), apps=("demo",), repeats=repeats
+    )
+    walls = {"none": [2.0] * repeats, "suffix": suffix_walls, "agentspec": ours_walls}
+    results = {
+        (k, "demo", 4, r): _result(k, 4, w[r], drafted=10, accepted=5)
+        for k, w in walls.items()
+        for r in range(repeats)
+    }
+    rows, _ = summarize(results, dict.fromkeys(results, 1.0), config)
+    (line,) = verdict_lines(rows)
+    assert f"suffix ({word}; the better peer)" in line
 
 
 def test_plot_is_written(tmp_path: Path) -> None:

@@ -4,8 +4,9 @@ Each draft token carries ``c / n`` — of the ``n`` continuations found, ``c`` a
 it is worth is *learned*: every verified draft updates its isolation scope's acceptance
 table (:mod:`.scopes`; each scope learns only from its own drafts, from a fixed prior),
 bucketed by (source, agreement between sources, match length, support ``n``, draft
-position, ``c / n``) — a *cell*. Each cell's prior is the paper's redundancy score
-``g(c, n) = (c/n)·p(n)`` (:func:`redundancy_score`) times ``calib_prior_scale``. Each
+position, ``c / n``) — a *cell*. Each cell's prior is, by default, the acceptance
+learned for it on recorded agent traces (:func:`stored_prior`); else the paper's redundancy
+score ``g(c, n) = (c/n)·p(n)`` (:func:`redundancy_score`) times ``calib_prior_scale``. Each
 cell is split into *fine* cells by the drafted token's text class, whether the draft
 crossed a line break before it, and the request's record (:mod:`.token_classes`,
 ``kernels._fine``); a fine cell's acceptance is its counts shrunk toward its cell's
@@ -15,9 +16,13 @@ by ``kernels.score`` and ``kernels.emit_drafts``.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
+import os
 from collections.abc import Sequence
-from typing import NamedTuple
+from importlib import resources
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -25,6 +30,7 @@ from agentspec_mw.agentspec import kernels as K
 from agentspec_mw.agentspec.ngram_index import LEVELS
 from agentspec_mw.agentspec.scopes import ScopeStates
 from agentspec_mw.agentspec.token_classes import token_classes
+from agentspec_mw.errors import AgentSpecError
 
 __all__ = [
     "MATCH_EDGES",
@@ -35,7 +41,10 @@ __all__ = [
     "SUPPORT_EDGES",
     "Calibration",
     "FineCells",
+    "load_prior",
+    "prior_table",
     "redundancy_score",
+    "stored_prior",
 ]
 
 SOURCES = ("iso", "agent", "scope", "local")
@@ -66,13 +75,61 @@ def prior_table(g_min: float, scale: float) -> np.ndarray:
     """The fixed prior acceptance of every cell, flattened in the kernels' order
     ``(source, agree, match, support, position, c/n)``: ``scale · g`` at the bucket's
     middle ``c/n`` and representative support, raised when sources agree."""
-    shape = (len(SOURCES), 2, N_ML, N_SUP, K.N_POS, N_Q)
+    shape = cell_shape()
     q_mid = (np.arange(N_Q) + 0.5) / N_Q
     p_n = np.array([redundancy_score(1, n, g_min) for n in _SUPPORT_MID])
     base = scale * q_mid[None, None, :] * p_n[:, None, None]
     prior = np.broadcast_to(base, shape).copy()
     prior[:, 1] = np.minimum(1.0, prior[:, 1] * _AGREE_BOOST)
     return prior.reshape(-1)
+
+
+PRIOR_FILE = "calibration_prior.npz"
+"""The stored prior in ``agentspec_mw/data`` (:func:`stored_prior`)."""
+
+
+def cell_shape() -> tuple[int, ...]:
+    """The calibration table's axes, in the kernels' order: source, agreement, match
+    length, support, position, ``c/n``."""
+    return (len(SOURCES), 2, N_ML, N_SUP, K.N_POS, N_Q)
+
+
+def load_prior(path: str | os.PathLike[str]) -> tuple[np.ndarray, dict[str, Any]]:
+    """A calibration prior file (``benchmarks/fit_calibration_prior.py``): one acceptance
+    per cell (read-only) and its metadata (the traces, command and date it was fitted with).
+
+    Raises:
+        AgentSpecError: the file cannot be read, was fitted for another cell layout, or
+            holds values outside ``[0, 1]``.
+    """
+    try:
+        with np.load(path) as npz:
+            prior = np.array(npz["prior"], dtype=np.float64)
+            shape = tuple(int(x) for x in npz["shape"])
+            meta = json.loads(str(npz["meta"]))
+    except (OSError, KeyError, ValueError) as exc:
+        raise AgentSpecError(
+            f"the calibration prior {os.fspath(path)} cannot be read ({exc}); reinstall the "
+            "package, or set AgentSpecConfig(experimental={'calib_prior': 'redundancy'})"
+        ) from exc
+    if shape != cell_shape() or prior.shape != (math.prod(shape),):
+        raise AgentSpecError(
+            f"the calibration prior {os.fspath(path)} has cells {shape}, this proposer's "
+            f"layout is {cell_shape()}: refit it with benchmarks/fit_calibration_prior.py"
+        )
+    if not np.all((prior >= 0.0) & (prior <= 1.0)):
+        raise AgentSpecError(f"the calibration prior {os.fspath(path)} has values outside [0, 1]")
+    prior.flags.writeable = False
+    return prior, meta
+
+
+@functools.cache
+def stored_prior() -> tuple[np.ndarray, dict[str, Any]]:
+    """The package's stored prior (``agentspec_mw/data``, :func:`load_prior`), read once
+    per process."""
+    ref = resources.files("agentspec_mw").joinpath("data", PRIOR_FILE)
+    with resources.as_file(ref) as path:
+        return load_prior(path)
 
 
 class FineCells(NamedTuple):
@@ -90,7 +147,8 @@ class Calibration:
     """The per-scope learned state and how the kernels read it.
 
     ``token_classes=False`` (an ablation) reads cells only: every token gets code 0 and
-    the shrinkage weight is 0.
+    the shrinkage weight is 0. ``stored=True``: the cells start from :func:`stored_prior`,
+    else from :func:`prior_table` (``g_min``, ``prior_scale``).
     """
 
     def __init__(
@@ -102,8 +160,10 @@ class Calibration:
         prior_strength: float,
         max_scopes: int,
         token_classes_on: bool = True,
+        stored: bool = False,
     ) -> None:
-        self.prior = prior_table(g_min, prior_scale)
+        # a writable copy: the kernels are compiled for writable arrays
+        self.prior = stored_prior()[0].copy() if stored else prior_table(g_min, prior_scale)
         self.prior_strength = float(prior_strength)
         self.scopes = ScopeStates(self.prior, len(self.prior) * K.NF, max_scopes)
         self.default_row = self.scopes.acquire("default")  # tag-free traffic: kept for good

@@ -46,8 +46,15 @@ class _ExperimentalConfig(BaseModel):
     calib_prior_strength: float = Field(default=8.0, gt=0)
     """Weight, in observations, of the prior in each calibration cell (and of a cell's
     acceptance in each of its fine cells)."""
+    calib_prior: Literal["stored", "redundancy"] = "stored"
+    """Where each calibration cell starts: ``stored``, the acceptance the proposer
+    learned per cell on recorded agent traces (``agentspec_mw/data/calibration_prior.npz``,
+    made by ``benchmarks/fit_calibration_prior.py``; its traces and command are in the
+    file), or ``redundancy``, ``calib_prior_scale`` × the paper's redundancy score. Either
+    way a scope's own verified drafts take over, with ``calib_prior_strength``."""
     calib_prior_scale: float = Field(default=0.9, gt=0, le=1)
-    """Prior acceptance of a drafted token = scale × the paper's redundancy score."""
+    """Prior acceptance of a drafted token = scale × the paper's redundancy score
+    (``calib_prior="redundancy"``)."""
     calib_token_classes: bool = True
     """Split every calibration cell by the drafted token's text class (whitespace,
     symbols, a word starting, a word going on; :mod:`~agentspec_mw.agentspec.token_classes`)

@@ -95,7 +95,11 @@ def warm_kernels() -> None:
     text = b"Thought: look up the flight.\nAction: search[flight 42]\n" * 4
     prompt = np.frombuffer(text, dtype=np.uint8).astype(np.int64)
     for live, n in ((True, 48), (False, 1)):
-        p = AgentSpecProposer(env, index_max_tokens=1024, experimental={"index_agent_live": live})
+        p = AgentSpecProposer(
+            env,
+            index_max_tokens=1024,
+            experimental={"index_agent_live": live, "calib_prior": "redundancy"},
+        )
         rids = [f"warm{i}" for i in range(n)]
         for rid in rids:
             p.start(rid, prompt[:-20])
@@ -149,6 +153,7 @@ class AgentSpecProposer:
             prior_strength=exp.calib_prior_strength,
             max_scopes=cfg.calib_max_scopes,
             token_classes_on=exp.calib_token_classes,
+            stored=exp.calib_prior == "stored",
         )
         self._scopes = self._calib.scopes
         self._overhead_s = 0.0
@@ -193,6 +198,11 @@ class AgentSpecProposer:
         scope, agent, group = identity(
             prompt, tags, cfg.tagfree_agent_tokens, cfg.tagfree_query_tokens
         )
+        if self._pend_stop and scope not in self._scopes:
+            # a new scope may take the row of one whose last request just stopped: apply
+            # the queued calls first (in order, so that request's last counts go to its
+            # own scope), else the row looks live and the newcomer gets the frozen prior
+            self._flush()
         gid, glabel = self._grammars.acquire(None if tags is None else tags.blocks, scope)
         cal = self._scopes.acquire(scope)
         slots = self._slots

@@ -103,6 +103,10 @@ class ScopeStates:
         """Rows allocated (:data:`FROZEN` included)."""
         return len(self.succ)
 
+    def __contains__(self, scope: object) -> bool:
+        """Whether ``scope`` holds a row."""
+        return scope in self._rows
+
     def acquire(self, scope: str) -> int:
         """The row of ``scope`` for one more live request (see the module docstring)."""
         row = self._rows.get(scope)

@@ -277,8 +277,12 @@ def _victim_sequence(p: AgentSpecProposer, noisy: bool, n_scope: str = "N") -> l
 
 
 def test_another_tenants_rejected_traffic_does_not_move_a_tenants_drafts() -> None:
-    alone = _victim_sequence(_prop(), noisy=False)
-    p = _prop()
+    # an index that N's traffic does not wrap: a wrapped index forgets V's oldest history
+    # sooner (the shared capacity, docs/agentspec.md "Memory and isolation"), which is not
+    # what this test is about; at 16k tokens N's traffic wraps it and V's picks change
+    cap = 1 << 16
+    alone = _victim_sequence(_prop(index_max_tokens=cap), noisy=False)
+    p = _prop(index_max_tokens=cap)
     beside = _victim_sequence(p, noisy=True)
     assert alone == beside
     assert sum(len(d) for req in alone for d in req) > 100
@@ -287,7 +291,7 @@ def test_another_tenants_rejected_traffic_does_not_move_a_tenants_drafts() -> No
     # the check is sensitive: the same traffic in V's own scope moves V's drafts (their
     # calibrated acceptances at least; N's agent and queries differ from V's, so only
     # what V's scope learns is shared)
-    assert _victim_sequence(_prop(), noisy=True, n_scope="V") != alone
+    assert _victim_sequence(_prop(index_max_tokens=cap), noisy=True, n_scope="V") != alone
 
 
 # -- memory ------------------------------------------------------------------------------

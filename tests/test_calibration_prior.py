@@ -89,3 +89,27 @@ def test_the_fit_shrinks_the_counts_toward_the_redundancy_prior(tmp_path: Path) 
     # the counts are the proposer's own, from the redundancy prior: a replay reproduces them
     again = fit.count_cells(_calls(), ENV, get_cost_model("llama8b-h100"), batch=2, k=8)
     assert np.array_equal(again[0], succ) and np.array_equal(again[1], tot)
+
+
+def test_fit_and_cold_calibration_scripts_run_on_the_sample(
+    sample_path: Path,
+    tiny_tokenizer_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("AGENTSPEC_CACHE", str(tmp_path / "cache"))
+    traces = ["--traces", str(sample_path), "--tokenizer", str(tiny_tokenizer_dir)]
+    out = tmp_path / "prior.npz"
+    fit = script("fit_calibration_prior")
+    assert fit.main([*traces, "--batch", "2", "--k", "4", "--out", str(out)]) == 0
+    prior, meta = load_prior(out)  # the file the proposer would read
+    assert meta["traces"] == [sample_path.name] and meta["batch"] == 2
+    assert "fit_calibration_prior.py" in meta["command"]
+    assert np.count_nonzero(prior != prior_table(0.5, 0.9)) > 0
+    cold = script("cold_calibration")
+    assert cold.main([*traces, "--max-calls", "6", "--batch", "1", "--k", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [ln.split() for ln in lines if ln.startswith(sample_path.name[:32])]
+    assert rows and [r[1] for r in rows] == ["stored", "redundancy"] * (len(rows) // 2)
+    assert all(float(r[2]) >= float(r[4]) for r in rows)  # drafted >= accepted

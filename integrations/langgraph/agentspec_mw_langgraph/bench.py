@@ -398,24 +398,23 @@ one configuration's repeats on this 2-core VM spread 0.92-0.99x (N = 1) and 1.07
 main job ranked the methods differently. With one repeat a gap under this is called even."""
 
 
-def _standing(ours: BenchRow, peer: BenchRow) -> tuple[float, str]:
-    """``ours`` against ``peer``: the paired ratio and a word for it that respects the
-    noise. With two or more repeats the per-repeat ratios decide: ahead / behind when
-    every repeat agrees, else even (their range is given); with one repeat, a gap under
-    :data:`ONE_REPEAT_NOISE` is even."""
-    rel = paired_ratio(ours, peer)
+def _standing(ours: BenchRow, peer: BenchRow) -> str:
+    """A word for ``ours`` against ``peer`` that respects the noise. With two or more
+    repeats the per-repeat ratios decide: ahead / behind when every repeat agrees, else
+    even (their range is given); with one repeat, a paired ratio within
+    :data:`ONE_REPEAT_NOISE` of 1 is even."""
     a, b = ours.tokens_per_s_repeats, peer.tokens_per_s_repeats
-    if len(a) >= 2 and len(a) == len(b):
-        per = [x / y for x, y in zip(a, b, strict=True) if y > 0]
-        if per and min(per) > 1.0:
-            return rel, "ahead in every repeat"
-        if per and max(per) < 1.0:
-            return rel, "behind in every repeat"
-        if per:
-            return rel, f"even: per repeat {min(per):.2f}-{max(per):.2f}x"
+    per = [x / y for x, y in zip(a, b, strict=True) if y > 0] if len(a) == len(b) else []
+    if len(per) >= 2:
+        if min(per) > 1.0:
+            return "ahead in every repeat"
+        if max(per) < 1.0:
+            return "behind in every repeat"
+        return f"even: per repeat {min(per):.2f}-{max(per):.2f}x"
+    rel = paired_ratio(ours, peer)
     if abs(rel - 1.0) < ONE_REPEAT_NOISE:
-        return rel, f"even: within one repeat's noise, {ONE_REPEAT_NOISE:.0%}"
-    return rel, "ahead" if rel >= 1.0 else "behind"
+        return f"even: within one repeat's noise, {ONE_REPEAT_NOISE:.0%}"
+    return "ahead" if rel >= 1.0 else "behind"
 
 
 def verdict_lines(rows: Sequence[BenchRow]) -> list[str]:
@@ -442,7 +441,7 @@ def verdict_lines(rows: Sequence[BenchRow]) -> list[str]:
         if "agentspec" in group and peers:
             ours = group["agentspec"]
             rel, peer = min((paired_ratio(ours, p), p.label) for p in peers)
-            _, word = _standing(ours, group[peer])
+            word = _standing(ours, group[peer])
             text += (
                 f"; agentspec {ours.ratio_to_none:.2f}x none is {rel:.2f}x {peer} "
                 f"({word}; the better peer)"

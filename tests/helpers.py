@@ -1,5 +1,5 @@
-"""Helpers several test modules share: loading a repository script as a module, and a
-proposer whose drafts are always wrong."""
+"""Helpers several test modules share: loading a repository script as a module, small
+synthetic ReAct-like calls, and a proposer whose drafts are always wrong."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
+
 from agentspec_mw.proposer import Draft, StepContext, TokenIds
+from agentspec_mw.replay.sim import ReplayCall
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
@@ -31,6 +34,23 @@ def script(name: str) -> ModuleType:
     if str(BENCHMARKS) not in sys.path:
         sys.path.insert(0, str(BENCHMARKS))
     return load_module(BENCHMARKS / f"{name}.py", name)
+
+
+REACT_TEXT = b"Thought: search the flight.\nAction: search[flight 42]\nObservation: ok\n"
+
+
+def react_calls(n: int, *, grow: int, text: bytes = REACT_TEXT) -> list[ReplayCall]:
+    """``n`` byte-token calls over two runs: call ``i``'s prompt is ``Question i: `` +
+    ``text``, its output the first ``30 + grow * i`` bytes of ``text``."""
+    return [
+        ReplayCall(
+            req_id=f"c{i}",
+            run_id=f"run{i % 2}",
+            prompt=np.frombuffer(b"Question %d: " % i + text, np.uint8).astype(np.int32),
+            output=np.frombuffer(text[: 30 + grow * i], np.uint8).astype(np.int32),
+        )
+        for i in range(n)
+    ]
 
 
 class Wrong:

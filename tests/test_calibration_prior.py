@@ -19,23 +19,9 @@ from agentspec_mw.costmodel import get_cost_model
 from agentspec_mw.errors import AgentSpecError
 from agentspec_mw.proposer import ProposerEnv
 from agentspec_mw.registry import make_proposer
-from agentspec_mw.replay.sim import ReplayCall
-from tests.helpers import script
+from tests.helpers import react_calls, script
 
 ENV = ProposerEnv(token_bytes=[bytes([t]) for t in range(256)], max_k=8)
-
-
-def _calls() -> list[ReplayCall]:
-    text = b"Thought: search the flight.\nAction: search[flight 42]\nObservation: ok\n"
-    return [
-        ReplayCall(
-            req_id=f"c{i}",
-            run_id=f"run{i % 2}",
-            prompt=np.frombuffer(b"Question %d: " % i + text, np.uint8).astype(np.int32),
-            output=np.frombuffer(text[: 30 + 5 * i], np.uint8).astype(np.int32),
-        )
-        for i in range(8)
-    ]
 
 
 def test_the_shipped_prior_fits_the_layout_and_names_its_traces() -> None:
@@ -77,9 +63,10 @@ def test_a_bad_prior_file_is_refused_with_a_clear_error(tmp_path: Path) -> None:
         load_prior(_write(tmp_path / "range.npz", np.full(n, 1.5), cell_shape()))
 
 
-def test_the_fit_shrinks_the_counts_toward_the_redundancy_prior(tmp_path: Path) -> None:
+def test_the_fit_shrinks_the_counts_toward_the_redundancy_prior() -> None:
     fit = script("fit_calibration_prior")
-    succ, tot = fit.count_cells(_calls(), ENV, get_cost_model("llama8b-h100"), batch=2, k=8)
+    calls, cost = react_calls(8, grow=5), get_cost_model("llama8b-h100")
+    succ, tot = fit.count_cells(calls, ENV, cost, batch=2, k=8)
     assert tot.sum() > 0 and np.all(succ <= tot)
     prior, strength = fit.prior_from_counts(succ, tot)
     base = prior_table(0.5, 0.9)
@@ -87,7 +74,7 @@ def test_the_fit_shrinks_the_counts_toward_the_redundancy_prior(tmp_path: Path) 
     assert np.allclose(prior, (succ + 8.0 * base) / (tot + 8.0))
     assert np.array_equal(prior[tot == 0], base[tot == 0])  # unreached cells keep g
     # the counts are the proposer's own, from the redundancy prior: a replay reproduces them
-    again = fit.count_cells(_calls(), ENV, get_cost_model("llama8b-h100"), batch=2, k=8)
+    again = fit.count_cells(calls, ENV, cost, batch=2, k=8)
     assert np.array_equal(again[0], succ) and np.array_equal(again[1], tot)
 
 

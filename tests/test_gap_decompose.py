@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from agentspec_mw.costmodel import get_cost_model
 from agentspec_mw.proposer import ProposerEnv
 from agentspec_mw.registry import make_proposer
-from agentspec_mw.replay.sim import ReplayCall, replay_workload
-from tests.helpers import script
+from agentspec_mw.replay.sim import replay_workload
+from tests.helpers import react_calls, script
 
 
 def test_terms_are_non_negative_and_rejected_is_drafted_less_accepted() -> None:
     gd = script("gap_decompose")
     text = b"Thought: search the flight.\nAction: search[flight 42]\n"
-    calls = [
-        ReplayCall(
-            req_id=f"c{i}",
-            run_id=f"run{i % 2}",
-            prompt=np.frombuffer(b"Question %d: " % i + text, np.uint8).astype(np.int32),
-            output=np.frombuffer(text[: 30 + 3 * i], np.uint8).astype(np.int32),
-        )
-        for i in range(6)
-    ]
+    calls = react_calls(6, grow=3, text=text)
     env = ProposerEnv(token_bytes=[bytes([t]) for t in range(256)], max_k=8)
     cost = get_cost_model("llama8b-h100")
     d = gd.Decomposed(

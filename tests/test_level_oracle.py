@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from agentspec_mw.costmodel import get_cost_model
 from agentspec_mw.proposer import ProposerEnv
 from agentspec_mw.registry import make_proposer
-from agentspec_mw.replay.sim import ReplayCall, replay_workload
-from tests.helpers import script
+from agentspec_mw.replay.sim import replay_workload
+from tests.helpers import react_calls, script
 
 
 def test_emulated_pick_and_calibration_reproduce_the_proposer() -> None:
     lo = script("level_oracle")
-    text = b"Thought: search the flight.\nAction: search[flight 42]\nObservation: ok\n"
-    calls = [
-        ReplayCall(
-            req_id=f"c{i}",
-            run_id=f"run{i % 2}",
-            prompt=np.frombuffer(b"Question %d: " % i + text, np.uint8).astype(np.int32),
-            output=np.frombuffer(text[: 30 + 5 * i], np.uint8).astype(np.int32),
-        )
-        for i in range(8)
-    ]
+    calls = react_calls(8, grow=5)
     env = ProposerEnv(token_bytes=[bytes([t]) for t in range(256)], max_k=8)
     cost = get_cost_model("llama8b-h100")
     o = lo.LevelOracle(make_proposer("agentspec", env), {c.req_id: c.output for c in calls})

@@ -6,9 +6,11 @@ drafted or not: ``kernels.apply_extends``), keyed by the position's fine cell. P
 it prints, over the fine cells with at least ``--min-count`` counted positions:
 
 * ``drafted``: the drafted positions' mean prediction (``Draft.probs``) and realised
-  acceptance, and, in the same cells, the acceptance of the counted positions that were
-  not drafted (reweighted to the drafted ones' cells) — whether the budget's selection
-  within a cell explains a gap;
+  acceptance; the same for the counted positions that were not drafted — those of a
+  candidate the budget drafted nothing of (``no draft``) and the position right after a
+  wholly accepted draft (``past a draft``: the budget's margin) — with, in brackets, their
+  acceptance in the drafted ones' cells (reweighted to the drafted counts): whether a
+  selection within a cell explains a gap;
 * ``first half`` / ``second half``: each cell's counted positions split at its median
   event, the drafted ones' mean prediction and realised acceptance in each half — whether
   the cell's acceptance falls (or rises) as the run goes on, which a cumulative count
@@ -43,17 +45,21 @@ from agentspec_mw.proposer import Draft, StepContext
 from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.sim import replay_workload
 
+DRAFTED, NO_DRAFT, PAST_DRAFT = 0, 1, 2
+
 
 class Events(Observed):
     """AgentSpec driving the replay; every counted position is kept as
-    ``(drafted, prediction or nan, accepted)`` per ``(source, fine cell)``, in order."""
+    ``(kind, prediction, accepted)`` per ``(source, fine cell)``, in order (an undrafted
+    position's prediction: its fine cell's estimate at that step); ``kind``
+    is :data:`DRAFTED`, :data:`NO_DRAFT` (the budget drafted none of the candidate) or
+    :data:`PAST_DRAFT` (the position right after a draft, reached when all of it was
+    accepted)."""
 
     def __init__(self, a: AgentSpecProposer, outputs: dict[str, np.ndarray]) -> None:
         super().__init__(a)
         self.outputs = outputs
-        self.events: defaultdict[tuple[int, int], list[tuple[bool, float, bool]]] = defaultdict(
-            list
-        )
+        self.events: defaultdict[tuple[int, int], list[tuple[int, float, bool]]] = defaultdict(list)
 
     def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
         drafts = self.a.propose(req_ids, k, step)
@@ -62,6 +68,7 @@ class Events(Observed):
             return drafts
         n = len(req_ids)
         slots = self.a._slots
+        sc, strength = self.a._scopes, self.a._calib.strength
         for i, r in enumerate(req_ids):
             slot = self.a._reqs[r]
             kept = int(slots.si[slot, K.C_DLEN])  # the positions kept for calibration
@@ -73,10 +80,15 @@ class Events(Observed):
             # the draft (the token the verifier emits after it)
             for j in range(min(len(d) + 1, kept, len(truth))):
                 ok = int(truth[j]) == int(slots.dtok[slot, j])
-                p = d.probs[j] if j < len(d) else float("nan")
-                self.events[(int(pick[i]) // n, int(slots.dcell[slot, j]))].append(
-                    (j < len(d), p, ok)
-                )
+                f = int(slots.dcell[slot, j])
+                if j < len(d):
+                    p = d.probs[j]
+                else:  # the fine cell's estimate now, as score read it (kernels._acceptance)
+                    cs = int(slots.si[slot, K.C_CAL])
+                    base = strength * sc.table[cs, f // K.NF]
+                    p = float((sc.fsucc[cs, f] + base) / (sc.ftot[cs, f] + strength))
+                kind = DRAFTED if j < len(d) else NO_DRAFT if not len(d) else PAST_DRAFT
+                self.events[(int(pick[i]) // n, f)].append((kind, p, ok))
                 if not ok:
                     break
         return drafts
@@ -85,25 +97,31 @@ class Events(Observed):
 def summary(events: Any, source: int, min_count: int) -> str:
     """One source's line (see the module doc)."""
     dr = np.zeros(3)  # drafted: prediction sum, accepted, n
-    und = np.zeros(2)  # undrafted in the same cells, reweighted: accepted, n
+    kinds = np.zeros((3, 3))  # per kind, every cell: prediction sum, accepted, n
+    und = np.zeros((3, 2))  # per kind, in the same cells, reweighted: accepted, n
     half = np.zeros((2, 3))  # per half: drafted prediction sum, accepted, n
     run = np.zeros(3)  # drafted after 8 earlier events: prediction sum, the cell's rate so far, n
     for (src, _f), ev in events.items():
         if src != source or len(ev) < min_count:
             continue
         a = np.array(ev, dtype=np.float64)
-        drafted = a[:, 0] > 0
+        drafted = a[:, 0] == DRAFTED
+        for kind in (NO_DRAFT, PAST_DRAFT):
+            m = a[:, 0] == kind
+            kinds[kind] += (a[m, 1].sum(), a[m, 2].sum(), m.sum())
         if drafted.any():
             dr += (a[drafted, 1].sum(), a[drafted, 2].sum(), drafted.sum())
-            if (~drafted).any():
-                und += (drafted.sum() * a[~drafted, 2].mean(), drafted.sum())
+            for kind in (NO_DRAFT, PAST_DRAFT):
+                other = a[:, 0] == kind
+                if other.any():
+                    und[kind] += (drafted.sum() * a[other, 2].mean(), drafted.sum())
         before = np.concatenate(([0.0], np.cumsum(a[:-1, 2])))  # accepted before each event
         seen = np.arange(len(a), dtype=np.float64)
         m = drafted & (seen >= 8)
         run += (a[m, 1].sum(), (before[m] / seen[m]).sum(), m.sum())
         mid = len(a) // 2
         for h, part in enumerate((a[:mid], a[mid:])):
-            m = part[:, 0] > 0
+            m = part[:, 0] == DRAFTED
             half[h] += (part[m, 1].sum(), part[m, 2].sum(), m.sum())
     if not dr[2]:
         return f"{SOURCES[source]:>6}: no cell with {min_count} counted positions"
@@ -111,8 +129,12 @@ def summary(events: Any, source: int, min_count: int) -> str:
         f"{SOURCES[source]:>6}: drafted {dr[2]:,.0f} predicted {dr[0] / dr[2]:.3f} "
         f"realised {dr[1] / dr[2]:.3f}"
     )
-    if und[1]:
-        line += f", not drafted (same cells) {und[0] / und[1]:.3f}"
+    for kind, name in ((NO_DRAFT, "no draft"), (PAST_DRAFT, "past a draft")):
+        if kinds[kind, 2]:
+            p, acc, m = kinds[kind]
+            line += f"; {name} {m:,.0f} predicted {p / m:.3f} realised {acc / m:.3f}"
+        if und[kind, 1]:
+            line += f" (in the drafted ones' cells {und[kind, 0] / und[kind, 1]:.3f})"
     if run[2]:
         psum, rate, cnt = run
         line += f"; after 8 events: predicted {psum / cnt:.3f}, cell's rate so far {rate / cnt:.3f}"

@@ -28,8 +28,8 @@ def test_tally_equals_the_proposers_counts_and_summary_reads_it() -> None:
     drafted = 0
     for (_s, f), events in ev.events.items():
         mine[f] += len(events)
-        mine_ok[f] += sum(ok for _d, _p, ok in events)
-        drafted += sum(d for d, _p, _ok in events)
+        mine_ok[f] += sum(ok for _k, _p, ok in events)
+        drafted += sum(kind == cd.DRAFTED for kind, _p, _ok in events)
     assert ftot.sum() > 100
     np.testing.assert_array_equal(mine, ftot)
     np.testing.assert_array_equal(mine_ok, fsucc)

@@ -169,6 +169,31 @@ def test_index_staged_inserts_equal_one_at_a_time(capacity: int) -> None:
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("capacity", [64, 1 << 12])
+def test_index_runs_equal_one_at_a_time(capacity: int) -> None:
+    """``stage_run`` (the kernels' call per run of one key's tokens, the insert inlined)
+    leaves the index exactly as inserting its tokens one call each."""
+    rng = np.random.default_rng(12)
+    runs, single = NgramIndex(capacity=capacity), NgramIndex(capacity=capacity)
+    seq_ids = [(runs.new_seq(), single.new_seq()) for _ in range(4)]
+    toks = rng.integers(0, 5, 2 * ngram_index.STAGE_TOKENS + 301).astype(np.int32)
+    stage = ngram_index.new_stage()
+    lo = 0
+    while lo < len(toks):
+        hi = min(len(toks), lo + int(rng.integers(1, 90)))
+        key, which = int(rng.integers(0, 3)), int(rng.integers(0, 4))
+        ngram_index.stage_run(key, seq_ids[which][0], toks, lo, hi, runs.arrays, stage)
+        for i in range(lo, hi):
+            single.insert(
+                np.array([key], np.int64), np.array([seq_ids[which][1]], np.int64), toks[i : i + 1]
+            )
+        lo = hi
+    ngram_index.flush_stage(runs.arrays, stage)
+    assert runs.written == single.written == len(toks)
+    for a, b in zip(runs.arrays, single.arrays, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_index_recycled_sequence_starts_clean() -> None:
     """A released sequence id comes back empty: new tokens neither link to nor hash with
     the tokens it held before."""

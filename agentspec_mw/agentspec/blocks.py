@@ -54,6 +54,7 @@ __all__ = [
     "GrammarTable",
     "advance",
     "current",
+    "feed",
 ]
 
 ROOT = "text"
@@ -234,18 +235,13 @@ class GrammarTable:
         _fill(self.arrays, gi, grammar.parts)
 
 
-# current and advance are called per token from the kernels' loops: compiled without numba's
-# reference counting (they allocate nothing), as counting their array arguments at every
-# call cost more than their work (~0.1 us per token, docs/experiments/proposer_speed.md)
-@njit(cache=True, nogil=True, _nrt=False)
-def current(stack: np.ndarray, st: np.ndarray) -> int:  # pragma: no cover
+def _current(stack: np.ndarray, st: np.ndarray) -> int:  # pragma: no cover
     """The innermost open block id of one automaton (0 = root)."""
     d = st[DEPTH]
     return stack[d - 1] if d > 0 else 0
 
 
-@njit(cache=True, nogil=True, _nrt=False)
-def advance(
+def _advance(
     tok: int, stack: np.ndarray, tail: np.ndarray, st: np.ndarray, g: Any, gi: int
 ) -> None:  # pragma: no cover
     """Feed one token's bytes to one automaton (``stack``/``tail``/``st`` rows) of
@@ -277,13 +273,37 @@ def advance(
                 st[DEPTH] = depth + 1
 
 
-@njit(cache=True, nogil=True)
-def _feed(
-    ids: np.ndarray, stack: np.ndarray, tail: np.ndarray, st: np.ndarray, g: Any, out: np.ndarray
+# The automaton's helpers are compiled without numba's reference counting (they allocate
+# nothing): counting their array arguments at every call cost more than their work
+# (docs/experiments/proposer_speed.md). A kernel feeds a run of tokens with one call of
+# `feed`, into which `_advance` and `_current` are inlined: a call per token, even without
+# counting, cost ~4x the automaton's own work (2026-12-04: 1,600 prompt tokens scanned in
+# 260 us called per token, 55 us through `feed`).
+current = njit(cache=True, nogil=True, _nrt=False)(_current)
+advance = njit(cache=True, nogil=True, _nrt=False)(_advance)
+_current_inline = njit(nogil=True, _nrt=False, inline="always")(_current)
+_advance_inline = njit(nogil=True, _nrt=False, inline="always")(_advance)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def feed(
+    toks: np.ndarray,
+    lo: int,
+    hi: int,
+    stack: np.ndarray,
+    tail: np.ndarray,
+    st: np.ndarray,
+    g: Any,
+    gi: int,
+    out: np.ndarray,
 ) -> None:  # pragma: no cover
-    for i in range(ids.shape[0]):
-        out[i] = current(stack, st)
-        advance(ids[i], stack, tail, st, g, 0)
+    """:func:`advance` over ``toks[lo:hi]``; with a non-empty ``out``, ``out[p - lo]`` is
+    the block token ``p`` belongs to (the one open before it)."""
+    keep = out.shape[0] > 0
+    for p in range(lo, hi):
+        if keep:
+            out[p - lo] = _current_inline(stack, st)
+        _advance_inline(toks[p], stack, tail, st, g, gi)
 
 
 class BlockState:
@@ -313,7 +333,7 @@ class BlockState:
         if len(ids) == 0:
             return []
         out = np.empty(len(ids), dtype=np.int64)
-        _feed(ids, self._stack, self._tail, self._st, self.grammar.arrays, out)
+        feed(ids, 0, len(ids), self._stack, self._tail, self._st, self.grammar.arrays, 0, out)
         cut = np.flatnonzero(np.diff(out)) + 1
         bounds = np.concatenate(([0], cut, [len(out)]))
         names = self.grammar.names

@@ -52,6 +52,7 @@ __all__ = [
     "new_stage",
     "reset_seq",
     "stage_insert",
+    "stage_run",
 ]
 
 LEVELS = np.array([1, 2, 4, 8], dtype=np.int64)
@@ -130,11 +131,7 @@ def new_stage() -> np.ndarray:  # pragma: no cover
     return stage
 
 
-# stage_insert and reset_seq are called per token from the kernels' loops: compiled without
-# numba's reference counting (they allocate nothing), as counting their array arguments at
-# every call cost more than their work (~0.2 us per insert, docs/experiments/proposer_speed.md)
-@njit(cache=True, nogil=True, _nrt=False)
-def stage_insert(key: int, s: int, t: int, ix: Any, stage: np.ndarray) -> None:  # pragma: no cover
+def _stage_insert(key: int, s: int, t: int, ix: Any, stage: np.ndarray) -> None:  # pragma: no cover
     """Append token ``t`` to sequence ``s`` under ``key`` (``ix`` = :attr:`NgramIndex.arrays`),
     leaving its hash-table probes in ``stage`` for :func:`flush_stage`.
 
@@ -195,6 +192,24 @@ def stage_insert(key: int, s: int, t: int, ix: Any, stage: np.ndarray) -> None: 
         stage[m, 2] = lv
     stage[0, 0] = m
     stage[0, 1] += 1
+
+
+# The insert helpers are compiled without numba's reference counting (they allocate
+# nothing): counting their array arguments at every call cost more than their work (~0.2 us
+# per insert, docs/experiments/proposer_speed.md). A kernel appends a run of tokens under one
+# key with one call of `stage_run`, into which `_stage_insert` is inlined (a call per token
+# costs more than the insert's own first half).
+stage_insert = njit(cache=True, nogil=True, _nrt=False)(_stage_insert)
+_stage_insert_inline = njit(nogil=True, _nrt=False, inline="always")(_stage_insert)
+
+
+@njit(cache=True, nogil=True, _nrt=False)
+def stage_run(
+    key: int, s: int, toks: np.ndarray, lo: int, hi: int, ix: Any, stage: np.ndarray
+) -> None:  # pragma: no cover
+    """:func:`stage_insert` of ``toks[lo:hi]``, in order, to sequence ``s`` under ``key``."""
+    for p in range(lo, hi):
+        _stage_insert_inline(key, s, toks[p], ix, stage)
 
 
 @njit(cache=True, nogil=True)
@@ -318,6 +333,58 @@ def _lookup_rows(
        candidate advances: the vote and the survivors' filter read that small array,
        not the records.
     """
+    n_lv = ix[6].shape[0]
+    nr = hi - lo
+    _walk_rows(
+        lo,
+        hi,
+        keys,
+        ctx,
+        ctx_len,
+        ks,
+        ix,
+        out_tok,
+        out_prob,
+        out_len,
+        out_match,
+        out_support,
+        np.zeros((nr, n_lv), dtype=np.int64),  # hashes (0: level longer than the context)
+        np.full((nr, n_lv), _EMPTY, dtype=np.int64),  # heads
+        np.full(nr, -1, dtype=np.int64),  # level
+        np.full(nr, _EMPTY, dtype=np.int64),  # pointer
+        np.zeros(nr, dtype=np.int64),  # candidates
+        np.empty((nr, MAX_CANDIDATES), dtype=np.int64),
+        np.empty((nr, MAX_CANDIDATES), dtype=np.int32),  # each candidate's token
+        np.empty(nr, dtype=np.int64),  # the active rows
+    )
+
+
+# the body of `_lookup_rows`, compiled without numba's reference counting (it allocates
+# nothing): counting the arrays passed to its inlined helpers per drafted token cost
+# (2026-12-04) about a third of a lookup
+@njit(cache=True, nogil=True, _nrt=False)
+def _walk_rows(
+    lo: int,
+    hi: int,
+    keys: np.ndarray,
+    ctx: np.ndarray,
+    ctx_len: np.ndarray,
+    ks: np.ndarray,
+    ix: Any,
+    out_tok: np.ndarray,
+    out_prob: np.ndarray,
+    out_len: np.ndarray,
+    out_match: np.ndarray,
+    out_support: np.ndarray,
+    hs: np.ndarray,
+    heads: np.ndarray,
+    lvl: np.ndarray,
+    ptr: np.ndarray,
+    nc: np.ndarray,
+    cand: np.ndarray,
+    ctok: np.ndarray,
+    act: np.ndarray,
+) -> None:  # pragma: no cover
     rec, ht, _sp, _sr, _sn, state, levels, rec32 = ix
     cap = rec.shape[0]
     mask = np.uint64(ht.shape[0] - 1)
@@ -325,14 +392,6 @@ def _lookup_rows(
     cmask = cap - 1  # capacity is a power of two
     n_lv = levels.shape[0]
     nr = hi - lo
-    hs = np.zeros((nr, n_lv), dtype=np.int64)  # 0: level longer than the context
-    heads = np.full((nr, n_lv), _EMPTY, dtype=np.int64)
-    lvl = np.full(nr, -1, dtype=np.int64)
-    ptr = np.full(nr, _EMPTY, dtype=np.int64)
-    nc = np.zeros(nr, dtype=np.int64)
-    cand = np.empty((nr, MAX_CANDIDATES), dtype=np.int64)
-    ctok = np.empty((nr, MAX_CANDIDATES), dtype=np.int32)  # each candidate's token
-    act = np.empty(nr, dtype=np.int64)
     # 1. every row's bucket per level, prefetched, then probed
     for i in range(nr):
         r = lo + i

@@ -4,7 +4,7 @@ A :class:`BlockGrammar` is compiled once per delimiter set and token table into 
 arrays; a :class:`GrammarTable` holds several grammars as rows of one set of arrays, so
 one kernel call advances requests of different grammars together (the grammar is a row
 index, not a separate call). The state of one request is a small pushdown automaton (a
-stack of open blocks and the last bytes seen) advanced by a numba kernel, :func:`advance`,
+stack of open blocks and the last bytes seen) advanced by a numba kernel, :func:`feed`,
 that the proposer calls for a whole batch inside its per-step kernel and
 :class:`BlockState` calls for one request:
 
@@ -52,7 +52,6 @@ __all__ = [
     "BlockSpec",
     "BlockState",
     "GrammarTable",
-    "advance",
     "current",
     "feed",
 ]
@@ -111,7 +110,7 @@ def _flat_bytes(token_bytes: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _delim_hashes(delims: Sequence[bytes]) -> np.ndarray:
-    """The polynomial hash :func:`advance` computes over each delimiter's bytes (each
+    """The polynomial hash :func:`feed` computes over each delimiter's bytes (each
     byte counted as ``byte + 1``, the last byte with power 0), modulo 2^64: vectorised
     (numpy's uint64 arithmetic wraps), so a new grammar costs microseconds to hash."""
     lens = np.fromiter(map(len, delims), np.int64, len(delims))
@@ -126,7 +125,7 @@ class BlockGrammar:
     """Compiled delimiters for one token table (shared by all requests that use them).
 
     Block ids: 0 is :data:`ROOT`, ``i + 1`` is ``specs[i]``; :attr:`names` maps back.
-    :attr:`arrays` is the tuple :func:`advance` takes.
+    :attr:`arrays` is the tuple :func:`feed` takes.
     """
 
     def __init__(self, specs: Sequence[BlockSpec], token_bytes: Sequence[bytes]) -> None:
@@ -168,7 +167,7 @@ class BlockGrammar:
         (:func:`_fill`)."""
         self.arrays: tuple[np.ndarray, ...] = _table(1, token_bytes)
         _fill(self.arrays, 0, self.parts)
-        """The one-grammar table :func:`advance` takes (grammar index 0)."""
+        """The one-grammar table :func:`feed` takes (grammar index 0)."""
 
 
 _DPG = 2 * (MAX_BLOCKS + 1)  # delimiter slots per grammar row of a table (2 per block)
@@ -209,7 +208,7 @@ def _fill(arrays: tuple[np.ndarray, ...], gi: int, parts: tuple[np.ndarray, ...]
 
 class GrammarTable:
     """The grammars a proposer uses, in one fixed table of ``capacity`` rows: grammar
-    ``gi`` is row ``gi`` of :attr:`arrays` (what :func:`advance` takes with that ``gi``).
+    ``gi`` is row ``gi`` of :attr:`arrays` (what :func:`feed` takes with that ``gi``).
     Row 0 holds the default grammar; :meth:`set` writes another row in place (no other
     row moves, so requests of other grammars are not disturbed). About 5 kB per row."""
 
@@ -278,9 +277,9 @@ def _advance(
 # (docs/experiments/proposer_speed.md). A kernel feeds a run of tokens with one call of
 # `feed`, into which `_advance` and `_current` are inlined: a call per token, even without
 # counting, cost ~4x the automaton's own work (2026-12-04: 1,600 prompt tokens scanned in
-# 260 us called per token, 55 us through `feed`).
+# 260 us called per token, 55 us through `feed`). `current` stays callable alone (once per
+# request).
 current = njit(cache=True, nogil=True, _nrt=False)(_current)
-advance = njit(cache=True, nogil=True, _nrt=False)(_advance)
 _current_inline = njit(nogil=True, _nrt=False, inline="always")(_current)
 _advance_inline = njit(nogil=True, _nrt=False, inline="always")(_advance)
 
@@ -297,8 +296,9 @@ def feed(
     gi: int,
     out: np.ndarray,
 ) -> None:  # pragma: no cover
-    """:func:`advance` over ``toks[lo:hi]``; with a non-empty ``out``, ``out[p - lo]`` is
-    the block token ``p`` belongs to (the one open before it)."""
+    """Feed the bytes of ``toks[lo:hi]`` to one automaton (``stack``/``tail``/``st`` rows,
+    grammar ``gi`` of table ``g``, :func:`_advance` per token); with a non-empty ``out``,
+    ``out[p - lo]`` is the block token ``p`` belongs to (the one open before it)."""
     keep = out.shape[0] > 0
     for p in range(lo, hi):
         if keep:

@@ -495,6 +495,8 @@ def _score_one(
         cell,
         ok,
         flat,
+        np.empty((n_src, k), np.int64),
+        np.empty((n_src, k)),
     )
     assert n_flat == ok[0]
     return int(pick[0]), cell[0], n_flat, flat[:n_flat]

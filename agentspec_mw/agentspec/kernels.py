@@ -489,82 +489,11 @@ def _acceptance(
     return (fsucc[f] + strength * table[c]) / (ftot[f] + strength)
 
 
-@njit(cache=True, nogil=True)
-def score(
-    tok: np.ndarray,
-    prob: np.ndarray,
-    lens: np.ndarray,
-    match: np.ndarray,
-    support: np.ndarray,
-    rec: np.ndarray,
-    cal: np.ndarray,
-    table: np.ndarray,
-    fine: Any,
-    levels: np.ndarray,
-    sup_edges: np.ndarray,
-    n_q: int,
-    bounds: np.ndarray,
-    out_pick: np.ndarray,
-    out_len: np.ndarray,
-    out_cell: np.ndarray,
-    out_ok: np.ndarray,
-    out_flat: np.ndarray,
-) -> int:  # pragma: no cover
-    """Calibrated survival of every candidate row; pick each request's best source.
-
-    Rows are ``source * n_req + r``. A token's calibration cell is, flattened,
-    ``(source, agree, match bucket, support bucket, position bucket, c/n bucket)``, where
-    ``agree`` = another source drafts the same tokens up to and including this position
-    (:func:`_agreed`) and the position buckets are
-    0, 1, 2-3, 4-7, 8+ (acceptance given the earlier positions were accepted). Each
-    cell is split into :data:`NF` fine cells by the token's text class, whether the
-    draft crossed a line break before it and the request's record bucket ``rec[r]``;
-    ``fine`` (``FineCells``: ``fsucc, ftot, codes, strength``) holds their counts, the
-    token codes (:func:`~agentspec_mw.agentspec.token_classes.token_classes`) and the
-    shrinkage weight (:func:`_acceptance`); request ``r`` reads its scope's row ``cal[r]``
-    of them and of ``table``. Written cells are fine cells.
-    The picked row maximises the expected accepted tokens among its positions whose
-    survival is at least ``bounds[r]`` (the budget's admission bound for the request this
-    step: positions under it can never pay for their slot,
-    :func:`~agentspec_mw.agentspec.budget.admission_bound`), then the sum of all its
-    survivals; the first source wins ties. Its cells are written out; ``out_ok[r]`` is
-    how many of its leading positions reach ``bounds[r]``, and those
-    positions' survivals, request after request, fill ``out_flat`` (their count is
-    returned).
-    """
-    n_src = tok.shape[0] // out_pick.shape[0]
-    # each source's fine cells and survivals, kept for the one picked (no second pass)
-    cells = np.empty((n_src, tok.shape[1]), dtype=np.int64)
-    surv = np.empty((n_src, tok.shape[1]), dtype=np.float64)
-    return _score_rows(
-        tok,
-        prob,
-        lens,
-        match,
-        support,
-        rec,
-        cal,
-        table,
-        fine,
-        levels,
-        sup_edges,
-        n_q,
-        bounds,
-        out_pick,
-        out_len,
-        out_cell,
-        out_ok,
-        out_flat,
-        cells,
-        surv,
-    )
-
-
-# the loop of `score`, compiled without numba's reference counting (it allocates nothing):
-# counting the arrays of the helpers inlined into it, per draft position, took ~1/6 of a
-# 256-request step's scoring (2026-12-04, docs/experiments/proposer_speed.md)
+# compiled without numba's reference counting (it allocates nothing; the caller passes the
+# scratch rows): counting the arrays of the helpers inlined into its loop, per draft position,
+# took ~1/6 of a 256-request step's scoring (2026-12-04, docs/experiments/proposer_speed.md)
 @njit(cache=True, nogil=True, _nrt=False)
-def _score_rows(
+def score(
     tok: np.ndarray,
     prob: np.ndarray,
     lens: np.ndarray,
@@ -586,6 +515,29 @@ def _score_rows(
     cells: np.ndarray,
     surv: np.ndarray,
 ) -> int:  # pragma: no cover
+    """Calibrated survival of every candidate row; pick each request's best source.
+
+    Rows are ``source * n_req + r``. A token's calibration cell is, flattened,
+    ``(source, agree, match bucket, support bucket, position bucket, c/n bucket)``, where
+    ``agree`` = another source drafts the same tokens up to and including this position
+    (:func:`_agreed`) and the position buckets are
+    0, 1, 2-3, 4-7, 8+ (acceptance given the earlier positions were accepted). Each
+    cell is split into :data:`NF` fine cells by the token's text class, whether the
+    draft crossed a line break before it and the request's record bucket ``rec[r]``;
+    ``fine`` (``FineCells``: ``fsucc, ftot, codes, strength``) holds their counts, the
+    token codes (:func:`~agentspec_mw.agentspec.token_classes.token_classes`) and the
+    shrinkage weight (:func:`_acceptance`); request ``r`` reads its scope's row ``cal[r]``
+    of them and of ``table``. Written cells are fine cells.
+    The picked row maximises the expected accepted tokens among its positions whose
+    survival is at least ``bounds[r]`` (the budget's admission bound for the request this
+    step: positions under it can never pay for their slot,
+    :func:`~agentspec_mw.agentspec.budget.admission_bound`), then the sum of all its
+    survivals; the first source wins ties. Its cells are written out; ``out_ok[r]`` is
+    how many of its leading positions reach ``bounds[r]``, and those
+    positions' survivals, request after request, fill ``out_flat`` (their count is
+    returned). ``cells`` and ``surv`` (at least sources × candidate width) are scratch: each
+    source's fine cells and survivals, kept for the one picked (no second pass).
+    """
     fsucc2, ftot2, codes, strength = fine
     n_req = out_pick.shape[0]
     n_src = tok.shape[0] // n_req

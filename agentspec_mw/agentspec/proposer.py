@@ -404,6 +404,8 @@ class AgentSpecProposer:
             ws.sel_cell,
             ws.n_ok,
             ws.flat,
+            ws.score_cells,
+            ws.score_surv,
         )
         if self.candidates is not None:
             self.candidates.update(tok=cand.tok.copy(), lens=cand.lens.copy(), pick=ws.pick.copy())

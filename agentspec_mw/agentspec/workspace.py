@@ -54,6 +54,8 @@ class StepWorkspace(NamedTuple):
     sel_cell: np.ndarray  # per request: that candidate's fine calibration cells
     n_ok: np.ndarray  # per request: its leading positions at or above the admission bound
     flat: np.ndarray  # those positions' survivals, request after request
+    score_cells: np.ndarray  # scratch of `kernels.score`: one request's fine cells per source
+    score_surv: np.ndarray  # scratch of `kernels.score`: its survivals per source
 
 
 def _buffers(cap: int, kk: int) -> StepWorkspace:
@@ -79,6 +81,8 @@ def _buffers(cap: int, kk: int) -> StepWorkspace:
         sel_cell=np.zeros((cap, kk), np.int64),
         n_ok=np.zeros(cap, np.int64),
         flat=np.zeros(cap * kk, np.float64),
+        score_cells=np.zeros((N_HIST + 1, kk), np.int64),
+        score_surv=np.zeros((N_HIST + 1, kk), np.float64),
     )
 
 
@@ -120,6 +124,8 @@ class Workspaces:
             sel_cell=base.sel_cell[:n_req],
             n_ok=base.n_ok[:n_req],
             flat=base.flat[: n_req * kk],
+            score_cells=base.score_cells,
+            score_surv=base.score_surv,
         )
         self._views[(n_req, kk)] = ws
         return ws

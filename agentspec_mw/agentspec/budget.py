@@ -76,8 +76,8 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
+from agentspec_mw.agentspec.jit import kernel
 from agentspec_mw.costmodel import StepTimeFn
 from agentspec_mw.proposer import StepContext
 
@@ -369,7 +369,7 @@ def allocate(
 _NO_TIMES = np.empty(0, dtype=np.float64)
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _solve(
     survival: np.ndarray,
     lens: np.ndarray,
@@ -408,7 +408,7 @@ def _solve(
     return counts, best, (goodput, csum[best]), m - 1
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _rank(
     survival: np.ndarray, lens: np.ndarray, min_survival: float, cap: int
 ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
@@ -426,7 +426,7 @@ def _rank(
     return order, csum[: m + 1]
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _choose(
     order: np.ndarray,
     csum: np.ndarray,
@@ -459,7 +459,7 @@ def _choose(
     return counts, best, best_g
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _solve_priced(
     survival: np.ndarray,
     lens: np.ndarray,

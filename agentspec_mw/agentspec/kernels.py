@@ -34,9 +34,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from agentspec_mw.agentspec.blocks import current, feed
+from agentspec_mw.agentspec.jit import kernel
 from agentspec_mw.agentspec.lookup import match_tail
 from agentspec_mw.agentspec.ngram_index import (
     MAX_N,
@@ -84,7 +84,7 @@ _LOCAL_MIN_MATCH = 1
 _LOCAL_MAX_BACKOFF = 16  # steps a request skips the local scan after failing, at most
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def scan_prompts(
     slots: np.ndarray,
     n_scan: int,
@@ -109,7 +109,7 @@ def scan_prompts(
         feed(ctx, a + max(0, n - n_scan), a + n, stack_s, tail_s, bst_s, g, si[s, C_GID], no_out)
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def apply_extends(
     slots: np.ndarray,
     off: np.ndarray,
@@ -228,7 +228,7 @@ def apply_extends(
     flush_stage(ix, stage)
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def room_needed(
     slots: np.ndarray, lens: np.ndarray, si: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
@@ -257,7 +257,7 @@ def room_needed(
     return short[:n], extra[:n], off
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def release_rows(
     done: np.ndarray, si: np.ndarray, ledger: np.ndarray
 ) -> np.ndarray:  # pragma: no cover
@@ -282,7 +282,7 @@ def release_rows(
     return seqs[:n]
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def insert_outputs(
     slots: np.ndarray, seq: int, si: np.ndarray, ctx: np.ndarray, ix: Any, col: int
 ) -> None:  # pragma: no cover
@@ -299,7 +299,7 @@ def insert_outputs(
     flush_stage(ix, stage)
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def gather(
     slots: np.ndarray,
     si: np.ndarray,
@@ -341,7 +341,7 @@ def gather(
         out_keys[2 * n + r] = g * NB if g >= 0 else -1
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def local_drafts(
     slots: np.ndarray,
     ks: np.ndarray,
@@ -388,7 +388,7 @@ def local_drafts(
         out_ml[r] = si[s, C_LML]
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def keep_candidates(
     slots: np.ndarray,
     pick: np.ndarray,
@@ -419,7 +419,7 @@ def keep_candidates(
         si[s, C_DSENT] = 0
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(nogil=True, inline="always")
 def _head(
     a: int,
     r: int,
@@ -441,7 +441,7 @@ def _head(
     return (((a * 2) * levels.shape[0] + ml) * (sup_edges.shape[0] + 1) + sb) * N_POS
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(nogil=True, inline="always")
 def _agreed(a: int, r: int, n_req: int, tok: np.ndarray, lens: np.ndarray) -> int:
     """Leading positions of candidate ``a`` that another source drafts identically."""
     n_src = tok.shape[0] // n_req
@@ -459,7 +459,7 @@ def _agreed(a: int, r: int, n_req: int, tok: np.ndarray, lens: np.ndarray) -> in
     return best
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(nogil=True, inline="always")
 def _cell(head: int, agree: int, j: int, p: float, n_q: int) -> int:  # pragma: no cover
     """Calibration cell of draft position ``j`` with count ratio ``p`` in row ``head``;
     ``agree`` is the row offset when another source drafts the same tokens up to ``j``."""
@@ -467,7 +467,7 @@ def _cell(head: int, agree: int, j: int, p: float, n_q: int) -> int:  # pragma: 
     return (head + agree + pb) * n_q + min(int(p * n_q), n_q - 1)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(nogil=True, inline="always")
 def _fine(cell: int, code: int, crossed: int, rec: int) -> int:  # pragma: no cover
     """Fine cell of a token in calibration ``cell``: its text class (``code``'s low
     bits, :mod:`.token_classes`), whether the draft crossed a line break before it, and
@@ -476,7 +476,7 @@ def _fine(cell: int, code: int, crossed: int, rec: int) -> int:  # pragma: no co
     return base + (code & (N_CLASSES - 1)) + (N_CLASSES if crossed else 0)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(nogil=True, inline="always")
 def _acceptance(
     f: int, table: np.ndarray, fsucc: np.ndarray, ftot: np.ndarray, strength: float
 ) -> float:  # pragma: no cover
@@ -492,7 +492,7 @@ def _acceptance(
 # compiled without numba's reference counting (it allocates nothing; the caller passes the
 # scratch rows): counting the arrays of the helpers inlined into its loop, per draft position,
 # took ~1/6 of a 256-request step's scoring (2026-12-04, docs/experiments/proposer_speed.md)
-@njit(cache=True, nogil=True, _nrt=False)
+@kernel(nogil=True, _nrt=False)
 def score(
     tok: np.ndarray,
     prob: np.ndarray,
@@ -590,7 +590,7 @@ def score(
     return n_flat
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def emit_drafts(
     slots: np.ndarray,
     counts: np.ndarray,

@@ -11,12 +11,13 @@ too, which calibrates the draft.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from agentspec_mw.agentspec.jit import kernel
 
 __all__ = ["match_tail"]
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def match_tail(ctx: np.ndarray, min_n: int, max_n: int) -> tuple[int, int]:  # pragma: no cover
     """Where the most recent longest match (``min_n..max_n``) of the suffix continues.
 

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 from numba import get_num_threads, njit, prange
 
+from agentspec_mw.agentspec.jit import kernel
 from agentspec_mw.agentspec.parallel import THREADED, ModeChooser
 from agentspec_mw.agentspec.prefetch import prefetch2
 
@@ -90,27 +91,27 @@ def _aligned(shape: tuple[int, int], fill: int) -> np.ndarray:
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(nogil=True, inline="always")
 def _seed(key: np.int64) -> np.uint64:  # pragma: no cover
     """Start of the hashes of ``key``'s n-grams (:func:`_hash`)."""
     return np.uint64(key) * np.uint64(0x100000001B3)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(nogil=True, inline="always")
 def _mix(h: np.uint64, t: np.int64) -> np.uint64:  # pragma: no cover
     """Fold one more (earlier) token into a running n-gram hash."""
     h = (h ^ np.uint64(t & 0xFFFFFFFF)) * _MULT
     return h ^ (h >> np.uint64(29))
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(nogil=True, inline="always")
 def _final(h: np.uint64, n: np.int64) -> np.int64:  # pragma: no cover
     """The table hash of a running hash over ``n`` tokens (never 0: 0 marks empty)."""
     h = (h ^ (np.uint64(n) * np.uint64(0x9E3779B1))) * _MULT
     return np.int64((h ^ (h >> np.uint64(29))) | np.uint64(1))
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _hash(key: np.int64, n: np.int64, toks: np.ndarray, end: int) -> np.int64:  # pragma: no cover
     """Hash of ``(key, n, toks[end-n:end])``, folding the tokens newest first — so the
     hashes of every level are one pass over the last :data:`MAX_N` tokens, each level's
@@ -121,7 +122,7 @@ def _hash(key: np.int64, n: np.int64, toks: np.ndarray, end: int) -> np.int64:  
     return _final(h, n)
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def new_stage() -> np.ndarray:  # pragma: no cover
     """An empty staging buffer for :func:`stage_insert` (row 0: pending probes and
     tokens; then one row per pending probe: hash, position, level)."""
@@ -199,11 +200,11 @@ def _stage_insert(key: int, s: int, t: int, ix: Any, stage: np.ndarray) -> None:
 # per insert, docs/experiments/proposer_speed.md). A kernel appends a run of tokens under one
 # key with one call of `stage_run`, into which `_stage_insert` is inlined (with `blocks.feed`:
 # `apply_extends` 0.37 -> 0.21 ms a 256-request step, docs/experiments/proposer_speed.md).
-stage_insert = njit(cache=True, nogil=True, _nrt=False)(_stage_insert)
+stage_insert = kernel(nogil=True, _nrt=False)(_stage_insert)
 _stage_insert_inline = njit(nogil=True, _nrt=False, inline="always")(_stage_insert)
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@kernel(nogil=True, _nrt=False)
 def stage_run(
     key: int, s: int, toks: np.ndarray, lo: int, hi: int, ix: Any, stage: np.ndarray
 ) -> None:  # pragma: no cover
@@ -212,7 +213,7 @@ def stage_run(
         _stage_insert_inline(key, s, toks[p], ix, stage)
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def flush_stage(ix: Any, stage: np.ndarray) -> None:  # pragma: no cover
     """Run the staged probes of :func:`stage_insert`, in order, and empty the stage."""
     rec, ht, _sp, _sr, _sn, _st, _lv, _r32 = ix
@@ -244,13 +245,13 @@ def flush_stage(ix: Any, stage: np.ndarray) -> None:  # pragma: no cover
     stage[0, 1] = 0
 
 
-@njit(cache=True, nogil=True, _nrt=False)
+@kernel(nogil=True, _nrt=False)
 def reset_seq(s: int, ix: Any) -> None:  # pragma: no cover
     """Start sequence ``s`` afresh (its earlier tokens stay in the index)."""
     ix[4][s] = 0
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _insert(
     keys: np.ndarray, seqs: np.ndarray, toks: np.ndarray, ix: Any, stage: np.ndarray
 ) -> None:  # pragma: no cover
@@ -259,13 +260,13 @@ def _insert(
     flush_stage(ix, stage)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(nogil=True, inline="always")
 def _col(ph: int) -> int:  # pragma: no cover
     """The int32 column of a record holding the token ``ph`` (0..3) after it."""
     return ph + (2 * R_AH2 - 2) * (ph >> 1)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@kernel(nogil=True, inline="always")
 def _vote(ctok: np.ndarray, na: int) -> tuple[int, int]:  # pragma: no cover
     """The token most of the continuations hold (``ctok[:na]``: each one's next token),
     and how many hold it (the first seen wins ties)."""
@@ -298,7 +299,7 @@ def _vote(ctok: np.ndarray, na: int) -> tuple[int, int]:  # pragma: no cover
     return best_t, best_c
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _lookup_rows(
     lo: int,
     hi: int,
@@ -362,7 +363,7 @@ def _lookup_rows(
 # the body of `_lookup_rows`, compiled without numba's reference counting (it allocates
 # nothing): counting the arrays passed to its inlined helpers per drafted token cost ~1/10
 # of a 256-request step's lookup (2026-12-04, docs/experiments/proposer_speed.md)
-@njit(cache=True, nogil=True, _nrt=False)
+@kernel(nogil=True, _nrt=False)
 def _walk_rows(
     lo: int,
     hi: int,
@@ -523,7 +524,7 @@ def _walk_rows(
         n_act = w
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@kernel(nogil=True, parallel=True)
 def _lookup_par(
     n_chunks: int,
     keys: np.ndarray,

@@ -12,9 +12,9 @@ grown. Slots are reused after release.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from agentspec_mw.agentspec.blocks import HASH_RING, MAX_DEPTH
+from agentspec_mw.agentspec.jit import kernel
 from agentspec_mw.agentspec.kernels import C_CCAP, C_CLEN, C_CSTART, N_COLS
 
 __all__ = ["SlotTable"]
@@ -119,7 +119,7 @@ class SlotTable:
         self.ctx = new
 
 
-@njit(cache=True, nogil=True)
+@kernel(nogil=True)
 def _move_segments(
     live: np.ndarray, si: np.ndarray, old: np.ndarray, new: np.ndarray
 ) -> int:  # pragma: no cover

@@ -341,6 +341,36 @@ def test_the_fit_after_the_last_repeat_is_kept_and_printed() -> None:
     )
 
 
+def test_live_calibration_is_pooled_over_the_repeats_and_printed() -> None:
+    config = BenchConfig(ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=3)
+    results = _results(config)
+    bins = [[0.0, 0.0, 0.0] for _ in range(10)]
+    bins[9], bins[2] = [8.0, 7.6, 7.0], [2.0, 0.5, 0.0]
+    for r in range(2):  # the third repeat's drafts carried no estimate
+        old = results[("suffix", "demo", 4, r)]
+        update = {"estimated": 10, "expected": 8.1, "estimated_accepted": 7, "reliability": bins}
+        results[("suffix", "demo", 4, r)] = old.model_copy(update=update)
+    rows, mismatches = summarize(results, dict.fromkeys(results, 1.0), config)
+    none, suffix = rows
+    assert none.expected_acceptance is None and none.reliability == []
+    assert suffix.expected_acceptance == pytest.approx(0.81)
+    assert suffix.estimated_acceptance == pytest.approx(0.7)
+    assert suffix.reliability[9] == [16.0, 15.2, 14.0] and suffix.reliability[2][0] == 4.0
+    report = BenchReport(
+        config=config,
+        date="2026-12-05",
+        cpus=2,
+        load_before=[1.0] * 3,
+        load_after=[1.0] * 3,
+        engine_start_s={},
+        rows=rows,
+        mismatches=mismatches,
+    )
+    text = format_report(report)
+    assert "suffix demo: expected 81.0% accepted, got 70.0%" in text
+    assert "(by predicted survival: 0.2-0.3 0% of 4, 0.9-1.0 88% of 16)" in text
+
+
 def test_the_fit_reports_predicted_over_measured_time() -> None:
     """Three 50 ms steps and one 250 ms step, each predicted at the mean (100 ms): the
     mean relative error is +60 %, yet the predicted time sums to the measured time."""
@@ -512,6 +542,11 @@ def test_bench_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert by_label["none"].drafted == 0 and by_label["agentspec"].drafted > 0
     assert by_label["agentspec"].proposer_ms_per_step is not None
     assert by_label["none"].proposer_ms_per_step is None
+    # AgentSpec's drafts carry its estimates: the live calibration counts them
+    agentspec = by_label["agentspec"]
+    assert agentspec.expected_acceptance is not None and 0 < agentspec.expected_acceptance <= 1
+    assert sum(n for n, _, _ in agentspec.reliability) <= agentspec.drafted
+    assert "live calibration at N=" in text
     assert all(r.tokens_per_s > 0 and r.identical_to_none for r in report.rows)
     assert "writer's answer" in report.sample_output
     assert out.with_suffix(".png").stat().st_size > 1000

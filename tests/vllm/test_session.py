@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
 
 from agentspec_mw.costfit import MeasuredStepTime
+from agentspec_mw.proposer import Draft, StepContext
 from agentspec_mw.tags import MAX_WIRE_CHARS, StructureTags, tags_to_wire
 from agentspec_mw_vllm.context import BatchContext
 from agentspec_mw_vllm.metrics import DrafterMetrics
@@ -233,6 +235,55 @@ def test_metrics_count_verified_and_accepted_per_agent_and_block() -> None:
     assert snap.accepted == {"coder/tool_call": 2, "untagged/none": 0}
     assert snap.budget_offered == 16 and snap.budget_used == 12
     assert snap.draft_steps == 2 and snap.proposer_seconds > 0
+
+
+class EstimatingProposer(ProbeProposer):
+    """Echo drafts that carry per-token estimates (0.8, 0.5, 0.5, ...)."""
+
+    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        return [
+            Draft((self.tokens[rid][-1],) * self.draft_len, (0.8,) + (0.5,) * (self.draft_len - 1))
+            for rid in req_ids
+        ]
+
+
+def test_live_calibration_counts_the_expected_survival_of_the_verified_positions() -> None:
+    metrics = DrafterMetrics(prometheus=False)
+    session = DraftSession(EstimatingProposer(draft_len=3), k=4, metrics=metrics)
+    batch = Batch()
+    batch.add("a", [1, 2], tags_to_wire(TAGS))
+    batch.add("b", [3, 4])
+    step(session, batch, {"a": [5], "b": [6]})
+    # a: all 3 drafts verified (survivals 0.8, 0.4, 0.2), 2 accepted; b: cut to 2 (0.8, 0.4), none
+    step(session, batch, {"a": [5, 5, 9], "b": [7]}, spec={"a": [5, 5, 5], "b": [6, 6]})
+    snap = metrics.snapshot()
+    assert snap.estimated == {"coder/tool_call": 3, "untagged/none": 2}
+    assert snap.expected == pytest.approx({"coder/tool_call": 1.4, "untagged/none": 1.2})
+    assert snap.estimated_accepted == {"coder/tool_call": 2, "untagged/none": 0}
+    bins = {i: row for i, row in enumerate(snap.reliability) if row[0]}
+    assert bins.keys() == {2, 4, 8}
+    assert bins[8][0] == 2 and bins[8][1] == pytest.approx(1.6) and bins[8][2] == 1
+    assert bins[4][0] == 2 and bins[4][2] == 1 and bins[2] == (1, pytest.approx(0.2), 0)
+    # a request drafted nothing in the last step: nothing verified, nothing expected
+    step(session, batch, {"a": [3], "b": [8]})
+    assert metrics.snapshot().estimated == snap.estimated
+
+
+def test_drafts_without_estimates_count_as_verified_only() -> None:
+    metrics = DrafterMetrics(prometheus=False)
+    session = DraftSession(ProbeProposer(draft_len=3), k=4, metrics=metrics)
+    batch = Batch()
+    batch.add("a", [1, 2])
+    step(session, batch, {"a": [5]})
+    step(session, batch, {"a": [5, 5, 9]}, spec={"a": [5, 5, 5]})
+    snap = metrics.snapshot()
+    assert snap.drafted == {"untagged/none": 3}
+    assert snap.estimated == {} and snap.expected == {} and snap.reliability == ()
+
+
+def test_survivals_must_match_the_verified_positions() -> None:
+    with pytest.raises(ValueError, match="2 survivals for 3 drafted"):
+        DrafterMetrics(prometheus=False).record_verified("x", "none", 3, 1, None, [0.9, 0.5])
 
 
 def test_agent_labels_are_bounded() -> None:

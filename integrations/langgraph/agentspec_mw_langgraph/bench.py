@@ -196,6 +196,14 @@ class BenchRow(BaseModel):
     """``agent -> [drafted, accepted]`` summed over the repeats (per-request metrics)."""
     per_block: dict[str, list[int]]
     """AgentSpec's ``"agent/block" -> [drafted, accepted]``."""
+    expected_acceptance: float | None = None
+    """Live calibration: of the verified draft tokens that carried the proposer's estimate
+    (AgentSpec's), the share it expected accepted (Σ predicted survival / tokens) ..."""
+    estimated_acceptance: float | None = None
+    """... and the share accepted, on the same tokens."""
+    reliability: list[list[float]] = []
+    """Per tenth of predicted survival, summed over the repeats: ``[positions, Σ predicted,
+    accepted]`` (:attr:`agentspec_mw_vllm.metrics.MetricsSnapshot.reliability`)."""
     identical_to_none: bool
     load_avg: float
     """Mean 1-minute load average at the start of this row's runs."""
@@ -333,6 +341,8 @@ def summarize(
                         acc[0] += v[0]
                         acc[1] += v[1]
                 tpot50, tpot99 = _pct(tpots, 50), _pct(tpots, 99)
+                estimated = sum(x.estimated for x in runs)
+                bins = [x.reliability for x in runs if x.reliability]
                 rows.append(
                     BenchRow(
                         label=label,
@@ -366,6 +376,18 @@ def summarize(
                         },
                         per_agent_tokens=dict(sorted(agents.items())),
                         per_block=dict(sorted(blocks.items())),
+                        expected_acceptance=(
+                            sum(x.expected for x in runs) / estimated if estimated else None
+                        ),
+                        estimated_acceptance=(
+                            sum(x.estimated_accepted for x in runs) / estimated
+                            if estimated
+                            else None
+                        ),
+                        reliability=[
+                            [sum(column) for column in zip(*cells, strict=True)]
+                            for cells in zip(*bins, strict=True)
+                        ],
                         identical_to_none=identical,
                         load_avg=float(
                             np.mean([loads[(label, app, n, r)] for r in range(len(runs))])
@@ -456,6 +478,17 @@ def verdict_lines(rows: Sequence[BenchRow]) -> list[str]:
     return lines
 
 
+def _deciles(rows: Sequence[Sequence[float]]) -> str:
+    """``"0.5-0.6 54% of 120"``-style cells for the tenths of predicted survival with
+    positions: realised share accepted, and how many positions."""
+    width = 1 / len(rows)
+    return ", ".join(
+        f"{i * width:.1f}-{(i + 1) * width:.1f} {a / n:.0%} of {n:.0f}"
+        for i, (n, _, a) in enumerate(rows)
+        if n
+    )
+
+
 def format_report(report: BenchReport) -> str:
     """The table (one line per shape, N and method), per-agent acceptance at the
     largest N, and the verdicts."""
@@ -501,6 +534,18 @@ def format_report(report: BenchReport) -> str:
                     for k, v in sorted(r.per_block.items(), key=lambda kv: -kv[1][0])
                 ]
                 lines.append(f"{r.label} per agent/block (accepted/drafted): " + ", ".join(cells))
+    calibrated = [r for r in report.rows if r.n == top and r.expected_acceptance is not None]
+    if calibrated:
+        lines.append(
+            f"\nlive calibration at N={top} (the proposer's predicted survival of each verified "
+            "draft token against vLLM's verdict): "
+            + "; ".join(
+                f"{r.label} {r.app}: expected {_f(r.expected_acceptance, '.1%')} accepted, "
+                f"got {_f(r.estimated_acceptance, '.1%')}"
+                + (f" (by predicted survival: {_deciles(r.reliability)})" if r.reliability else "")
+                for r in calibrated
+            )
+        )
     fits = [r for r in report.rows if r.fit_steps]
     if fits:
         lines.append(

@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +96,14 @@ class RunResult(BaseModel):
     seconds]`` (``MeasuredStepTime.observe``'s arguments; ``<out>.steps.jsonl``)."""
     step_model: dict[str, float] = {}
     faults: dict[str, int] = {}
+    estimated: int = 0
+    """Draft tokens verified whose draft carried the proposer's estimates (AgentSpec's)."""
+    expected: float = 0.0
+    """Of those, the accepted tokens the proposer expected (Σ predicted survival)."""
+    estimated_accepted: int = 0
+    """Of those, the tokens accepted."""
+    reliability: list[list[float]] = []
+    """Per tenth of predicted survival: ``[positions, Σ predicted, accepted]``."""
     views: list[Any]
     token_hashes: list[str]
 
@@ -246,6 +254,18 @@ def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
 
+def _bins_delta(
+    after: Sequence[tuple[int, float, int]], before: Sequence[tuple[int, float, int]]
+) -> list[list[float]]:
+    """``after − before`` of the live calibration rows (``before`` may be empty)."""
+    if not after:
+        return []
+    zero = [(0, 0.0, 0)] * len(after)
+    return [
+        [float(a[i] - b[i]) for i in range(3)] for a, b in zip(after, before or zero, strict=True)
+    ]
+
+
 class Worker:
     """The engine, the graphs and the instrumentation of one process."""
 
@@ -329,6 +349,12 @@ class Worker:
             fit_steps=list(STATS.fit_steps),
             step_model=dict(m1.step_model),
             faults=_delta(m1.faults, m0.faults),
+            estimated=sum(m1.estimated.values()) - sum(m0.estimated.values()),
+            expected=sum(m1.expected.values()) - sum(m0.expected.values()),
+            estimated_accepted=(
+                sum(m1.estimated_accepted.values()) - sum(m0.estimated_accepted.values())
+            ),
+            reliability=_bins_delta(m1.reliability, m0.reliability),
             views=[view for view, _ in done],
             token_hashes=sorted(self.backend.hashes),
         )

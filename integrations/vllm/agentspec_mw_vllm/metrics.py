@@ -12,6 +12,12 @@ Prometheus names (labels in braces):
 * ``agentspec_drafted_tokens_total{agent,block}`` — draft tokens the engine verified
   (after the scheduler trimmed drafts to its token budget);
 * ``agentspec_accepted_tokens_total{agent,block}`` — of those, tokens accepted;
+* ``agentspec_expected_accepted_tokens_total{agent,block}`` — what the proposer expected
+  of those: the sum of each verified position's predicted survival (the probability that
+  it and every position before it are accepted), for drafts that carry the proposer's
+  per-token estimates (AgentSpec's do; the n-gram and SuffixDecoding drafts do not, and
+  count here as nothing). Against ``accepted_tokens`` it is a live calibration check: a
+  proposer whose estimates hold on this model expects what it gets;
 * ``agentspec_budget_offered_tokens_total`` — the per-row caps offered to the proposer
   (``k``, less near ``max_model_len``), summed over rows and steps;
 * ``agentspec_budget_used_tokens_total`` — draft tokens the proposer returned;
@@ -54,8 +60,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import Counter
-from collections.abc import Iterable
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -68,6 +74,7 @@ __all__ = [
     "MAX_SCOPE_LABELS",
     "METRIC_LABELS",
     "DrafterMetrics",
+    "SURVIVAL_BINS",
     "MetricsSnapshot",
     "get_metrics",
     "parse_labels",
@@ -139,6 +146,9 @@ class _Capped:
         return label
 
 
+SURVIVAL_BINS = 10
+"""Rows of :attr:`MetricsSnapshot.reliability`: tenths of predicted survival."""
+
 _MEMO_VALUES = 4096
 """Raw label values whose label :class:`_Capped` remembers (a bound: values are tenants')."""
 
@@ -166,6 +176,16 @@ class MetricsSnapshot(BaseModel):
     step_model: dict[str, float] = {}
     """The fitted step time (``fixed``, ``token``, ``kv_token`` in seconds; ``steps``
     timed) when the adapter measures it, else empty."""
+    estimated: dict[str, int] = {}
+    """Draft tokens verified that carried the proposer's estimate."""
+    expected: dict[str, float] = {}
+    """Of those, the accepted tokens the proposer expected (the sum of their survivals)."""
+    estimated_accepted: dict[str, int] = {}
+    """Of those, the tokens accepted."""
+    reliability: tuple[tuple[int, float, int], ...] = ()
+    """Per tenth of predicted survival (0–0.1 … 0.9–1.0): verified positions, the sum of
+    their predicted survivals, how many were accepted (:data:`SURVIVAL_BINS` rows, or
+    empty before the first estimate)."""
 
     @property
     def total_drafted(self) -> int:
@@ -190,6 +210,11 @@ class _Prom:
         )
         self.accepted = PCounter(
             "agentspec_accepted_tokens", "Draft tokens accepted", ["agent", "block"]
+        )
+        self.expected = PCounter(
+            "agentspec_expected_accepted_tokens",
+            "Accepted draft tokens the proposer expected (sum of predicted survivals)",
+            ["agent", "block"],
         )
         self.scope_drafted = PCounter(
             "agentspec_scope_drafted_tokens", "Draft tokens verified per scope", ["scope"]
@@ -281,6 +306,10 @@ class DrafterMetrics:
             self._steps = 0
             self._seconds = 0.0
             self._step_model: dict[str, float] = {}
+            self._estimated: Counter[tuple[str, str]] = Counter()
+            self._expected: defaultdict[tuple[str, str], float] = defaultdict(float)
+            self._estimated_accepted: Counter[tuple[str, str]] = Counter()
+            self._bins: list[list[float]] | None = None
 
     def agent_label(self, agent: str | None) -> str:
         """The label an agent id is counted under: ``untagged`` for ``None``, ``tagged``
@@ -301,25 +330,52 @@ class DrafterMetrics:
             return self._scopes("default" if scope is None else scope)
 
     def record_verified(
-        self, agent: str, block: str, drafted: int, accepted: int, scope: str | None = None
+        self,
+        agent: str,
+        block: str,
+        drafted: int,
+        accepted: int,
+        scope: str | None = None,
+        survival: Sequence[float] | None = None,
     ) -> None:
         """Count one request's verified drafts and how many were accepted (``agent`` and
         ``scope`` as returned by :meth:`agent_label` / :meth:`scope_label`; ``block`` is
-        cleaned and capped here)."""
+        cleaned and capped here). ``survival``: the proposer's predicted survival of each
+        of the ``drafted`` positions, when its draft carried estimates (else ``None``)."""
         if drafted <= 0:
             return
+        expected = 0.0
+        if survival is not None:
+            if len(survival) != drafted:
+                raise ValueError(f"{len(survival)} survivals for {drafted} drafted tokens")
+            expected = float(sum(survival))
         with self._lock:
             block = self._blocks(block)
-            self._drafted[(agent, block)] += drafted
-            self._accepted[(agent, block)] += accepted
+            key = (agent, block)
+            self._drafted[key] += drafted
+            self._accepted[key] += accepted
             if scope is not None:
                 self._scope_drafted[scope] += drafted
                 self._scope_accepted[scope] += accepted
+            if survival is not None:
+                self._estimated[key] += drafted
+                self._expected[key] += expected
+                self._estimated_accepted[key] += accepted
+                bins = self._bins
+                if bins is None:
+                    bins = self._bins = [[0, 0.0, 0] for _ in range(SURVIVAL_BINS)]
+                for j, s in enumerate(survival):
+                    row = bins[min(SURVIVAL_BINS - 1, max(0, int(s * SURVIVAL_BINS)))]
+                    row[0] += 1
+                    row[1] += s
+                    row[2] += j < accepted
         prom = self._prom
         if prom is not None:
             prom.child(prom.drafted, agent, block).inc(drafted)
             if accepted:
                 prom.child(prom.accepted, agent, block).inc(accepted)
+            if expected > 0:
+                prom.child(prom.expected, agent, block).inc(expected)
             if scope is not None:
                 prom.child(prom.scope_drafted, scope).inc(drafted)
                 if accepted:
@@ -404,6 +460,12 @@ class DrafterMetrics:
                 step_model=dict(self._step_model),
                 scope_drafted=dict(self._scope_drafted),
                 scope_accepted=dict(self._scope_accepted),
+                estimated={f"{a}/{b}": n for (a, b), n in self._estimated.items()},
+                expected={f"{a}/{b}": x for (a, b), x in self._expected.items()},
+                estimated_accepted={
+                    f"{a}/{b}": n for (a, b), n in self._estimated_accepted.items()
+                },
+                reliability=tuple((int(n), float(x), int(a)) for n, x, a in (self._bins or ())),
             )
 
 

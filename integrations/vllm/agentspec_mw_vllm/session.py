@@ -17,6 +17,11 @@
   request drafts nothing this step), counted as the fault ``propose:bad_draft`` and
   logged once; the other rows keep their drafts.
 
+Live calibration: when a draft carries the proposer's per-token estimates (``Draft.probs``),
+its tokens' predicted survivals go with the verified count to the metrics
+(``record_verified(..., survival)``: the expected against the accepted tokens, and a
+reliability table by tenth of predicted survival).
+
 Step timing: given a ``step_timer`` (the adapter's
 :class:`~agentspec_mw.costfit.MeasuredStepTime` when ``cost_model="measured"``), the
 session times the engine between two draft calls — from the end of one to the start of
@@ -76,6 +81,9 @@ class _Request:
     """A start/extend raised: no drafts for this request any more."""
     scope: str | None = None
     """Metrics label of the request's scope (``None``: scope labels are off)."""
+    survival: list[float] | None = None
+    """The predicted survival of each token of the draft last returned for the request,
+    when the proposer gave estimates (its ``probs``), for the live calibration counters."""
 
 
 def _bad_ids(ids: Sequence[Any], vocab_size: int | None) -> str | None:
@@ -107,6 +115,26 @@ def _rejection_reason(exc: TagError) -> str:
     if "chars on the wire" in text:
         return "oversized"
     return "invalid"
+
+
+def _survival(probs: object, n: int) -> list[float] | None:
+    """The survival of each of a draft's first ``n`` tokens from its per-token ``probs``
+    (each given the earlier tokens right), or ``None`` where there are not ``n`` usable
+    ones."""
+    try:
+        if len(probs) < n:  # type: ignore[arg-type]
+            return None
+        out: list[float] = []
+        s = 1.0
+        for p in probs[:n]:  # type: ignore[index]
+            p = float(p)
+            if not 0.0 <= p <= 1.0:
+                return None
+            s *= p
+            out.append(s)
+        return out
+    except (TypeError, ValueError):
+        return None
 
 
 def decode_tags(
@@ -315,9 +343,13 @@ class DraftSession:
                         if block is None:
                             block = self._block(rid, state)
                             stops_queued = False
+                        survival = state.survival
+                        if survival is not None:  # the scheduler may have cut the draft
+                            survival = survival[:drafted] if len(survival) >= drafted else None
                         self.metrics.record_verified(
-                            state.agent, block, drafted, accepted, state.scope
+                            state.agent, block, drafted, accepted, state.scope, survival
                         )
+                    state.survival = None
                 if state.broken:
                     continue
                 if num_tokens > state.fed:
@@ -431,6 +463,9 @@ class DraftSession:
                 problem = f"unreadable draft {draft!r}: {exc!r}"
             if problem is None:
                 out[row] = list(map(int, ids))
+                state = self._reqs.get(rid)
+                if state is not None and ids:
+                    state.survival = _survival(draft.probs, len(ids))
             else:
                 self._bad_draft(rid, problem)
         return out

@@ -8,7 +8,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 VENV="${AGENTSPEC_VENV:-.venv}"
-export NUMBA_NUM_THREADS="${NUMBA_NUM_THREADS:-1}"  # OpenMP: the engine's default (one thread per core)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # vLLM's CPU performance setup (tcmalloc, Intel OpenMP), before any engine process starts.
 PRELOAD="$("$VENV/bin/python" -m agentspec_mw_vllm.preload 2>/dev/null || true)"

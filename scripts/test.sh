@@ -4,7 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 VENV="${AGENTSPEC_VENV:-.venv}"
-export NUMBA_NUM_THREADS="${NUMBA_NUM_THREADS:-1}"  # OpenMP: the engine's default (one thread per core)
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .

@@ -283,7 +283,7 @@ def _engine_env(label: str) -> dict[str, str]:
     from agentspec_mw_vllm.preload import PRELOAD_ENV, with_preload
 
     env = dict(os.environ)
-    for key, value in env_defaults().items():
+    for key, value in env_defaults(env).items():
         env.setdefault(key, value)
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -15,12 +15,16 @@ imported): ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine runs in this process
 only — ``AsyncLLM`` always runs its engine core in a child process), ``OMP_NUM_THREADS``
 = the CPUs this process may run on (:func:`usable_cpus`: one OpenMP thread per core; on
 the 2-core VM two threads decode 1.4-1.65x faster than one, outputs identical, and leaving
-it unset measured the same as two) and ``NUMBA_NUM_THREADS=1`` (AgentSpec's threaded
-lookups gained nothing measurable there and would compete with the engine's OpenMP
-threads), ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache; vLLM otherwise reserves most of
-the RAM). The two thread settings apply only where vLLM is the CPU build (``vllm-cpu``):
-on a CUDA host the CPU has cores to spare, and AgentSpec splits its index lookups over
-numba's threads. The other CPU-only variables are harmless on a CUDA host.
+it unset measured the same as two) and ``NUMBA_NUM_THREADS`` the same: with the Intel
+OpenMP the engines preload (:mod:`agentspec_mw_vllm.preload`), numba's threading layer is
+the OpenMP runtime torch uses, and ``numba.set_num_threads(n)`` sets the calling thread's
+OpenMP team — vLLM's n-gram proposer sets 1 around its kernel and restores numba's count,
+so with one numba thread the engine's torch ran on one core after the first n-gram step
+(n-gram 0.59x no speculation at N = 32 on the demo, 1.02x with numba's count equal to
+OpenMP's; 2026-12-05), ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB of KV cache; vLLM otherwise
+reserves most of the RAM). The two thread settings apply only where vLLM is the CPU
+build (``vllm-cpu``): on a CUDA host the CPU has cores to spare. The other CPU-only
+variables are harmless on a CUDA host.
 
 Engine defaults (:func:`engine_kwargs`; any keyword argument overrides them):
 
@@ -40,6 +44,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentspec_mw.default_model import resolve_model
@@ -83,7 +88,7 @@ def usable_cpus() -> int:
 #: Environment defaults for CPU serving (see the module docstring).
 CPU_ENV_DEFAULTS: dict[str, str] = {
     "OMP_NUM_THREADS": str(usable_cpus()),
-    "NUMBA_NUM_THREADS": "1",
+    "NUMBA_NUM_THREADS": str(usable_cpus()),  # OpenMP's count (:func:`env_defaults`)
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
@@ -115,10 +120,16 @@ def default_eager() -> bool:
     return is_cpu_build()
 
 
-def env_defaults() -> dict[str, str]:
-    """:data:`CPU_ENV_DEFAULTS`, without the thread limits unless vLLM is the CPU build."""
+def env_defaults(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """:data:`CPU_ENV_DEFAULTS`, without the thread limits unless vLLM is the CPU build;
+    ``NUMBA_NUM_THREADS`` follows ``env``'s ``OMP_NUM_THREADS`` (default ``os.environ``)
+    where that is set, so numba's count is always OpenMP's (the module docstring)."""
     cpu = is_cpu_build()
-    return {k: v for k, v in CPU_ENV_DEFAULTS.items() if cpu or k not in CPU_THREAD_VARS}
+    out = {k: v for k, v in CPU_ENV_DEFAULTS.items() if cpu or k not in CPU_THREAD_VARS}
+    omp = (os.environ if env is None else env).get("OMP_NUM_THREADS")
+    if "NUMBA_NUM_THREADS" in out and omp:
+        out["NUMBA_NUM_THREADS"] = omp
+    return out
 
 
 def _limit_numba_threads(value: str) -> None:
@@ -139,7 +150,7 @@ def apply_env_defaults(*, in_process: bool) -> None:
 
     Numba refuses a new ``NUMBA_NUM_THREADS`` once its thread pool runs (e.g. after a
     threaded AgentSpec lookup in this process); then the pool is kept and this thread
-    is limited to one numba thread instead.
+    is limited to the default's count of numba threads instead.
     """
     for key, value in env_defaults().items():
         if key == "NUMBA_NUM_THREADS" and key not in os.environ and "numba" in sys.modules:

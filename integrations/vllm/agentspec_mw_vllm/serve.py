@@ -167,7 +167,7 @@ def server_env(
     ``cfg``'s middleware and metrics settings (:mod:`agentspec_mw_vllm.tenancy`,
     :mod:`agentspec_mw_vllm.metrics`)."""
     env = dict(os.environ if base is None else base)
-    for key, value in env_defaults().items():
+    for key, value in env_defaults(env).items():
         env.setdefault(key, value)
     preload = preload_env(env)  # vLLM's CPU guide: tcmalloc + Intel OpenMP (CPU build only)
     if preload:

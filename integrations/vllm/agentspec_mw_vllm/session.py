@@ -81,9 +81,9 @@ class _Request:
     """A start/extend raised: no drafts for this request any more."""
     scope: str | None = None
     """Metrics label of the request's scope (``None``: scope labels are off)."""
-    survival: list[float] | None = None
-    """The predicted survival of each token of the draft last returned for the request,
-    when the proposer gave estimates (its ``probs``), for the live calibration counters."""
+    probs: Sequence[float] | None = None
+    """The per-token estimates (``Draft.probs``) of the draft last returned for the
+    request, for the live calibration counters (read only once vLLM verified it)."""
 
 
 def _bad_ids(ids: Sequence[Any], vocab_size: int | None) -> str | None:
@@ -117,16 +117,16 @@ def _rejection_reason(exc: TagError) -> str:
     return "invalid"
 
 
-def _survival(probs: object, n: int) -> list[float] | None:
+def _survival(probs: Sequence[float], n: int) -> list[float] | None:
     """The survival of each of a draft's first ``n`` tokens from its per-token ``probs``
     (each given the earlier tokens right), or ``None`` where there are not ``n`` usable
-    ones."""
+    ones (a proposer's ``probs`` are not checked before this)."""
     try:
-        if len(probs) < n:  # type: ignore[arg-type]
+        if len(probs) < n:
             return None
         out: list[float] = []
         s = 1.0
-        for p in probs[:n]:  # type: ignore[index]
+        for p in probs[:n]:
             p = float(p)
             if not 0.0 <= p <= 1.0:
                 return None
@@ -343,13 +343,12 @@ class DraftSession:
                         if block is None:
                             block = self._block(rid, state)
                             stops_queued = False
-                        survival = state.survival
-                        if survival is not None:  # the scheduler may have cut the draft
-                            survival = survival[:drafted] if len(survival) >= drafted else None
+                        # the scheduler may have cut the draft: the verified positions only
+                        survival = None if state.probs is None else _survival(state.probs, drafted)
                         self.metrics.record_verified(
                             state.agent, block, drafted, accepted, state.scope, survival
                         )
-                    state.survival = None
+                    state.probs = None
                 if state.broken:
                     continue
                 if num_tokens > state.fed:
@@ -465,7 +464,7 @@ class DraftSession:
                 out[row] = list(map(int, ids))
                 state = self._reqs.get(rid)
                 if state is not None and ids:
-                    state.survival = _survival(draft.probs, len(ids))
+                    state.probs = draft.probs
             else:
                 self._bad_draft(rid, problem)
         return out

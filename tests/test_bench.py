@@ -17,6 +17,7 @@ from agentspec_mw_langgraph import TaggingConfig, with_agentspec
 from agentspec_mw_langgraph.bench import (
     BenchConfig,
     BenchReport,
+    BenchRow,
     format_report,
     paired_ratio,
     plot_report,
@@ -249,6 +250,19 @@ def _result(label: str, n: int, wall: float, **kw: Any) -> RunResult:
     return RunResult(**base)
 
 
+def _report(config: BenchConfig, rows: list[BenchRow], mismatches: list[str]) -> BenchReport:
+    return BenchReport(
+        config=config,
+        date="2026-12-05",
+        cpus=2,
+        load_before=[1.0] * 3,
+        load_after=[1.0] * 3,
+        engine_start_s={},
+        rows=rows,
+        mismatches=mismatches,
+    )
+
+
 def _results(config: BenchConfig) -> dict[tuple[str, str, int, int], RunResult]:
     walls = {"none": [2.0, 2.0, 4.0], "suffix": [1.0, 2.0, 1.0]}
     out = {}
@@ -285,16 +299,7 @@ def test_summary_medians_ratios_and_mismatches() -> None:
     assert suffix.per_agent_acceptance == {"writer": 0.25}
     assert not suffix.identical_to_none and none.identical_to_none
     assert mismatches == ["suffix demo N=4 repeat 2: outputs differ"]
-    report = BenchReport(
-        config=config,
-        date="2026-12-02",
-        cpus=2,
-        load_before=[1.0, 1.0, 1.0],
-        load_after=[2.0, 2.0, 2.0],
-        engine_start_s={"none": 12.0, "suffix": 13.0},
-        rows=rows,
-        mismatches=mismatches,
-    )
+    report = _report(config, rows, mismatches)
     text = format_report(report)
     assert "outputs identical to none in every run: NO" in text
     assert verdict_lines(rows) == [
@@ -323,17 +328,7 @@ def test_the_fit_after_the_last_repeat_is_kept_and_printed() -> None:
     rows, mismatches = summarize(results, dict.fromkeys(results, 1.0), config)
     none, suffix = rows
     assert suffix.step_model == fit and none.step_model == {}
-    report = BenchReport(
-        config=config,
-        date="2026-12-03",
-        cpus=2,
-        load_before=[1.0] * 3,
-        load_after=[1.0] * 3,
-        engine_start_s={},
-        rows=rows,
-        mismatches=mismatches,
-    )
-    text = format_report(report)
+    text = format_report(_report(config, rows, mismatches))
     assert (
         "the fit after the last repeat: suffix demo N=4: 50.0 ms + 0.500 ms/token + "
         "2.00 us/KV token + 4.00 us/KV token of a drafting request + 0.800 us/(draft x KV "
@@ -356,17 +351,7 @@ def test_live_calibration_is_pooled_over_the_repeats_and_printed() -> None:
     assert suffix.expected_acceptance == pytest.approx(0.81)
     assert suffix.estimated_acceptance == pytest.approx(0.7)
     assert suffix.reliability[9] == [16.0, 15.2, 14.0] and suffix.reliability[2][0] == 4.0
-    report = BenchReport(
-        config=config,
-        date="2026-12-05",
-        cpus=2,
-        load_before=[1.0] * 3,
-        load_after=[1.0] * 3,
-        engine_start_s={},
-        rows=rows,
-        mismatches=mismatches,
-    )
-    text = format_report(report)
+    text = format_report(_report(config, rows, mismatches))
     assert "suffix demo: expected 81.0% accepted, got 70.0%" in text
     assert "(by predicted survival: 0.2-0.3 0% of 4, 0.9-1.0 88% of 16)" in text
 
@@ -384,16 +369,7 @@ def test_the_fit_reports_predicted_over_measured_time() -> None:
     _, suffix = summarize(results, dict.fromkeys(results, 1.0), config)[0]
     assert suffix.fit_error_mean == pytest.approx(0.6)
     assert suffix.fit_time_ratio == pytest.approx(1.0)
-    report = BenchReport(
-        config=config,
-        date="2026-12-03",
-        cpus=2,
-        load_before=[1.0],
-        load_after=[1.0],
-        engine_start_s={},
-        rows=[suffix],
-        mismatches=[],
-    )
+    report = _report(config, [suffix], [])
     assert "mean +60.0%, predicted / measured time 1.000 (4 steps)" in format_report(report)
 
 
@@ -474,16 +450,7 @@ def test_plot_is_written(tmp_path: Path) -> None:
     config = BenchConfig(ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=3)
     results = _results(config)
     rows, mismatches = summarize(results, dict.fromkeys(results, 1.0), config)
-    report = BenchReport(
-        config=config,
-        date="d",
-        cpus=2,
-        load_before=[0, 0, 0],
-        load_after=[0, 0, 0],
-        engine_start_s={},
-        rows=rows,
-        mismatches=mismatches,
-    )
+    report = _report(config, rows, mismatches)
     assert plot_report(report, tmp_path / "b.png").stat().st_size > 1000
 
 

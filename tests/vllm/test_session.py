@@ -221,15 +221,21 @@ def test_missing_batch_context_is_a_counted_fault() -> None:
     assert metrics.snapshot().faults == {"adapter:RuntimeError": 1}
 
 
-def test_metrics_count_verified_and_accepted_per_agent_and_block() -> None:
+def _verify_once(proposer: ProbeProposer) -> tuple[DraftSession, Batch, DrafterMetrics]:
+    """Two requests (``a`` tagged ``coder``) draft 3 tokens each; the scheduler keeps 3 of
+    a's and 2 of b's, a accepts 2 (+1 bonus), b none."""
     metrics = DrafterMetrics(prometheus=False)
-    session = DraftSession(ProbeProposer(draft_len=3), k=4, metrics=metrics)
+    session = DraftSession(proposer, k=4, metrics=metrics)
     batch = Batch()
     batch.add("a", [1, 2], tags_to_wire(TAGS))
     batch.add("b", [3, 4])
     step(session, batch, {"a": [5], "b": [6]})
-    # The scheduler kept 3 drafts of a and 2 of b; a accepted 2 (+1 bonus), b none.
     step(session, batch, {"a": [5, 5, 9], "b": [7]}, spec={"a": [5, 5, 5], "b": [6, 6]})
+    return session, batch, metrics
+
+
+def test_metrics_count_verified_and_accepted_per_agent_and_block() -> None:
+    _, _, metrics = _verify_once(ProbeProposer(draft_len=3))
     snap = metrics.snapshot()
     assert snap.drafted == {"coder/tool_call": 3, "untagged/none": 2}
     assert snap.accepted == {"coder/tool_call": 2, "untagged/none": 0}
@@ -248,14 +254,8 @@ class EstimatingProposer(ProbeProposer):
 
 
 def test_live_calibration_counts_the_expected_survival_of_the_verified_positions() -> None:
-    metrics = DrafterMetrics(prometheus=False)
-    session = DraftSession(EstimatingProposer(draft_len=3), k=4, metrics=metrics)
-    batch = Batch()
-    batch.add("a", [1, 2], tags_to_wire(TAGS))
-    batch.add("b", [3, 4])
-    step(session, batch, {"a": [5], "b": [6]})
     # a: all 3 drafts verified (survivals 0.8, 0.4, 0.2), 2 accepted; b: cut to 2 (0.8, 0.4), none
-    step(session, batch, {"a": [5, 5, 9], "b": [7]}, spec={"a": [5, 5, 5], "b": [6, 6]})
+    session, batch, metrics = _verify_once(EstimatingProposer(draft_len=3))
     snap = metrics.snapshot()
     assert snap.estimated == {"coder/tool_call": 3, "untagged/none": 2}
     assert snap.expected == pytest.approx({"coder/tool_call": 1.4, "untagged/none": 1.2})
@@ -270,14 +270,9 @@ def test_live_calibration_counts_the_expected_survival_of_the_verified_positions
 
 
 def test_drafts_without_estimates_count_as_verified_only() -> None:
-    metrics = DrafterMetrics(prometheus=False)
-    session = DraftSession(ProbeProposer(draft_len=3), k=4, metrics=metrics)
-    batch = Batch()
-    batch.add("a", [1, 2])
-    step(session, batch, {"a": [5]})
-    step(session, batch, {"a": [5, 5, 9]}, spec={"a": [5, 5, 5]})
+    _, _, metrics = _verify_once(ProbeProposer(draft_len=3))
     snap = metrics.snapshot()
-    assert snap.drafted == {"untagged/none": 3}
+    assert snap.drafted == {"coder/tool_call": 3, "untagged/none": 2}
     assert snap.estimated == {} and snap.expected == {} and snap.reliability == ()
 
 

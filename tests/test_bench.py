@@ -34,6 +34,7 @@ from agentspec_mw_langgraph.bench_apps import (
     bench_topics,
     final_view,
     resolve_app,
+    topic_count,
 )
 from agentspec_mw_langgraph.bench_worker import RunResult
 from agentspec_mw_vllm import preload
@@ -53,9 +54,20 @@ def _script(messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessa
 
 
 def test_topics_are_distinct_and_the_same_for_every_caller() -> None:
-    topics = bench_topics(0, 150)
-    assert len(set(topics)) == 150 and topics[:2] == ["tea", "coffee"]
+    count = topic_count()
+    topics = bench_topics(0, count)
+    assert len(set(topics)) == count >= 351  # the default sweep's 3 x (1 + 4 + 16 + 32 + 64)
+    assert topics[:2] == ["tea", "coffee"]
+    # the first 150 are those every earlier run measured
+    assert topics[50] == "modern tea" and topics[149] == "traditional satellites"
     assert bench_topics(3, 2) == topics[3:5]
+    assert bench_topics(count, 1) == topics[:1]  # the sequence repeats after them
+
+
+def test_a_sweep_that_would_repeat_a_topic_is_refused() -> None:
+    BenchConfig(ns=(1, 4, 16, 32, 64), repeats=3)  # the default fits
+    with pytest.raises(ValueError, match="distinct topics"):
+        BenchConfig(ns=(64, 128), repeats=3)
 
 
 @pytest.mark.parametrize("app", sorted(APPS))

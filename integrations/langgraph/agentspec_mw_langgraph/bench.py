@@ -7,7 +7,9 @@ which batches continuously (a request joins the running batch at the next step).
 parent runs the sweep: for each workflow shape, each N and each repeat, the same N
 topics go to every method in turn (the order rotates with the repeat, so no method
 always runs first on a machine whose load drifts), each repeat with topics no earlier
-run used. Methods:
+run of the shape used (a sweep that needs more than
+:func:`~agentspec_mw_langgraph.bench_apps.topic_count` per shape is refused: a repeated
+topic is a query the proposers' caches have seen). Methods:
 
 * ``none`` — no speculation (the baseline of every ratio);
 * ``ngram``, ``suffix`` — vLLM's n-gram kernel and SuffixDecoding (arctic-inference);
@@ -41,10 +43,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentspec_mw.errors import AgentSpecError
-from agentspec_mw_langgraph.bench_apps import APPS, bench_topics, resolve_app
+from agentspec_mw_langgraph.bench_apps import APPS, bench_topics, resolve_app, topic_count
 from agentspec_mw_langgraph.bench_worker import MARK, RunResult, WorkerSpec
 
 __all__ = [
@@ -135,6 +137,18 @@ class BenchConfig(BaseModel):
         for name in v:  # imports an imported app's module here: its errors come first
             resolve_app(name)
         return v
+
+    @model_validator(mode="after")
+    def _distinct_topics(self) -> BenchConfig:
+        # a topic run twice on one app is a query the proposers' caches have seen: their
+        # acceptance would be inflated, n-gram's (no cross-request cache) not
+        need = self.repeats * sum(self.ns)
+        if need > topic_count():
+            raise ValueError(
+                f"repeats x sum(ns) = {need} workflows per app, over the bench's "
+                f"{topic_count()} distinct topics: fewer repeats or smaller N"
+            )
+        return self
 
     def labels(self) -> list[str]:
         """The engine processes' labels (method, and ``/no-preload`` variants)."""

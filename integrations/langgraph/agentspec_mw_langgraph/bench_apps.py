@@ -55,6 +55,7 @@ __all__ = [
     "default_input",
     "final_view",
     "resolve_app",
+    "topic_count",
 ]
 
 #: Graph steps of the ``create_agent`` loop (model and tool nodes each count one).
@@ -70,14 +71,24 @@ _SUBJECTS = (
     "sugar", "pepper", "olive oil", "yogurt", "noodles", "lanterns", "kites", "violins",
     "pianos", "chess", "origami", "pottery", "sundials", "dams", "tunnels", "satellites",
 )  # fmt: skip
-_ANGLES = ("", "modern ", "traditional ")
+# appended only: the sequence's first topics stay what earlier runs measured
+_ANGLES = (
+    "", "modern ", "traditional ", "industrial ", "ancient ", "regional ", "artisanal ",
+    "future ",
+)  # fmt: skip
+
+
+def topic_count() -> int:
+    """Distinct topics in :func:`bench_topics`' sequence (it repeats after them)."""
+    return len(_SUBJECTS) * len(_ANGLES)
 
 
 def bench_topics(start: int, n: int) -> list[str]:
-    """``n`` distinct topics from position ``start`` of a fixed sequence (the same for
-    every method, so runs can be compared; a new ``start`` per run keeps the proposers'
-    caches from seeing the same query twice within :data:`len(_SUBJECTS) * 3` topics)."""
-    size = len(_SUBJECTS) * len(_ANGLES)
+    """``n`` topics from position ``start`` of a fixed sequence (the same for every
+    method, so runs can be compared; a new ``start`` per run keeps the proposers' caches
+    from seeing the same query twice within :func:`topic_count` topics; the sequence
+    repeats after them)."""
+    size = topic_count()
     out = []
     for i in range(start, start + n):
         j = i % size

@@ -1,0 +1,62 @@
+"""``benchmarks/_oracle_proposer.py``: what ``oracle_ceiling.py`` drives inside the engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentspec_mw.costmodel import get_cost_model
+from agentspec_mw.proposer import ProposerEnv
+from agentspec_mw.replay.sim import replay_workload
+from tests.helpers import react_calls, script
+
+COST = get_cost_model("llama8b-h100")
+
+
+def _env() -> ProposerEnv:
+    return ProposerEnv(token_bytes=[bytes([t]) for t in range(256)], cost_model=COST, max_k=8)
+
+
+def test_modes_off_oracle_agentspec(monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = script("_oracle_proposer")
+    cls = mod.OracleProposer
+    monkeypatch.setattr(cls, "memory", {})
+    calls = react_calls(6, grow=3)
+    prop = cls(_env())
+
+    monkeypatch.setattr(cls, "mode", "off")
+    off = replay_workload(calls, prop, batch=2, k=8, cost_model=COST)
+    assert off.drafted == 0
+    assert len(cls.memory) == len(calls)  # every prompt's output, all but the last token(s)
+
+    monkeypatch.setattr(cls, "mode", "oracle")
+    perfect = replay_workload(calls, prop, batch=2, k=8, cost_model=COST)
+    assert perfect.drafted > 0 and perfect.accepted == perfect.drafted
+
+    monkeypatch.setattr(cls, "memory", {})  # the drafts now can only be AgentSpec's own
+    monkeypatch.setattr(cls, "mode", "agentspec")
+    spec = replay_workload(calls, prop, batch=2, k=8, cost_model=COST)
+    assert 0 < spec.accepted <= spec.drafted
+
+
+def test_oracle_never_drafts_for_an_output_that_went_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mod = script("_oracle_proposer")
+    cls = mod.OracleProposer
+    monkeypatch.setattr(cls, "memory", {})
+    monkeypatch.setattr(cls, "mode", "oracle")
+    prop = cls(_env())
+    prompt = [1, 2, 3]
+    cls.memory[mod._digest(prompt)] = [7, 8, 9, 10]
+    prop.start("a", prompt)
+    prop.extend("a", [7])
+    from agentspec_mw.proposer import StepContext
+
+    step = StepContext(batch_size=1, num_kv_tokens=4)
+    assert prop.propose(["a"], 2, step)[0].token_ids == (8, 9)
+    prop.start("b", prompt)
+    prop.extend("b", [5])  # not the recorded output: no draft
+    assert prop.propose(["b"], 2, step)[0].token_ids == ()
+    prop.stop("a")
+    prop.stop("b")
+    assert cls.memory[mod._digest(prompt)] == [7, 8, 9, 10]  # a shorter pass keeps the longer

@@ -137,7 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(
             json.dumps(
-                {"args": vars(args), "passes": passes, "ratios": ratios, "median": med}, indent=1
+                {
+                    "args": {k: v for k, v in vars(args).items() if k != "json"},
+                    "passes": passes,
+                    "ratios": ratios,
+                    "median": med,
+                },
+                indent=1,
             )
         )
     return 1 if mismatches else 0

@@ -2,22 +2,26 @@
 
 On one embedded engine with ``agentspec bench``'s settings (default model, eager, 1 GiB of
 KV cache, ``--k`` draft tokens, ``--max-tokens`` per call), ``--n`` concurrent workflows of
-``--app`` (a name ``agentspec bench --apps`` takes), each repeat runs four passes over the
-same fresh topics with the proposer of ``_oracle_proposer.py`` in one of its modes, vLLM's
+``--app`` (a name ``agentspec bench --apps`` takes), each repeat runs seven passes over two
+sets of fresh topics with the proposer of ``_oracle_proposer.py`` in one of its modes, vLLM's
 prefix cache reset before each pass:
 
-1. ``agentspec`` (AgentSpec has not seen these topics),
-2. ``off`` (no drafts; records every request's output),
-3. ``oracle`` (each request drafts its own output: every draft token is accepted),
-4. ``off`` again.
+* topics T: ``off`` (no drafts; records every request's output), ``trim`` (AgentSpec's
+  drafts cut to their accepted prefix: the same accepted tokens, no rejected ones),
+  ``oracle`` (each request drafts its own output: every draft token is accepted), ``off``;
+* topics U: ``off``, ``agentspec`` (AgentSpec's drafts as they are), ``off``.
 
-It prints each pass's output tokens per second, drafted and accepted tokens, and per repeat
-``oracle / off`` and ``agentspec / off`` (``off``: the mean of passes 2 and 4), then their
-medians and AgentSpec's share of the ceiling, ``(agentspec − 1) / (oracle − 1)`` of the
-medians. The baseline is the speculative engine with every draft empty, not an engine
-without speculation (``agentspec bench`` measures that one). Outputs of every pass must be
-the same token for token (exit code 1 otherwise). The process re-executes itself with the
-environment ``agentspec bench`` gives its engines (vLLM's CPU preload, thread defaults).
+AgentSpec sees only its own passes (``trim``, ``agentspec``), as its engine in ``agentspec
+bench`` sees its own runs: it meets T and U first in its pass. It prints each pass's output
+tokens per second, drafted and accepted tokens, and per repeat ``oracle``, ``trim`` (over
+the mean of T's ``off`` passes) and ``agentspec`` (over U's), then their medians and
+AgentSpec's share of the ceiling, ``(x − 1) / (oracle − 1)`` of the medians. ``trim`` against
+``agentspec`` is what the rejected draft tokens cost; ``oracle`` against ``trim``, the
+tokens AgentSpec did not draft. The baseline is the speculative engine with every draft
+empty, not an engine without speculation (``agentspec bench`` measures that one). Outputs
+of every pass over a topic set must be the same token for token (exit code 1 otherwise).
+The process re-executes itself with the environment ``agentspec bench`` gives its engines
+(vLLM's CPU preload, thread defaults).
 
     python benchmarks/oracle_ceiling.py --app demo --n 32 --repeats 3 --max-tokens 32
 
@@ -34,7 +38,16 @@ import sys
 import time
 from pathlib import Path
 
-PASSES = ("agentspec", "off", "oracle", "off")
+PASSES = (
+    ("off", 0),
+    ("trim", 0),
+    ("oracle", 0),
+    ("off", 0),
+    ("off", 1),
+    ("agentspec", 1),
+    ("off", 1),
+)
+"""(mode, topic set) of each pass of a repeat."""
 _CHILD = "AGENTSPEC_ORACLE_CEILING_CHILD"
 
 
@@ -63,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from agentspec_mw_langgraph.bench_apps import bench_topics, topic_count
 
-    if args.repeats * args.n > topic_count():
-        ap.error(f"--repeats x --n over {topic_count()} topics: AgentSpec would see one twice")
+    if 2 * args.repeats * args.n > topic_count():
+        ap.error(f"2 x --repeats x --n over {topic_count()} topics: AgentSpec would see one twice")
     if os.environ.get(_CHILD) != "1":
         script = str(Path(__file__).resolve())
         argv = sys.argv[1:] if argv is None else argv
@@ -85,25 +98,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     worker = Worker(spec)
     passes: list[dict[str, object]] = []
-    ratios: dict[str, list[float]] = {"oracle": [], "agentspec": []}
+    ratios: dict[str, list[float]] = {"oracle": [], "trim": [], "agentspec": []}
     mismatches = 0
     bar = tqdm(total=args.repeats * len(PASSES), desc="passes", unit="pass", file=sys.stderr)
     try:
         for r in range(args.repeats):
-            topics = bench_topics(r * args.n, args.n)
-            tps: list[float] = []
-            hashes: list[list[str]] = []
-            for i, mode in enumerate(PASSES):
+            sets = [bench_topics((2 * r + j) * args.n, args.n) for j in (0, 1)]
+            tps: dict[tuple[str, int], list[float]] = {}
+            hashes: dict[int, list[list[str]]] = {0: [], 1: []}
+            for i, (mode, t) in enumerate(PASSES):
                 oracle.OracleProposer.mode = mode
                 worker.llm.reset_prefix_cache()
-                res = worker.run(args.app, topics)
-                tps.append(res.output_tokens / res.wall_s)
-                hashes.append(res.token_hashes)
+                res = worker.run(args.app, sets[t])
+                tps.setdefault((mode, t), []).append(res.output_tokens / res.wall_s)
+                hashes[t].append(res.token_hashes)
                 row = {
                     "repeat": r,
                     "pass": i + 1,
                     "mode": mode,
-                    "tokens_per_s": round(tps[-1], 2),
+                    "topics": "TU"[t],
+                    "tokens_per_s": round(res.output_tokens / res.wall_s, 2),
                     "wall_s": round(res.wall_s, 2),
                     "output_tokens": res.output_tokens,
                     "drafted": res.drafted,
@@ -112,26 +126,32 @@ def main(argv: list[str] | None = None) -> int:
                 passes.append(row)
                 bar.update(1)
                 tqdm.write(json.dumps(row), file=sys.stderr)
-            same = all(h == hashes[0] for h in hashes)
+            same = all(h == hs[0] for hs in hashes.values() for h in hs)
             mismatches += not same
-            off = (tps[1] + tps[3]) / 2
-            ratios["oracle"].append(tps[2] / off)
-            ratios["agentspec"].append(tps[0] / off)
+            off = [statistics.fmean(tps[("off", t)]) for t in (0, 1)]
+            ratios["oracle"].append(tps[("oracle", 0)][0] / off[0])
+            ratios["trim"].append(tps[("trim", 0)][0] / off[0])
+            ratios["agentspec"].append(tps[("agentspec", 1)][0] / off[1])
             print(
-                f"repeat {r}: oracle / off {ratios['oracle'][-1]:.3f}, agentspec / off "
-                f"{ratios['agentspec'][-1]:.3f}, outputs identical: {same}",
+                f"repeat {r}: "
+                + ", ".join(f"{m} / off {v[-1]:.3f}" for m, v in ratios.items())
+                + f", outputs identical: {same}",
                 flush=True,
             )
     finally:
         bar.close()
         worker.close()
     med = {m: statistics.median(v) for m, v in ratios.items()}
-    share = (med["agentspec"] - 1) / (med["oracle"] - 1) if med["oracle"] > 1 else float("nan")
+    ceiling = med["oracle"] - 1
+
+    def share(m: str) -> str:
+        return f" ({(med[m] - 1) / ceiling:.0%} of the ceiling)" if ceiling > 0 else ""
+
     print(
         f"{args.app}, N = {args.n}, k = {args.k}, max tokens {args.max_tokens}, "
         f"{args.repeats} repeat(s), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: "
-        f"median oracle / off {med['oracle']:.3f}, agentspec / off {med['agentspec']:.3f} "
-        f"({share:.0%} of the ceiling)"
+        f"median oracle / off {med['oracle']:.3f}, trim / off {med['trim']:.3f}{share('trim')}, "
+        f"agentspec / off {med['agentspec']:.3f}{share('agentspec')}"
         + (f"; {mismatches} repeat(s) with differing outputs" if mismatches else "")
     )
     if args.json:

@@ -16,7 +16,7 @@ def _env() -> ProposerEnv:
     return ProposerEnv(token_bytes=[bytes([t]) for t in range(256)], cost_model=COST, max_k=8)
 
 
-def test_modes_off_oracle_agentspec(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_modes_off_oracle_trim_agentspec(monkeypatch: pytest.MonkeyPatch) -> None:
     mod = script("_oracle_proposer")
     cls = mod.OracleProposer
     monkeypatch.setattr(cls, "memory", {})
@@ -27,10 +27,16 @@ def test_modes_off_oracle_agentspec(monkeypatch: pytest.MonkeyPatch) -> None:
     off = replay_workload(calls, prop, batch=2, k=8, cost_model=COST)
     assert off.drafted == 0
     assert len(cls.memory) == len(calls)  # every prompt's output, all but the last token(s)
+    assert prop.inner.stats["steps"] == 0  # AgentSpec sees only its own modes' requests
 
     monkeypatch.setattr(cls, "mode", "oracle")
     perfect = replay_workload(calls, prop, batch=2, k=8, cost_model=COST)
     assert perfect.drafted > 0 and perfect.accepted == perfect.drafted
+    assert prop.inner.stats["steps"] == 0
+
+    monkeypatch.setattr(cls, "mode", "trim")
+    trim = replay_workload(calls, prop, batch=2, k=8, cost_model=COST)
+    assert trim.drafted > 0 and trim.accepted == trim.drafted  # cut to the accepted prefix
 
     monkeypatch.setattr(cls, "memory", {})  # the drafts now can only be AgentSpec's own
     monkeypatch.setattr(cls, "mode", "agentspec")
@@ -60,3 +66,25 @@ def test_oracle_never_drafts_for_an_output_that_went_elsewhere(
     prop.stop("a")
     prop.stop("b")
     assert cls.memory[mod._digest(prompt)] == [7, 8, 9, 10]  # a shorter pass keeps the longer
+
+
+def test_trim_cuts_agentspecs_draft_where_it_leaves_the_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agentspec_mw.proposer import Draft, StepContext
+
+    mod = script("_oracle_proposer")
+    cls = mod.OracleProposer
+    monkeypatch.setattr(cls, "memory", {})
+    monkeypatch.setattr(cls, "mode", "trim")
+    prop = cls(_env())
+    drafts = [Draft((8, 9, 5, 6), (0.9, 0.8, 0.7, 0.6))]
+    monkeypatch.setattr(prop.inner, "propose", lambda ids, k, step: list(drafts))
+    prompt = [1, 2, 3]
+    cls.memory[mod._digest(prompt)] = [7, 8, 9, 10]
+    prop.start("a", prompt)
+    prop.extend("a", [7])
+    step = StepContext(batch_size=1, num_kv_tokens=4)
+    assert prop.propose(["a"], 4, step) == [Draft((8, 9), (0.9, 0.8))]
+    monkeypatch.setattr(cls, "mode", "agentspec")
+    assert prop.propose(["a"], 4, step) == drafts  # as AgentSpec made it

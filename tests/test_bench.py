@@ -250,6 +250,7 @@ def _result(label: str, n: int, wall: float, **kw: Any) -> RunResult:
         "requests": 2,
         "workflow_latency_s": [wall, wall / 2],
         "tpot_s": [0.01, 0.02, 0.03],
+        "ttft_s": [0.2, 0.4],
         "drafted": 0,
         "accepted": 0,
         "proposer_s": 0.0,
@@ -308,12 +309,14 @@ def test_summary_medians_ratios_and_mismatches() -> None:
     assert suffix.acceptance == pytest.approx(0.25) and suffix.rejection == pytest.approx(0.75)
     assert suffix.proposer_ms_per_step == pytest.approx(0.5)
     assert suffix.tpot_p50_ms == pytest.approx(20.0)
+    assert suffix.ttft_p50_ms == pytest.approx(300.0)  # pooled over the repeats' requests
     assert suffix.per_agent_acceptance == {"writer": 0.25}
     assert not suffix.identical_to_none and none.identical_to_none
     assert mismatches == ["suffix demo N=4 repeat 2: outputs differ"]
     report = _report(config, rows, mismatches)
     text = format_report(report)
     assert "outputs identical to none in every run: NO" in text
+    assert "TTFT50" in text and "    300 " in text
     assert verdict_lines(rows) == [
         "demo N=4: fastest is suffix (100 tok/s, 2.00x none, 100% over none)"
     ]

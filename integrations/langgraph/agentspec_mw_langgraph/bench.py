@@ -19,7 +19,8 @@ topic is a query the proposers' caches have seen). Methods:
 Per (method, shape, N), over the repeats: workflow throughput (output tokens / wall time;
 the median, and the median of the per-repeat ratios to ``none``; two methods are
 compared by the median of their per-repeat ratio, :func:`paired_ratio`), TPOT p50/p99 (per
-request: time from its first to its last token / (tokens − 1)), workflow latency p50,
+request: time from its first to its last token / (tokens − 1)), TTFT p50 (per request:
+submission to first token, the wait for a batch slot included), workflow latency p50,
 acceptance and rejection from vLLM's spec-decode counters, the drafter's milliseconds
 per draft call, the step-time fit's prediction error (AgentSpec with the measured cost
 model), per-agent acceptance (per-request metrics, by the agent tag) and AgentSpec's
@@ -187,6 +188,10 @@ class BenchRow(BaseModel):
     back, so two methods' values of one repeat saw the same load; :func:`paired_ratio`)."""
     tpot_p50_ms: float | None
     tpot_p99_ms: float | None
+    ttft_p50_ms: float | None = None
+    """Per request, submission to first token (a wait for a batch slot included). Drafts
+    make every step longer (TPOT up) and requests finish in fewer steps (the waiting start
+    sooner: TTFT down); docs/vllm.md has a measured example."""
     latency_p50_s: float
     drafted: int
     accepted: int
@@ -337,6 +342,7 @@ def summarize(
                         identical = False
                         mismatches.append(f"{label} {app} N={n} repeat {r}: outputs differ")
                 tpots = [t for x in runs for t in x.tpot_s]
+                ttft50 = _pct([t for x in runs for t in x.ttft_s], 50)
                 lats = [t for x in runs for t in x.workflow_latency_s]
                 drafted = sum(x.drafted for x in runs)
                 accepted = sum(x.accepted for x in runs)
@@ -368,6 +374,7 @@ def summarize(
                         ratio_to_none=float(np.median(ratios)),
                         tpot_p50_ms=None if tpot50 is None else 1e3 * tpot50,
                         tpot_p99_ms=None if tpot99 is None else 1e3 * tpot99,
+                        ttft_p50_ms=None if ttft50 is None else 1e3 * ttft50,
                         latency_p50_s=float(np.median(lats)),
                         drafted=drafted,
                         accepted=accepted,
@@ -508,13 +515,13 @@ def format_report(report: BenchReport) -> str:
     largest N, and the verdicts."""
     head = (
         f"{'app':<9} {'N':>3} {'method':<24} {'tok/s':>7} {'x none':>6} {'TPOT50':>7} "
-        f"{'TPOT99':>7} {'lat50':>6} {'accept':>6} {'reject':>6} {'prop ms':>7} "
+        f"{'TPOT99':>7} {'TTFT50':>7} {'lat50':>6} {'accept':>6} {'reject':>6} {'prop ms':>7} "
         f"{'fit err':>7} {'same':>4} {'load':>4}"
     )
     lines = [
         f"agentspec bench, {report.date}, {report.cpus} CPUs, load {report.load_before[0]:.2f} "
         f"before / {report.load_after[0]:.2f} after; medians of {report.config.repeats} "
-        f"repeat(s), ratios to none in the same run; TPOT in ms, latency (lat50) in s",
+        f"repeat(s), ratios to none in the same run; TPOT, TTFT in ms, latency (lat50) in s",
         head,
         "-" * len(head),
     ]
@@ -522,7 +529,7 @@ def format_report(report: BenchReport) -> str:
         lines.append(
             f"{r.app:<9} {r.n:>3} {r.label:<24} {r.tokens_per_s:>7.1f} "
             f"{r.ratio_to_none:>5.2f}x {_f(r.tpot_p50_ms, '.1f'):>7} "
-            f"{_f(r.tpot_p99_ms, '.1f'):>7} {r.latency_p50_s:>6.1f} "
+            f"{_f(r.tpot_p99_ms, '.1f'):>7} {_f(r.ttft_p50_ms, '.0f'):>7} {r.latency_p50_s:>6.1f} "
             f"{_f(r.acceptance, '.1%'):>6} {_f(r.rejection, '.1%'):>6} "
             f"{_f(r.proposer_ms_per_step, '.3f'):>7} {_f(r.fit_error_median, '.1%'):>7} "
             f"{'yes' if r.identical_to_none else 'NO':>4} {r.load_avg:>4.1f}"

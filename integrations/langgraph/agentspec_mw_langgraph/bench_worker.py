@@ -13,7 +13,8 @@ line. Protocol lines on stdout start with :data:`MARK`; anything else there is v
 What it measures per run, in this process (the engine runs here):
 
 * per request: time of submission, of the first output token and of the last
-  (TPOT = (last − first) / (tokens − 1)), tokens, drafted and accepted drafts (vLLM's
+  (TTFT = first − submitted, which includes waiting for a batch slot; TPOT = (last −
+  first) / (tokens − 1)), tokens, drafted and accepted drafts (vLLM's
   per-request spec-decode metrics), the agent tag, a hash of the token ids;
 * per workflow: wall time from start to end, and its final state (:func:`final_view`);
 * vLLM's own spec-decode counters (drafted, accepted) before and after;
@@ -79,6 +80,9 @@ class RunResult(BaseModel):
     requests: int
     workflow_latency_s: list[float]
     tpot_s: list[float]
+    ttft_s: list[float] = []
+    """Per request: submission to its first output token (the wait for a batch slot and
+    for its prompt's prefill included)."""
     drafted: int
     accepted: int
     proposer_s: float
@@ -338,6 +342,7 @@ class Worker:
             requests=sum(v[0] for v in per_agent.values()),
             workflow_latency_s=[lat for _, lat in done],
             tpot_s=self._tpots(),
+            ttft_s=self._ttfts(),
             drafted=d1 - d0,
             accepted=a1 - a0,
             proposer_s=STATS.proposer_s,
@@ -358,6 +363,10 @@ class Worker:
             views=[view for view, _ in done],
             token_hashes=sorted(self.backend.hashes),
         )
+
+    def _ttfts(self) -> list[float]:
+        """Time to the first output token, per request that produced one."""
+        return [t.first - t.start for t in self.backend.timings if t.first is not None]
 
     def _tpots(self) -> list[float]:
         """Time per output token after the first, per request with >= 2 tokens."""

@@ -51,20 +51,6 @@ PASSES = (
 _CHILD = "AGENTSPEC_ORACLE_CEILING_CHILD"
 
 
-def _engine_env() -> dict[str, str]:
-    """``agentspec bench``'s engine environment (its ``_engine_env``, from public parts)."""
-    from agentspec_mw_vllm.engine import env_defaults
-    from agentspec_mw_vllm.preload import with_preload
-
-    env = dict(os.environ)
-    for key, value in env_defaults(env).items():
-        env.setdefault(key, value)
-    env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    env[_CHILD] = "1"
-    return with_preload(env)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--app", default="demo", help="as agentspec bench --apps (one)")
@@ -81,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get(_CHILD) != "1":
         script = str(Path(__file__).resolve())
         argv = sys.argv[1:] if argv is None else argv
-        os.execve(sys.executable, [sys.executable, script, *argv], _engine_env())
+        from agentspec_mw_langgraph.bench import engine_env
+
+        env = {**engine_env("agentspec"), _CHILD: "1"}  # the bench's engines' environment
+        os.execve(sys.executable, [sys.executable, script, *argv], env)
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # the engine imports the proposer
     import _oracle_proposer as oracle

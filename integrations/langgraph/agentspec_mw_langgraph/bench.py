@@ -58,6 +58,7 @@ __all__ = [
     "BenchMismatchError",
     "BenchReport",
     "BenchRow",
+    "engine_env",
     "format_report",
     "paired_ratio",
     "plot_report",
@@ -297,7 +298,10 @@ class _Engine:
         self._log_file.close()
 
 
-def _engine_env(label: str) -> dict[str, str]:
+def engine_env(label: str) -> dict[str, str]:
+    """The environment of method ``label``'s engine process: the CPU engine defaults (thread
+    counts), quiet vLLM logs, an in-process engine core, and vLLM's CPU preload unless the
+    label is a ``/no-preload`` variant."""
     from agentspec_mw_vllm.engine import env_defaults
     from agentspec_mw_vllm.preload import PRELOAD_ENV, with_preload
 
@@ -722,7 +726,7 @@ def run_bench(
                 apps=config.apps,
             )
             log = out.parent / f"{out.name}.{label.replace('/', '_')}.log"
-            engines[label] = _Engine(spec, _engine_env(label), log)
+            engines[label] = _Engine(spec, engine_env(label), log)
         starts = {label: e.wait_ready() for label, e in engines.items()}
         echo("engines ready: " + ", ".join(f"{k} {v:.0f} s" for k, v in starts.items()))
         total = len(config.apps) * len(config.ns) * config.repeats * len(labels)

@@ -27,6 +27,7 @@ import numpy as np
 
 from agentspec_mw.agentspec.proposer import AgentSpecProposer
 from agentspec_mw.proposer import Draft, ProposerEnv, StepContext
+from agentspec_mw.replay.sim import accepted_length
 
 MODES = ("off", "oracle", "agentspec", "trim")
 _AGENTSPEC_MODES = ("agentspec", "trim")
@@ -82,9 +83,7 @@ class OracleProposer:
                 if at is None:
                     continue
                 known, n = at
-                cut = 0
-                while cut < len(d) and n + cut < len(known) and d.token_ids[cut] == known[n + cut]:
-                    cut += 1
+                cut = accepted_length(d.token_ids, np.asarray(known[n:]))
                 drafts[i] = Draft(d.token_ids[:cut], d.probs[:cut])
             return drafts
         out = [Draft(())] * len(req_ids)

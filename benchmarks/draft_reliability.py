@@ -24,7 +24,7 @@ from _replay_setup import load_trace, trace_parser
 
 from agentspec_mw.proposer import Draft, StepContext
 from agentspec_mw.registry import make_proposer
-from agentspec_mw.replay.sim import replay_workload
+from agentspec_mw.replay.sim import accepted_length, replay_workload
 
 BINS = 10
 
@@ -45,11 +45,7 @@ class Reliability:
         last = self._last.pop(req_id, None)
         if last is not None:
             toks, surv = last
-            accepted = 0
-            for t, e in zip(toks, ids, strict=False):
-                if t != int(e):
-                    break
-                accepted += 1
+            accepted = accepted_length(toks, np.asarray(ids))
             for j, s in enumerate(surv):
                 row = self.bins[min(BINS - 1, int(s * BINS))]
                 row += (1.0, s, float(j < accepted))

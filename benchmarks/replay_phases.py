@@ -26,7 +26,7 @@ from _replay_setup import load_workloads, replay_parser
 from agentspec_mw.cli import _parse_set
 from agentspec_mw.proposer import Draft, Proposer, StepContext, TokenIds
 from agentspec_mw.registry import make_proposer
-from agentspec_mw.replay.sim import replay_workload
+from agentspec_mw.replay.sim import accepted_length, replay_workload
 from agentspec_mw.tags import StructureTags
 
 PHASES = (("full", 0.9, 2.0), ("middle", 0.5, 0.9), ("drain", 0.0, 0.5))
@@ -48,9 +48,7 @@ class Recorder:
         got = self._open.pop(req_id, None)
         if got is not None:
             batch, d = got
-            acc = 0
-            while acc < min(len(d), len(token_ids)) and d.token_ids[acc] == token_ids[acc]:
-                acc += 1
+            acc = accepted_length(d.token_ids, np.asarray(token_ids))
             pred = float(np.cumprod(d.probs).sum()) if d.probs else float("nan")
             self.rows.append((batch, len(d), acc, pred))
         self.inner.extend(req_id, token_ids)

@@ -2,24 +2,46 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+from typing import Any
+
 import pytest
 
 from agentspec_mw.costmodel import get_cost_model
-from agentspec_mw.proposer import ProposerEnv
+from agentspec_mw.proposer import Draft, ProposerEnv, StepContext
 from agentspec_mw.replay.sim import replay_workload
 from tests.helpers import react_calls, script
 
 COST = get_cost_model("llama8b-h100")
+STEP = StepContext(batch_size=1, num_kv_tokens=4)
 
 
 def _env() -> ProposerEnv:
     return ProposerEnv(token_bytes=[bytes([t]) for t in range(256)], cost_model=COST, max_k=8)
 
 
-def test_modes_off_oracle_trim_agentspec(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def oracle(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """The proposer's module, its class-wide memory empty for the test."""
     mod = script("_oracle_proposer")
-    cls = mod.OracleProposer
-    monkeypatch.setattr(cls, "memory", {})
+    monkeypatch.setattr(mod.OracleProposer, "memory", {})
+    return mod
+
+
+def _at_token_7(mod: ModuleType) -> tuple[Any, list[int]]:
+    """A proposer with request ``a`` one token (7) into its prompt's recorded output."""
+    prop = mod.OracleProposer(_env())
+    prompt = [1, 2, 3]
+    mod.OracleProposer.memory[mod._digest(prompt)] = [7, 8, 9, 10]
+    prop.start("a", prompt)
+    prop.extend("a", [7])
+    return prop, prompt
+
+
+def test_modes_off_oracle_trim_agentspec(
+    oracle: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cls = oracle.OracleProposer
     calls = react_calls(6, grow=3)
     prop = cls(_env())
 
@@ -45,46 +67,28 @@ def test_modes_off_oracle_trim_agentspec(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_oracle_never_drafts_for_an_output_that_went_elsewhere(
-    monkeypatch: pytest.MonkeyPatch,
+    oracle: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    mod = script("_oracle_proposer")
-    cls = mod.OracleProposer
-    monkeypatch.setattr(cls, "memory", {})
+    cls = oracle.OracleProposer
     monkeypatch.setattr(cls, "mode", "oracle")
-    prop = cls(_env())
-    prompt = [1, 2, 3]
-    cls.memory[mod._digest(prompt)] = [7, 8, 9, 10]
-    prop.start("a", prompt)
-    prop.extend("a", [7])
-    from agentspec_mw.proposer import StepContext
-
-    step = StepContext(batch_size=1, num_kv_tokens=4)
-    assert prop.propose(["a"], 2, step)[0].token_ids == (8, 9)
+    prop, prompt = _at_token_7(oracle)
+    assert prop.propose(["a"], 2, STEP)[0].token_ids == (8, 9)
     prop.start("b", prompt)
     prop.extend("b", [5])  # not the recorded output: no draft
-    assert prop.propose(["b"], 2, step)[0].token_ids == ()
+    assert prop.propose(["b"], 2, STEP)[0].token_ids == ()
     prop.stop("a")
     prop.stop("b")
-    assert cls.memory[mod._digest(prompt)] == [7, 8, 9, 10]  # a shorter pass keeps the longer
+    assert cls.memory[oracle._digest(prompt)] == [7, 8, 9, 10]  # a shorter pass keeps the longer
 
 
 def test_trim_cuts_agentspecs_draft_where_it_leaves_the_output(
-    monkeypatch: pytest.MonkeyPatch,
+    oracle: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentspec_mw.proposer import Draft, StepContext
-
-    mod = script("_oracle_proposer")
-    cls = mod.OracleProposer
-    monkeypatch.setattr(cls, "memory", {})
+    cls = oracle.OracleProposer
     monkeypatch.setattr(cls, "mode", "trim")
-    prop = cls(_env())
+    prop, _ = _at_token_7(oracle)
     drafts = [Draft((8, 9, 5, 6), (0.9, 0.8, 0.7, 0.6))]
     monkeypatch.setattr(prop.inner, "propose", lambda ids, k, step: list(drafts))
-    prompt = [1, 2, 3]
-    cls.memory[mod._digest(prompt)] = [7, 8, 9, 10]
-    prop.start("a", prompt)
-    prop.extend("a", [7])
-    step = StepContext(batch_size=1, num_kv_tokens=4)
-    assert prop.propose(["a"], 4, step) == [Draft((8, 9), (0.9, 0.8))]
+    assert prop.propose(["a"], 4, STEP) == [Draft((8, 9), (0.9, 0.8))]
     monkeypatch.setattr(cls, "mode", "agentspec")
-    assert prop.propose(["a"], 4, step) == drafts  # as AgentSpec made it
+    assert prop.propose(["a"], 4, STEP) == drafts  # as AgentSpec made it

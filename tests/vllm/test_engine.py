@@ -65,6 +65,26 @@ def test_probe_is_lossless_and_drafts_are_verified(
     assert after.budget_used <= after.budget_offered
 
 
+def test_no_draft_reaches_past_a_requests_max_tokens(
+    probe_llm: Any, baseline_outputs: list[list[int]]
+) -> None:
+    """vLLM verifies draft tokens past ``max_tokens`` and counts them accepted; the adapter
+    cuts each draft to the output tokens left less one, so every accepted token is output
+    (without the cut: 2 tokens drafted, none of them output, at ``max_tokens=2``)."""
+    counting = PROMPTS[-1]  # "1, 2, 3," -> " 4, 5, ...": the SuffixDecoding peer drafts it
+    full = baseline_outputs[-1]
+    generate_ids(probe_llm, [counting])  # the peer has now seen the whole continuation
+    for limit in (2, 5, 9):
+        before = get_metrics().snapshot()
+        assert generate_ids(probe_llm, [counting], greedy(limit)) == [full[:limit]]
+        after = get_metrics().snapshot()
+        drafted = after.total_drafted - before.total_drafted
+        accepted = after.total_accepted - before.total_accepted
+        # prefill emits one token and every decode step one besides its accepted drafts
+        assert accepted <= limit - 2, (limit, drafted, accepted)
+        assert (drafted > 0) == (limit > 2)  # max_tokens=2: one token left after prefill, no draft
+
+
 def test_tags_reach_the_proposer_per_request(probe_llm: Any) -> None:
     fakes.PROBE_LOG.clear()
     n = 4

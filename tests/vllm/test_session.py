@@ -63,6 +63,7 @@ class Batch:
         spec: dict[str, list[int]] | None = None,
         max_len: int = 64,
         scheduled: dict[str, int] | None = None,
+        max_tokens: list[int | None] | None = None,
     ) -> BatchContext:
         return BatchContext(
             req_ids=list(self.ids),
@@ -72,6 +73,7 @@ class Batch:
             num_scheduled_tokens=scheduled or {},
             max_num_batched_tokens=512,
             max_model_len=max_len,
+            max_tokens=max_tokens or (),
         )
 
 
@@ -134,6 +136,22 @@ def test_every_row_is_capped_at_k_and_before_max_model_len() -> None:
     batch2 = Batch()
     batch2.add("c", list(range(1, 63)))
     assert step(session, batch2, {"c": [1]}, max_len=64) == [[]]
+
+
+def test_every_row_is_capped_at_its_output_tokens_left_less_one() -> None:
+    """A step emits at most draft + 1 tokens: past ``max_tokens`` a draft is waste."""
+    session = DraftSession(GreedyLongProposer(), k=5, metrics=DrafterMetrics(prometheus=False))
+    batch = Batch()
+    for rid in "abcd":
+        batch.add(rid, [1, 2, 3])
+    # after this step each row holds 3 prompt + 1 output token
+    limits: list[int | None] = [4, 3, 2, None]
+    drafts = step(session, batch, dict.fromkeys("abcd", [1]), max_tokens=limits)
+    assert [len(d) for d in drafts] == [2, 1, 0, 5]
+    assert session.metrics.snapshot().budget_offered == 8
+    # two tokens accepted for "a": one output token left, so no draft
+    drafts = step(session, batch, {"a": [1, 1], "b": [1], "d": [1]}, max_tokens=limits)
+    assert [len(d) for d in drafts] == [0, 0, 0, 5]
 
 
 @pytest.mark.parametrize("bad", [10**6, 100, -1, 3.5, True, "7", np.int64(100), None])

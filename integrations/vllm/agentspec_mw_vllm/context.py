@@ -28,6 +28,9 @@ class BatchContext:
         finished_req_ids: requests that finished in the step before.
         max_num_batched_tokens: the scheduler's token budget per step.
         max_model_len: the engine's context limit.
+        max_tokens: ``SamplingParams.max_tokens`` of each row (``None``: no limit known);
+            empty when the host does not read it. A request emits at most this many
+            output tokens, so draft tokens past it are verified and thrown away.
     """
 
     req_ids: Sequence[str]
@@ -38,3 +41,4 @@ class BatchContext:
     finished_req_ids: frozenset[str] = frozenset()
     max_num_batched_tokens: int | None = None
     max_model_len: int = 1 << 30
+    max_tokens: Sequence[int | None] = ()

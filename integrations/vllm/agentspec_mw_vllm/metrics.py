@@ -19,7 +19,7 @@ Prometheus names (labels in braces):
   count here as nothing). Against ``accepted_tokens`` it is a live calibration check: a
   proposer whose estimates hold on this model expects what it gets;
 * ``agentspec_budget_offered_tokens_total`` — the per-row caps offered to the proposer
-  (``k``, less near ``max_model_len``), summed over rows and steps;
+  (``k``, less near ``max_model_len`` or a request's ``max_tokens``), summed over rows and steps;
 * ``agentspec_budget_used_tokens_total`` — draft tokens the proposer returned;
 * ``agentspec_tag_rejections_total{reason}`` — requests whose wire tags were rejected
   (they ran tag-free);

@@ -109,10 +109,13 @@ def build_batch_context(runner: Any, scheduler_output: Any) -> BatchContext:
     n = batch.num_reqs
     req_ids = list(batch.req_ids[:n])
     extra: list[Any] = []
+    max_tokens: list[int | None] = []
     for rid in req_ids:
         state = runner.requests.get(rid)
         params = getattr(state, "sampling_params", None)
         extra.append(getattr(params, "extra_args", None))
+        limit = getattr(params, "max_tokens", None)
+        max_tokens.append(limit if isinstance(limit, int) and limit > 0 else None)
     return BatchContext(
         req_ids=req_ids,
         num_prompt_tokens=[int(x) for x in batch.num_prompt_tokens[:n]],
@@ -122,6 +125,7 @@ def build_batch_context(runner: Any, scheduler_output: Any) -> BatchContext:
         finished_req_ids=frozenset(scheduler_output.finished_req_ids),
         max_num_batched_tokens=int(runner.scheduler_config.max_num_batched_tokens),
         max_model_len=int(runner.max_model_len),
+        max_tokens=max_tokens,
     )
 
 

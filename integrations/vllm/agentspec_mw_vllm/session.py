@@ -10,7 +10,10 @@
   (read from ``token_ids_cpu`` up to ``num_tokens_no_spec``, so nothing is lost or doubled);
 * requests no longer in the batch are ``stop``-ped before anything new starts;
 * ``propose`` gets the rows that want drafts, and every row is cut to
-  ``min(k, max_model_len - num_tokens - 1)`` tokens (more than ``k`` crashes vLLM);
+  ``min(k, max_model_len - num_tokens - 1)`` tokens (more than ``k`` crashes vLLM) and to
+  the request's output tokens left less one (``max_tokens``: a step emits at most the
+  draft + 1 tokens, and vLLM verifies draft tokens past a request's ``max_tokens``, counts
+  them as accepted and throws them away); a request with one token left asks none;
 * every draft row is checked before vLLM sees it: its ids must be integers (Python or
   numpy, not ``bool``) in ``[0, vocab_size)`` — an id outside the model's vocabulary
   makes vLLM raise inside the step and kills the engine. A bad row is dropped (that
@@ -363,6 +366,9 @@ class DraftSession:
                         continue
                     state.fed = num_tokens
                 cap = min(self.k, max_len - num_tokens - 1)
+                limit = ctx.max_tokens[i] if i < len(ctx.max_tokens) else None
+                if limit is not None:  # the step emits at most the tokens left, draft + 1
+                    cap = min(cap, ctx.num_prompt_tokens[i] + limit - num_tokens - 1)
                 if cap <= 0:
                     continue
                 ask_ids.append(rid)

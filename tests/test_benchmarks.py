@@ -433,3 +433,56 @@ def test_cost_belief_ab_hint_says_no_queue_only_after_a_step_with_room() -> None
     blind.propose([], 4, ctx)
     assert seen == [None, None, 0]
     assert ab._Blind(Inner()).propose([], 4, ctx) == [] and seen[-1] is None  # plain blind
+
+
+def test_max_tokens_cut_stops_drafts_where_a_call_at_its_limit_ends() -> None:
+    """A perfect drafter padded past the output: cut only for the calls at the limit."""
+    from agentspec_mw.costmodel import get_cost_model
+    from agentspec_mw.proposer import Draft, StepContext
+    from agentspec_mw.replay.sim import ReplayCall, replay_workload
+
+    mod = script("max_tokens_cut")
+    calls = [
+        ReplayCall(f"c{i}", f"r{i}", np.arange(1, 9), np.arange(10, 10 + n))
+        for i, n in enumerate([12, 20, 20])
+    ]
+    outputs = {c.req_id: [int(t) for t in c.output] for c in calls}
+
+    class Padded:
+        name = "padded"
+
+        def __init__(self) -> None:
+            self.emitted: dict[str, int] = {}
+
+        def start(self, req_id: str, prompt_ids: object, tags: object = None) -> None:
+            self.emitted[req_id] = 0
+
+        def extend(self, req_id: str, token_ids: list[int]) -> None:
+            self.emitted[req_id] += len(token_ids)
+
+        def propose(self, req_ids: list[str], k: int, step: StepContext) -> list[Draft]:
+            out = []
+            for rid in req_ids:
+                rest = outputs[rid][self.emitted[rid] :] + [0] * k
+                out.append(Draft(tuple(rest[:k])))
+            return out
+
+        def stop(self, req_id: str) -> None:
+            self.emitted.pop(req_id, None)
+
+    cost = get_cost_model("cpu-smollm2")
+    uncut = replay_workload(calls, Padded(), batch=1, k=6, cost_model=cost)  # type: ignore[arg-type]
+    cut = replay_workload(
+        calls,
+        mod.CutAtLimit(Padded(), calls, limit=20),  # type: ignore[arg-type]
+        batch=1,
+        k=6,
+        cost_model=cost,
+    )
+    # a 20-token call: 1 token from prefill, then 7 a step (6 drafts + 1), 19 -> 12 -> 5 left;
+    # its last draft (6) has 5 right and 1 past the end, cut to 4: nothing rejected.
+    # The 12-token call (11 -> 4 left) still drafts 2 past its end.
+    assert (uncut.drafted, uncut.accepted) == (48, 44)
+    assert (cut.drafted, cut.accepted) == (44, 42)
+    assert cut.steps == uncut.steps and cut.output_tokens == uncut.output_tokens
+    assert cut.sim_time_s < uncut.sim_time_s

@@ -21,7 +21,9 @@ the median, and the median of the per-repeat ratios to ``none``; two methods are
 compared by the median of their per-repeat ratio, :func:`paired_ratio`), TPOT p50/p99 (per
 request: time from its first to its last token / (tokens − 1)), TTFT p50 (per request:
 submission to first token, the wait for a batch slot included), workflow latency p50,
-acceptance and rejection from vLLM's spec-decode counters, the drafter's milliseconds
+acceptance and rejection from vLLM's spec-decode counters (they count draft tokens
+accepted past a request's ``max_tokens``, which the output drops; AgentSpec's adapter
+drafts none there, vLLM's n-gram and SuffixDecoding do), the drafter's milliseconds
 per draft call, the step-time fit's prediction error (AgentSpec with the measured cost
 model), per-agent acceptance (per-request metrics, by the agent tag) and AgentSpec's
 per-agent/per-block counters. Every output (final states and every request's token

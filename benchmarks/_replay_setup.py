@@ -31,6 +31,7 @@ from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
 
 __all__ = [
     "Observed",
+    "engine_ab_parser",
     "OneTrace",
     "ReplaySetup",
     "load_trace",
@@ -73,6 +74,19 @@ def load_workloads(
         tokenized, tags, max_calls=max_calls, max_calls_per_run=max_calls_per_run
     )
     return ReplaySetup(workloads, env, cost)
+
+
+def engine_ab_parser(doc: str | None, *, batch: str) -> argparse.ArgumentParser:
+    """A parser for the A/B scripts on the engine recordings (``benchmarks/traces/``):
+    ``--tokenizer`` (``default``: the embedded model's), ``--cost-model`` (``cpu-smollm2``),
+    ``--batch`` (comma list, default ``batch``) and ``--k`` (8, the engine's default); each
+    script adds its ``--traces`` and what it compares."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    ap.add_argument("--tokenizer", default="default")
+    ap.add_argument("--cost-model", default="cpu-smollm2")
+    ap.add_argument("--batch", default=batch, help="comma list")
+    ap.add_argument("--k", type=int, default=8)
+    return ap
 
 
 def trace_parser(doc: str | None, *, batch: str) -> argparse.ArgumentParser:

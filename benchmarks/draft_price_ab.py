@@ -14,11 +14,10 @@ engine's default). Deterministic.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from _replay_setup import load_workloads
+from _replay_setup import engine_ab_parser, load_workloads
 
 from agentspec_mw.costmodel import get_cost_model
 from agentspec_mw.proposer import ProposerEnv
@@ -29,12 +28,8 @@ _TRACES = sorted(str(p) for p in (Path(__file__).parent / "traces").glob("engine
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = engine_ab_parser(__doc__, batch="1,16,32")
     ap.add_argument("--traces", nargs="+", default=_TRACES)
-    ap.add_argument("--tokenizer", default="default")
-    ap.add_argument("--cost-model", default="cpu-smollm2")
-    ap.add_argument("--batch", default="1,16,32")
-    ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--methods", default="ngram,suffix,agentspec-unpriced,agentspec")
     args = ap.parse_args(argv)
     cost = get_cost_model(args.cost_model)

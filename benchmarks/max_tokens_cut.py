@@ -15,12 +15,11 @@ uncut and cut. Deterministic.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from _replay_setup import load_workloads
+from _replay_setup import engine_ab_parser, load_workloads
 
 from agentspec_mw.costmodel import get_cost_model
 from agentspec_mw.proposer import Draft, Proposer, StepContext, TokenIds
@@ -76,12 +75,8 @@ class CutAtLimit:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = engine_ab_parser(__doc__, batch="1,32")
     ap.add_argument("--traces", nargs="+", default=list(_TRACES))
-    ap.add_argument("--tokenizer", default="default")
-    ap.add_argument("--cost-model", default="cpu-smollm2")
-    ap.add_argument("--batch", default="1,32")
-    ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--proposers", default="agentspec,suffix,ngram")
     args = ap.parse_args(argv)
     unknown = [t for t in args.traces if t not in _TRACES]

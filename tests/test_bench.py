@@ -36,7 +36,7 @@ from agentspec_mw_langgraph.bench_apps import (
     resolve_app,
     topic_count,
 )
-from agentspec_mw_langgraph.bench_worker import RunResult
+from agentspec_mw_langgraph.bench_worker import RunResult, _engine_counters
 from agentspec_mw_vllm import preload
 
 from .helpers import script
@@ -320,6 +320,38 @@ def test_summary_medians_ratios_and_mismatches() -> None:
     assert verdict_lines(rows) == [
         "demo N=4: fastest is suffix (100 tok/s, 2.00x none, 100% over none)"
     ]
+
+
+def test_preemptions_are_summed_over_the_repeats_and_printed() -> None:
+    config = BenchConfig(ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=3)
+    results = _results(config)
+    for r, preempted in enumerate((1, 0, 2)):
+        key = ("suffix", "demo", 4, r)
+        results[key] = results[key].model_copy(update={"preemptions": preempted})
+    rows, _ = summarize(results, dict.fromkeys(results, 1.0), config)
+    assert [row.preemptions for row in rows] == [0, 3]
+    lines = format_report(_report(config, rows, [])).splitlines()
+    assert lines[1].split()[-3:] == ["preempt", "same", "load"]
+    suffix = next(line.split() for line in lines if line.startswith("demo") and " suffix " in line)
+    assert suffix[-3] == "3"
+
+
+def test_the_worker_reads_vllms_counters_summed_over_engines() -> None:
+    class Metric:
+        def __init__(self, name: str, value: float) -> None:
+            self.name, self.value = name, value
+
+    class Engine:
+        def get_metrics(self) -> list[Metric]:
+            return [
+                Metric("vllm:spec_decode_num_draft_tokens", 10),
+                Metric("vllm:spec_decode_num_accepted_tokens", 4),
+                Metric("vllm:num_preemptions", 2),
+                Metric("vllm:num_preemptions", 1),  # a second engine's
+                Metric("vllm:prompt_tokens", 99),
+            ]
+
+    assert _engine_counters(Engine()) == (10, 4, 3)
 
 
 def test_the_fit_after_the_last_repeat_is_kept_and_printed() -> None:

@@ -200,6 +200,9 @@ class BenchRow(BaseModel):
     accepted: int
     acceptance: float | None
     rejection: float | None
+    preemptions: int = 0
+    """Requests vLLM preempted, summed over the repeats (a full KV cache: each one's prompt
+    is computed again later, time no method's drafts save)."""
     proposer_ms_per_step: float | None
     fit_error_median: float | None
     """Median |predicted − measured| / measured of the step-time fit (measured model)."""
@@ -386,6 +389,7 @@ def summarize(
                         accepted=accepted,
                         acceptance=accepted / drafted if drafted else None,
                         rejection=1 - accepted / drafted if drafted else None,
+                        preemptions=sum(x.preemptions for x in runs),
                         proposer_ms_per_step=(
                             1e3 * sum(x.proposer_s for x in runs) / calls if calls else None
                         ),
@@ -522,7 +526,7 @@ def format_report(report: BenchReport) -> str:
     head = (
         f"{'app':<9} {'N':>3} {'method':<24} {'tok/s':>7} {'x none':>6} {'TPOT50':>7} "
         f"{'TPOT99':>7} {'TTFT50':>7} {'lat50':>6} {'accept':>6} {'reject':>6} {'prop ms':>7} "
-        f"{'fit err':>7} {'same':>4} {'load':>4}"
+        f"{'fit err':>7} {'preempt':>7} {'same':>4} {'load':>4}"
     )
     lines = [
         f"agentspec bench, {report.date}, {report.cpus} CPUs, load {report.load_before[0]:.2f} "
@@ -538,7 +542,7 @@ def format_report(report: BenchReport) -> str:
             f"{_f(r.tpot_p99_ms, '.1f'):>7} {_f(r.ttft_p50_ms, '.0f'):>7} {r.latency_p50_s:>6.1f} "
             f"{_f(r.acceptance, '.1%'):>6} {_f(r.rejection, '.1%'):>6} "
             f"{_f(r.proposer_ms_per_step, '.3f'):>7} {_f(r.fit_error_median, '.1%'):>7} "
-            f"{'yes' if r.identical_to_none else 'NO':>4} {r.load_avg:>4.1f}"
+            f"{r.preemptions:>7} {'yes' if r.identical_to_none else 'NO':>4} {r.load_avg:>4.1f}"
         )
     top = max(report.config.ns)
     for app in report.config.apps:

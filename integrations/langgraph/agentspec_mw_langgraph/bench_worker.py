@@ -17,7 +17,8 @@ What it measures per run, in this process (the engine runs here):
   first) / (tokens − 1)), tokens, drafted and accepted drafts (vLLM's
   per-request spec-decode metrics), the agent tag, a hash of the token ids;
 * per workflow: wall time from start to end, and its final state (:func:`final_view`);
-* vLLM's own spec-decode counters (drafted, accepted) before and after;
+* vLLM's own counters before and after: spec decode (drafted, accepted) and preempted
+  requests (a full KV cache: each is recomputed from its prompt later);
 * the drafter's time per draft call, for every method alike: the ``propose`` method of
   vLLM's ``NgramProposer`` / ``SuffixDecodingProposer`` and of our ``AgentSpecDrafter``
   is wrapped with a timer (this process only);
@@ -85,6 +86,9 @@ class RunResult(BaseModel):
     for its prompt's prefill included)."""
     drafted: int
     accepted: int
+    preemptions: int = 0
+    """Requests vLLM preempted in the run (the KV cache was full: each is recomputed from
+    its prompt later; ``vllm:num_preemptions``)."""
     proposer_s: float
     proposer_calls: int
     per_agent: dict[str, list[int]]
@@ -244,14 +248,17 @@ def _timed_backend(llm: Any) -> Any:
     return TimedBackend(llm)
 
 
-def _spec_counters(llm: Any) -> tuple[int, int]:
-    drafted = accepted = 0.0
+def _engine_counters(llm: Any) -> tuple[int, int, int]:
+    """vLLM's own counters: draft tokens verified, of them accepted, requests preempted."""
+    drafted = accepted = preempted = 0.0
     for metric in llm.get_metrics():
         if metric.name == "vllm:spec_decode_num_draft_tokens":
             drafted += float(getattr(metric, "value", 0))
         elif metric.name == "vllm:spec_decode_num_accepted_tokens":
             accepted += float(getattr(metric, "value", 0))
-    return int(drafted), int(accepted)
+        elif metric.name == "vllm:num_preemptions":
+            preempted += float(getattr(metric, "value", 0))
+    return int(drafted), int(accepted), int(preempted)
 
 
 def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
@@ -317,7 +324,7 @@ class Worker:
         graph, shape = self.graphs[app], self.shapes[app]
         self.backend.clear()
         STATS.reset()
-        d0, a0 = _spec_counters(self.llm)
+        d0, a0, p0 = _engine_counters(self.llm)
         m0 = get_metrics().snapshot()
 
         def one(topic: str) -> tuple[Any, float]:
@@ -329,7 +336,7 @@ class Worker:
         with ThreadPoolExecutor(max_workers=max(len(topics), 1)) as pool:
             done = list(pool.map(one, topics))
         wall = time.perf_counter() - t0
-        d1, a1 = _spec_counters(self.llm)
+        d1, a1, p1 = _engine_counters(self.llm)
         m1 = get_metrics().snapshot()
         drafted, accepted = _delta(m1.drafted, m0.drafted), _delta(m1.accepted, m0.accepted)
         per_agent = {k: list(v) for k, v in self.backend.per_agent.items()}
@@ -345,6 +352,7 @@ class Worker:
             ttft_s=self._ttfts(),
             drafted=d1 - d0,
             accepted=a1 - a0,
+            preemptions=p1 - p0,
             proposer_s=STATS.proposer_s,
             proposer_calls=STATS.proposer_calls,
             per_agent=per_agent,

@@ -1,19 +1,20 @@
 """Replay A/B: AgentSpec's budget reading a different step-time model than the engine has.
 
-The replay charges every step by ``--engine`` (default ``llama8b-h200``, the ridge form
-measured on an H200); each ``--beliefs`` entry is the model AgentSpec's budget reads:
-a preset name; ``linear-fit``, the linear form fitted (``fit_step_times``) to the GPU
-steps in ``--gpu-steps`` (what a linear fit of that engine would settle on); or
-``measured:<preset>``, the online fit (:class:`~agentspec_mw.costfit.MeasuredStepTime`,
-``cost_model="measured"`` in vLLM) warm-started from ``<preset>`` and fed every step the
-replay charges, as the vLLM adapter feeds it the engine's timed steps; or
-``scaled:<preset>:<field>:<factor>``, a preset with one coefficient scaled. ``--blind``
-hides the waiting prompts from AgentSpec (``StepContext.num_prefill_tokens = None``), as the
-vLLM adapter's model runner is (the budget then takes prompts to fill the step);
-``--blind hint`` tells it only what the runner could infer, that nothing waited when the step
-before left budget unused (``num_prefill_tokens = 0``, else ``None``). SuffixDecoding
-runs under the same charges. Prints, per trace and batch, each method's predicted speedup
-over no speculation and its accepted / drafted tokens. Deterministic.
+The replay charges every step by ``--engine`` (default ``llama8b-h200``, the ridge form measured
+on an H200); each ``--beliefs`` entry is the model AgentSpec's budget reads: a preset name;
+``linear-fit``, the linear form fitted (``fit_step_times``) to the GPU steps in ``--gpu-steps``
+(what a linear fit of that engine would settle on); or ``measured:<preset>``, the online fit
+(:class:`~agentspec_mw.costfit.MeasuredStepTime`, ``cost_model="measured"`` in vLLM)
+warm-started from ``<preset>`` and fed every step the replay charges, as the vLLM adapter feeds
+it the engine's timed steps; or ``scaled:<preset>:<field>[+<field>...]:<factor>``, a preset with
+those coefficients scaled (e.g. ``scaled:cpu-smollm2:c_spec_kv+c_draft_kv:0``, drafts priced
+without their context); ``--tags`` as ``agentspec replay``'s. ``--blind`` hides the waiting
+prompts from AgentSpec (``StepContext.num_prefill_tokens = None``), as the vLLM adapter's model
+runner is (the budget then takes prompts to fill the step); ``--blind hint`` tells it only what
+the runner could infer, that nothing waited when the step before left budget unused
+(``num_prefill_tokens = 0``, else ``None``). SuffixDecoding runs under the same charges. Prints,
+per trace and batch, each method's predicted speedup over no speculation and its accepted /
+drafted tokens. Deterministic.
 
     python benchmarks/cost_belief_ab.py --traces ../shared/traces/react_fever_webshop.jsonl.xz \\
         --tokenizer ../shared/tokenizers/qwen2.5 --batch 8,32,64,256
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", default="8,32,64,256")
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--max-calls-per-run", type=int, default=None)
+    ap.add_argument("--tags", choices=["trace", "none"], default="trace")
     ap.add_argument(
         "--blind",
         nargs="?",
@@ -137,18 +139,21 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.beliefs.split(","):
         if name == "linear-fit":
             beliefs[name] = linear_fit(args.gpu_steps, engine)
-        elif name.startswith("scaled:"):  # scaled:<preset>:<field>:<factor>
+        elif name.startswith("scaled:"):  # scaled:<preset>:<field>[+<field>...]:<factor>
             parts = name.split(":")
-            if len(parts) != 4 or not parts[2].startswith("c_"):
-                ap.error(f"{name!r}: write scaled:<preset>:<c_field>:<factor>")
-            _, preset, field, factor = parts
+            fields = parts[2].split("+") if len(parts) == 4 else []
+            if not fields or not all(f.startswith("c_") for f in fields):
+                ap.error(f"{name!r}: write scaled:<preset>:<c_field>[+<c_field>...]:<factor>")
+            preset, factor = parts[1], float(parts[3])
             preset_model = get_cost_model(preset)
-            if field not in StepTimeModel.model_fields:
-                ap.error(f"{name!r}: {field!r} is not a StepTimeModel coefficient")
+            for field in fields:
+                if field not in StepTimeModel.model_fields:
+                    ap.error(f"{name!r}: {field!r} is not a StepTimeModel coefficient")
             # validated: model_copy would take a negative or NaN factor as it comes
             beliefs[name] = StepTimeModel.model_validate(
                 preset_model.model_dump()
-                | {field: getattr(preset_model, field) * float(factor), "name": name}
+                | {f: getattr(preset_model, f) * factor for f in fields}
+                | {"name": name}
             )
         elif name.startswith("measured:"):
             get_cost_model(name.split(":", 1)[1])  # a preset, or a clear error now
@@ -169,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             max_k=args.k,
             cost_model=args.engine,
             max_calls_per_run=args.max_calls_per_run,
+            tags=args.tags,
         )
         for name, calls in setup.workloads.items():
             for b in (int(x) for x in args.batch.split(",")):

@@ -399,7 +399,16 @@ def test_cost_belief_ab_prints_each_belief_on_the_sample(
     assert "blind to prefill (hint)" in printed and "measured step time" in printed
     with pytest.raises(ValueError, match="not a preset"):
         ab.main([*argv[:6], "--beliefs", "measured:nope"])
-    for bad in ("scaled:llama8b-h100:c_tok", "scaled:llama8b-h100:c_nope:2"):
+    # several coefficients scaled at once (drafts priced without their context), untagged
+    both = "scaled:cpu-smollm2:c_spec_kv+c_draft_kv:0"
+    assert ab.main([*argv[:6], "--beliefs", f"cpu-smollm2,{both}", "--tags", "none"]) == 0
+    printed = capsys.readouterr().out
+    assert f"agentspec[{both}]" in printed and "c_spec_kv=0.0" in printed
+    for bad in (
+        "scaled:llama8b-h100:c_tok",
+        "scaled:llama8b-h100:c_nope:2",
+        "scaled:cpu-smollm2:c_spec_kv+c_nope:0",
+    ):
         with pytest.raises(SystemExit):
             ab.main([*argv[:6], "--beliefs", bad])
     with pytest.raises(ValueError, match="greater than or equal to 0"):

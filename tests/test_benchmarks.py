@@ -495,3 +495,18 @@ def test_max_tokens_cut_stops_drafts_where_a_call_at_its_limit_ends() -> None:
     assert (cut.drafted, cut.accepted) == (44, 42)
     assert cut.steps == uncut.steps and cut.output_tokens == uncut.output_tokens
     assert cut.sim_time_s < uncut.sim_time_s
+
+
+def test_client_overhead_times_plain_and_wrapped_graphs(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = script("client_overhead")
+    got = bench.measure("reflect", n=2, repeats=1)
+    assert len(got[False]) == len(got[True]) == 1
+    assert all(ms > 0 for runs in got.values() for ms in runs)
+    model = bench.InstantChatModel()
+    assert model.invoke("hi").content.startswith("The historian")
+    assert model.calls == 1
+    assert bench.main(["--apps", "reflect", "--n", "2", "--repeats", "1"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("reflect: CPU ms per LLM call, plain ") and "adapter " in line
+    with pytest.raises(SystemExit):
+        bench.main(["--n", "0"])

@@ -447,8 +447,9 @@ def paired_ratio(a: BenchRow, b: BenchRow) -> float:
 ONE_REPEAT_NOISE = 0.05
 """How far apart two methods' throughputs in one repeat may be by chance: paired ratios of
 one configuration's repeats on this 2-core VM spread 0.92-0.99x (N = 1) and 1.07-1.10x
-(N = 32) within one run (docs/results.md §5, 2026-12-04), and two one-repeat runs of the
-main job ranked the methods differently. With one repeat a gap under this is called even."""
+(N = 32) within one run (docs/results.md §5 as of `9ca0fe5`, 2026-12-04), and two one-repeat
+runs of the main job ranked the methods differently. With one repeat a gap under this is called
+even."""
 
 
 def _standing(ours: BenchRow, peer: BenchRow) -> str:

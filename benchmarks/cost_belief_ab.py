@@ -144,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
             fields = parts[2].split("+") if len(parts) == 4 else []
             if not fields or not all(f.startswith("c_") for f in fields):
                 ap.error(f"{name!r}: write scaled:<preset>:<c_field>[+<c_field>...]:<factor>")
-            preset, factor = parts[1], float(parts[3])
+            preset = parts[1]
+            try:
+                factor = float(parts[3])
+            except ValueError:
+                ap.error(f"{name!r}: the factor {parts[3]!r} is not a number")
             preset_model = get_cost_model(preset)
             for field in fields:
                 if field not in StepTimeModel.model_fields:

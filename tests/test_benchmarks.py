@@ -408,6 +408,7 @@ def test_cost_belief_ab_prints_each_belief_on_the_sample(
         "scaled:llama8b-h100:c_tok",
         "scaled:llama8b-h100:c_nope:2",
         "scaled:cpu-smollm2:c_spec_kv+c_nope:0",
+        "scaled:cpu-smollm2:c_spec_kv:half",
     ):
         with pytest.raises(SystemExit):
             ab.main([*argv[:6], "--beliefs", bad])

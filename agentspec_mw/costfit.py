@@ -77,7 +77,13 @@ import numpy as np
 
 from agentspec_mw.costmodel import PRESETS, StepTimeModel
 
-__all__ = ["MeasuredStepTime", "fit_ridge_step_times", "fit_step_times"]
+__all__ = [
+    "MeasuredStepTime",
+    "fit_observed_steps",
+    "fit_ridge_step_times",
+    "fit_step_times",
+    "observed_step_features",
+]
 
 
 def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -146,6 +152,35 @@ def fit_step_times(
     x = np.column_stack(cols).astype(np.float64)
     w = 1.0 / y
     return _nonnegative_lstsq(x * w[:, None], y * w)
+
+
+def observed_step_features(steps: np.ndarray) -> np.ndarray:
+    """The regressors ``(1, N_batched, N_kv, N_spec_kv, N_draft_kv, N_emitted)`` of steps
+    given as rows ``[num_batched, num_kv, spec_kv, draft_kv, emitted, seconds]`` (the
+    arguments of :meth:`MeasuredStepTime.observe`, as ``agentspec bench`` records them)."""
+    a = np.asarray(steps, dtype=np.float64).reshape(-1, 6)
+    return np.column_stack([np.ones(len(a)), a[:, :5]])
+
+
+def fit_observed_steps(steps: np.ndarray) -> np.ndarray:
+    """Offline fit of :class:`MeasuredStepTime`'s linear form to recorded steps (rows as
+    :func:`observed_step_features` takes them), without its prior or forgetting: every
+    coefficient non-negative, each step's *relative* error minimised (weights ``1 /
+    seconds``). Returns ``(c_fix, c_tok, c_kv, c_spec_kv, c_draft_kv, c_emit)`` in seconds;
+    predicted times are ``observed_step_features(steps) @ coef``.
+
+    One fit to the steps of several engines that ran the same work gives them a common
+    yardstick: ``Σ measured / Σ predicted`` of each engine's steps is how slowly its
+    process ran (``agentspec bench`` divides it out of two engines' throughput ratio).
+    """
+    a = np.asarray(steps, dtype=np.float64).reshape(-1, 6)
+    y = a[:, 5]
+    if y.size < 6 or np.any(y <= 0) or not np.all(np.isfinite(a)):
+        raise ValueError(
+            f"fit_observed_steps needs >= 6 finite steps of positive time, got {y.size}"
+        )
+    w = 1.0 / y
+    return _nonnegative_lstsq(observed_step_features(a) * w[:, None], y * w)
 
 
 def fit_ridge_step_times(

@@ -62,16 +62,6 @@ def load_requests(
     return out
 
 
-def _spec_counters(llm: Any) -> tuple[float, float]:
-    drafted = accepted = 0.0
-    for metric in llm.get_metrics():
-        if metric.name == "vllm:spec_decode_num_draft_tokens":
-            drafted += float(getattr(metric, "value", 0))
-        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
-            accepted += float(getattr(metric, "value", 0))
-    return drafted, accepted
-
-
 def run_once(
     speculative: str | None,
     requests: list[tuple[str, dict[str, Any]]],
@@ -81,7 +71,7 @@ def run_once(
     """Serve every request in waves of ``b`` on a fresh engine (no cache carried over)."""
     from vllm import SamplingParams
 
-    from agentspec_mw_vllm.engine import build_llm, shutdown
+    from agentspec_mw_vllm.engine import build_llm, engine_counters, shutdown
     from agentspec_mw_vllm.metrics import get_metrics
 
     llm = build_llm(
@@ -98,7 +88,7 @@ def run_once(
     try:
         # Warm-up (not timed, not a trace prompt): first-call costs out of the measurement.
         llm.generate(["Hello"], SamplingParams(max_tokens=4), use_tqdm=False)
-        d0, a0 = _spec_counters(llm)
+        d0, a0, _ = engine_counters(llm)
         m0 = get_metrics().snapshot()
         outputs: list[list[int]] = []
         t0 = time.perf_counter()
@@ -111,7 +101,7 @@ def run_once(
             outs = llm.generate([p for p, _ in wave], params, use_tqdm=False)
             outputs += [list(o.outputs[0].token_ids) for o in outs]
         wall = time.perf_counter() - t0
-        d1, a1 = _spec_counters(llm)
+        d1, a1, _ = engine_counters(llm)
         m1 = get_metrics().snapshot()
     finally:
         shutdown(llm)

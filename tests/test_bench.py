@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
@@ -18,10 +19,12 @@ from agentspec_mw_langgraph.bench import (
     BenchConfig,
     BenchReport,
     BenchRow,
+    engine_slowness,
     format_report,
     paired_ratio,
     plot_report,
     quick_config,
+    speed_adjusted_ratio,
     summarize,
     verdict_lines,
     write_fit_steps,
@@ -36,8 +39,9 @@ from agentspec_mw_langgraph.bench_apps import (
     resolve_app,
     topic_count,
 )
-from agentspec_mw_langgraph.bench_worker import RunResult, _engine_counters
+from agentspec_mw_langgraph.bench_worker import RunResult
 from agentspec_mw_vllm import preload
+from agentspec_mw_vllm.engine import engine_counters
 
 from .helpers import script
 from .langgraph.fake_chat import ScriptedChatModel
@@ -351,7 +355,7 @@ def test_the_worker_reads_vllms_counters_summed_over_engines() -> None:
                 Metric("vllm:prompt_tokens", 99),
             ]
 
-    assert _engine_counters(Engine()) == (10, 4, 3)
+    assert engine_counters(Engine()) == (10, 4, 3)
 
 
 def test_the_fit_after_the_last_repeat_is_kept_and_printed() -> None:
@@ -436,6 +440,69 @@ def test_verdict_names_the_better_peer_and_the_tags() -> None:
     assert line.startswith("demo N=4: fastest is suffix (50 tok/s, 2.00x none, 25% over agentspec)")
     assert "agentspec 1.60x none is 0.80x suffix (behind; the better peer)" in line
     assert "1.40x untagged's tok/s" in line
+
+
+def _timed_steps(slowness: float, n: int = 30, seed: int = 0) -> list[list[float]]:
+    """``n`` steps ``[batched, kv, spec_kv, draft_kv, emitted, seconds]`` whose time is
+    ``slowness`` x (20 ms + 0.5 ms/token + 1 us/KV token)."""
+    rng = np.random.default_rng(seed)
+    steps = []
+    for _ in range(n):
+        batched = float(rng.integers(8, 80))
+        kv = float(rng.integers(1_000, 9_000))
+        seconds = slowness * (0.020 + 0.0005 * batched + 1e-6 * kv)
+        steps.append([batched, kv, 0.0, 0.0, batched, seconds])
+    return steps
+
+
+def test_engine_slowness_rates_each_engine_on_one_fit() -> None:
+    """Two engines timed the same kind of steps, one 10 % slower in repeat 1: each gets
+    Σ measured / Σ predicted on the common fit; an engine that timed no steps is left out."""
+    got = engine_slowness(
+        {
+            "agentspec": [_timed_steps(1.0, seed=1), _timed_steps(1.1, seed=2)],
+            "agentspec-untagged": [_timed_steps(1.0, seed=3), _timed_steps(1.0, seed=4)],
+            "none": [[], []],
+        }
+    )
+    assert set(got) == {"agentspec", "agentspec-untagged"}
+    t, u = got["agentspec"], got["agentspec-untagged"]
+    assert t[1] / u[1] == pytest.approx(1.1, rel=5e-3)  # the common fit is not exact
+    assert t[0] / u[0] == pytest.approx(1.0, rel=5e-3)
+    # one engine alone has nothing to be compared with; too few steps are not rated
+    assert engine_slowness({"agentspec": [_timed_steps(1.0)]}) == {}
+    assert engine_slowness({"a": [_timed_steps(1.0, n=5)], "b": [_timed_steps(1.0)]}) == {}
+
+
+def test_speed_adjusted_ratio_divides_each_engines_slowness_out() -> None:
+    config = BenchConfig(
+        ns=(4,), methods=("none", "agentspec", "agentspec-untagged"), apps=("demo",), repeats=2
+    )
+    walls = {"none": (4.0, 4.0), "agentspec": (2.2, 2.0), "agentspec-untagged": (2.0, 2.0)}
+    slow = {"agentspec": (1.1, 1.0), "agentspec-untagged": (1.0, 1.0)}
+    results = {
+        (k, "demo", 4, r): _result(
+            k,
+            4,
+            w,
+            drafted=10,
+            accepted=5,
+            fit_steps=_timed_steps(slow[k][r], seed=r) if k in slow else [],
+        )
+        for k, ws in walls.items()
+        for r, w in enumerate(ws)
+    }
+    rows, _ = summarize(results, dict.fromkeys(results, 1.0), config)
+    by = {r.label: r for r in rows}
+    t, u = by["agentspec"], by["agentspec-untagged"]
+    assert by["none"].step_slowness_repeats == []
+    assert t.step_slowness_repeats[0] / u.step_slowness_repeats[0] == pytest.approx(1.1, rel=5e-3)
+    # measured: tagged 0.909x then 1.0x untagged; its process ran 10 % slow in repeat 0
+    assert paired_ratio(t, u) == pytest.approx((1 / 1.1 + 1.0) / 2)
+    assert speed_adjusted_ratio(t, u) == pytest.approx(1.0, rel=5e-3)
+    assert speed_adjusted_ratio(t, by["none"]) is None
+    (line,) = verdict_lines(rows)
+    assert "x with each engine's step speed divided out)" in line
 
 
 def test_verdict_pairs_the_repeats() -> None:

@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -511,3 +512,58 @@ def test_client_overhead_times_plain_and_wrapped_graphs(capsys: pytest.CaptureFi
     assert line.startswith("reflect: CPU ms per LLM call, plain ") and "adapter " in line
     with pytest.raises(SystemExit):
         bench.main(["--n", "0"])
+
+
+def test_engine_speed_reads_a_report_and_its_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bench JSON from before ``step_slowness_repeats`` and its steps file (``.xz``): the
+    script fits one model to both engines' steps and divides their speeds out."""
+    import lzma
+
+    from agentspec_mw_langgraph.bench import BenchRow
+
+    tool = script("engine_speed")
+    rng = np.random.default_rng(0)
+
+    def steps(slowness: float) -> list[list[float]]:
+        out = []
+        for _ in range(30):
+            b, kv = float(rng.integers(8, 80)), float(rng.integers(1_000, 9_000))
+            out.append([b, kv, 0.0, 0.0, b, slowness * (0.02 + 5e-4 * b + 1e-6 * kv)])
+        return out
+
+    def row(label: str, tput: list[float]) -> dict[str, Any]:
+        return {
+            "label": label, "app": "demo", "n": 32, "repeats": 2, "tokens_per_s": tput[0],
+            "ratio_to_none": 1.0, "tokens_per_s_repeats": tput, "tpot_p50_ms": None,
+            "tpot_p99_ms": None, "latency_p50_s": 1.0, "drafted": 100, "accepted": 50,
+            "acceptance": 0.5, "rejection": 0.5, "proposer_ms_per_step": 1.0,
+            "fit_error_median": None, "fit_error_mean": None, "fit_steps": 60,
+            "per_agent_acceptance": {}, "per_block": {}, "identical_to_none": True,
+            "load_avg": 1.0,
+        }  # fmt: skip
+
+    report = {
+        "config": {"apps": ["not_importable_here:build"]},
+        "date": "2026-12-05 11:19 UTC",
+        "rows": [row("agentspec", [90.0, 100.0]), row("agentspec-untagged", [100.0, 100.0])],
+    }
+    (tmp_path / "b.json").write_text(json.dumps(report))
+    lines = [
+        {"label": label, "app": "demo", "n": 32, "repeat": r, "steps": steps(s)}
+        for label, per in (("agentspec", (1.1, 1.0)), ("agentspec-untagged", (1.0, 1.0)))
+        for r, s in enumerate(per)
+    ]
+    with lzma.open(tmp_path / "b.steps.jsonl.xz", "wt") as f:
+        f.write("\n".join(json.dumps(x) for x in lines))
+    assert tool.main([str(tmp_path / "b.json"), str(tmp_path / "b.steps.jsonl.xz")]) == 0
+    out = capsys.readouterr().out
+    assert "demo N=32: tok/s 0.950x, speed-adjusted 0.99" in out and "drafted 1.00x" in out
+    (got,) = tool.analyse(
+        [BenchRow.model_validate(r) for r in report["rows"]],
+        tool._read(tmp_path / "b.steps.jsonl.xz"),
+    )
+    assert got["speed_adjusted_ratio"] == pytest.approx(0.995, abs=3e-3)
+    (tmp_path / "none.jsonl").write_text("")
+    assert tool.main([str(tmp_path / "b.json"), str(tmp_path / "none.jsonl")]) == 1

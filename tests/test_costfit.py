@@ -193,3 +193,23 @@ def test_the_ridge_fit_recovers_a_ridge_engine() -> None:
     assert 0.01 < rms < 0.03
     with pytest.raises(ValueError, match="positive step times"):
         fit_ridge_step_times(a[:3, 0], a[:3, 1], a[:3, 2], a[:3, 3])
+
+
+def test_fit_observed_steps_recovers_the_linear_form_and_refuses_too_few() -> None:
+    from agentspec_mw.costfit import fit_observed_steps, observed_step_features
+
+    rng = np.random.default_rng(0)
+    x = np.column_stack(
+        [
+            rng.integers(1, 200, 40),  # batched
+            rng.integers(100, 9_000, 40),  # kv
+            rng.integers(0, 3_000, 40),  # spec_kv
+            rng.integers(0, 9_000, 40),  # draft_kv
+            rng.integers(1, 100, 40),  # emitted
+        ]
+    ).astype(float)
+    true = np.array([0.02, 5e-4, 1e-6, 2e-6, 1e-7, 1e-4])
+    steps = np.column_stack([x, observed_step_features(np.column_stack([x, np.ones(40)])) @ true])
+    assert fit_observed_steps(steps) == pytest.approx(true, rel=1e-6)
+    with pytest.raises(ValueError, match=">= 6 finite steps"):
+        fit_observed_steps(steps[:5])

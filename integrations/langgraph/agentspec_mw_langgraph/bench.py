@@ -41,19 +41,21 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentspec_mw.costfit import fit_observed_steps, observed_step_features
 from agentspec_mw.errors import AgentSpecError
 from agentspec_mw_langgraph.bench_apps import APPS, bench_topics, resolve_app, topic_count
 from agentspec_mw_langgraph.bench_worker import MARK, RunResult, WorkerSpec
 
 __all__ = [
     "METHODS",
+    "MIN_SLOWNESS_STEPS",
     "ONE_REPEAT_NOISE",
     "BenchConfig",
     "BenchError",
@@ -61,11 +63,13 @@ __all__ = [
     "BenchReport",
     "BenchRow",
     "engine_env",
+    "engine_slowness",
     "format_report",
     "paired_ratio",
     "plot_report",
     "quick_config",
     "run_bench",
+    "speed_adjusted_ratio",
     "summarize",
     "write_fit_steps",
 ]
@@ -212,6 +216,12 @@ class BenchRow(BaseModel):
     fit_time_ratio: float | None = None
     """Σ predicted / Σ measured time of those steps (what a throughput estimate sees: a
     mean error made by a few long steps cancels here)."""
+    step_slowness_repeats: list[float] = []
+    """Per repeat, how slowly this method's engine process ran: Σ measured / Σ predicted
+    time of its timed steps, all predicted by one fit to the timed steps of every engine
+    of this shape and N (:func:`engine_slowness`; the AgentSpec engines time their
+    steps, vLLM's own drafters do not: empty for them). :func:`speed_adjusted_ratio`
+    divides it out of a paired ratio."""
     step_model: dict[str, float] = {}
     """The measured model's fit after the last repeat (``fixed``/``token``/``kv_token`` in
     seconds per step, per batched token, per KV token; ``steps`` it rests on); empty
@@ -336,6 +346,12 @@ def summarize(
     mismatches: list[str] = []
     for app in config.apps:
         for n in config.ns:
+            slowness = engine_slowness(
+                {
+                    label: [results[(label, app, n, r)].fit_steps for r in range(config.repeats)]
+                    for label in config.labels()
+                }
+            )
             for label in config.labels():
                 base = "none" + (_NO_PRELOAD if label.endswith(_NO_PRELOAD) else "")
                 runs = [results[(label, app, n, r)] for r in range(config.repeats)]
@@ -401,6 +417,7 @@ def summarize(
                             if secs and len(secs) == len(errs)
                             else None
                         ),
+                        step_slowness_repeats=slowness.get(label, []),
                         step_model=dict(runs[-1].step_model),
                         per_agent_acceptance={
                             a: (v[1] / v[0] if v[0] else None) for a, v in sorted(agents.items())
@@ -426,6 +443,66 @@ def summarize(
                     )
                 )
     return rows, mismatches
+
+
+MIN_SLOWNESS_STEPS = 20
+"""Timed steps each repeat of an engine needs before :func:`engine_slowness` rates it."""
+
+
+def engine_slowness(
+    steps: Mapping[str, Sequence[Sequence[Sequence[float]]]],
+) -> dict[str, list[float]]:
+    """How slowly each engine process ran, per repeat, on one yardstick.
+
+    ``steps`` maps a method to its timed steps per repeat (``RunResult.fit_steps``: rows
+    ``[num_batched, num_kv, spec_kv, draft_kv, emitted, seconds]``). One step-time model is
+    fitted to every step of every method that timed at least :data:`MIN_SLOWNESS_STEPS` in
+    each repeat (:func:`agentspec_mw.costfit.fit_observed_steps`), and a method's repeat
+    gets ``Σ measured / Σ predicted`` over its steps: above 1, its process ran slower than
+    the common model says that work takes. On this 2-core VM two engines that did the
+    same work differ by up to ±13 % in one repeat (2026-12-05, docs/experiments/
+    tags_live_2026-12-05.md); their throughput ratio follows. Methods without such steps
+    (or with fewer than two rated methods: nothing to compare) are left out.
+    """
+    rated = {
+        label: [np.asarray(rep, dtype=np.float64).reshape(-1, 6) for rep in reps]
+        for label, reps in steps.items()
+        if reps and all(len(rep) >= MIN_SLOWNESS_STEPS for rep in reps)
+    }
+    if len(rated) < 2:
+        return {}
+    coef = fit_observed_steps(np.vstack([a for reps in rated.values() for a in reps]))
+    return {
+        label: [float(a[:, 5].sum() / (observed_step_features(a) @ coef).sum()) for a in reps]
+        for label, reps in rated.items()
+    }
+
+
+def speed_adjusted_ratio(a: BenchRow, b: BenchRow) -> float | None:
+    """:func:`paired_ratio` with each engine's :attr:`BenchRow.step_slowness_repeats`
+    divided out: the median over repeats of ``(tok/s_a · slowness_a) / (tok/s_b ·
+    slowness_b)`` — what ``a``'s drafts did against ``b``'s had both processes run at the
+    common model's speed. ``None`` unless both rows have it for every repeat. A
+    diagnostic: the bars are on measured throughput."""
+    n = len(a.tokens_per_s_repeats)
+    if not n or not (
+        len(b.tokens_per_s_repeats)
+        == len(a.step_slowness_repeats)
+        == len(b.step_slowness_repeats)
+        == n
+    ):
+        return None
+    per = [
+        (ta * sa) / (tb * sb)
+        for ta, sa, tb, sb in zip(
+            a.tokens_per_s_repeats,
+            a.step_slowness_repeats,
+            b.tokens_per_s_repeats,
+            b.step_slowness_repeats,
+            strict=True,
+        )
+    ]
+    return float(np.median(per))
 
 
 def _f(value: float | None, fmt: str) -> str:
@@ -506,6 +583,9 @@ def verdict_lines(rows: Sequence[BenchRow]) -> list[str]:
                 f"; tags: {_f(t.acceptance, '.1%')} vs {_f(u.acceptance, '.1%')} accepted, "
                 f"{paired_ratio(t, u):.2f}x untagged's tok/s"
             )
+            adjusted = speed_adjusted_ratio(t, u)
+            if adjusted is not None:
+                text += f" ({adjusted:.3f}x with each engine's step speed divided out)"
         lines.append(text)
     return lines
 

@@ -43,6 +43,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentspec_mw_vllm.engine import engine_counters
+
 __all__ = ["MARK", "RunResult", "WorkerSpec", "main"]
 
 #: Prefix of the protocol lines on the worker's stdout.
@@ -248,19 +250,6 @@ def _timed_backend(llm: Any) -> Any:
     return TimedBackend(llm)
 
 
-def _engine_counters(llm: Any) -> tuple[int, int, int]:
-    """vLLM's own counters: draft tokens verified, of them accepted, requests preempted."""
-    drafted = accepted = preempted = 0.0
-    for metric in llm.get_metrics():
-        if metric.name == "vllm:spec_decode_num_draft_tokens":
-            drafted += float(getattr(metric, "value", 0))
-        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
-            accepted += float(getattr(metric, "value", 0))
-        elif metric.name == "vllm:num_preemptions":
-            preempted += float(getattr(metric, "value", 0))
-    return int(drafted), int(accepted), int(preempted)
-
-
 def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
@@ -324,7 +313,7 @@ class Worker:
         graph, shape = self.graphs[app], self.shapes[app]
         self.backend.clear()
         STATS.reset()
-        d0, a0, p0 = _engine_counters(self.llm)
+        d0, a0, p0 = engine_counters(self.llm)
         m0 = get_metrics().snapshot()
 
         def one(topic: str) -> tuple[Any, float]:
@@ -336,7 +325,7 @@ class Worker:
         with ThreadPoolExecutor(max_workers=max(len(topics), 1)) as pool:
             done = list(pool.map(one, topics))
         wall = time.perf_counter() - t0
-        d1, a1, p1 = _engine_counters(self.llm)
+        d1, a1, p1 = engine_counters(self.llm)
         m1 = get_metrics().snapshot()
         drafted, accepted = _delta(m1.drafted, m0.drafted), _delta(m1.accepted, m0.accepted)
         per_agent = {k: list(v) for k, v in self.backend.per_agent.items()}

@@ -45,7 +45,7 @@ import gc
 import os
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentspec_mw.default_model import resolve_model
 from agentspec_mw_vllm.config import ADDITIONAL_CONFIG_KEY, drafter_section
@@ -59,11 +59,13 @@ __all__ = [
     "CPU_ENV_DEFAULTS",
     "CPU_THREAD_VARS",
     "VLLM_METHODS",
+    "EngineCounters",
     "apply_env_defaults",
     "build_async_llm",
     "build_llm",
     "default_dtype",
     "default_eager",
+    "engine_counters",
     "engine_kwargs",
     "env_defaults",
     "is_cpu_build",
@@ -304,3 +306,32 @@ def shutdown(engine: Any) -> None:
     elif hasattr(engine, "shutdown"):
         engine.shutdown()
     gc.collect()
+
+
+class EngineCounters(NamedTuple):
+    """vLLM's own cumulative counters of an engine (summed over its engine cores)."""
+
+    drafted: int
+    """Draft tokens vLLM verified (``vllm:spec_decode_num_draft_tokens``)."""
+    accepted: int
+    """Of them, accepted (``vllm:spec_decode_num_accepted_tokens``)."""
+    preempted: int
+    """Requests preempted for want of KV cache (``vllm:num_preemptions``)."""
+
+
+_COUNTERS = {
+    "vllm:spec_decode_num_draft_tokens": 0,
+    "vllm:spec_decode_num_accepted_tokens": 1,
+    "vllm:num_preemptions": 2,
+}
+
+
+def engine_counters(engine: Any) -> EngineCounters:
+    """The :class:`EngineCounters` of an engine with vLLM's ``get_metrics()`` (``LLM``;
+    its statistics logging must be on, as :func:`build_llm` leaves it)."""
+    totals = [0.0, 0.0, 0.0]
+    for metric in engine.get_metrics():
+        i = _COUNTERS.get(metric.name)
+        if i is not None:
+            totals[i] += float(getattr(metric, "value", 0))
+    return EngineCounters(*(int(t) for t in totals))

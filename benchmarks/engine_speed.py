@@ -1,0 +1,113 @@
+"""How much of a tagged / untagged throughput ratio is the engines' speed, not their drafts.
+
+``agentspec bench`` writes each AgentSpec engine's timed steps next to its JSON
+(``<out>.steps.jsonl``). This script reads a bench JSON and its steps file (either may
+be ``.xz``), fits one step-time model to every engine's steps of a shape and N
+(:func:`agentspec_mw_langgraph.bench.engine_slowness`) and prints, per repeat, each
+engine's slowness (Σ measured / Σ predicted step time) and the tagged / untagged
+throughput ratio as measured and with both slownesses divided out
+(:func:`~agentspec_mw_langgraph.bench.speed_adjusted_ratio`). Benches since this
+script compute the same themselves (``step_slowness_repeats`` in the JSON); this serves
+the ones before::
+
+    python benchmarks/engine_speed.py docs/results/bench_X.json docs/results/bench_X.steps.jsonl.xz
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentspec_mw_langgraph.bench import (
+    BenchRow,
+    engine_slowness,
+    paired_ratio,
+    speed_adjusted_ratio,
+)
+
+
+def _read(path: Path) -> str:
+    if path.suffix == ".xz":
+        with lzma.open(path, "rt", encoding="utf-8") as f:
+            return f.read()
+    return path.read_text(encoding="utf-8")
+
+
+def analyse(report_rows: list[BenchRow], steps_text: str) -> list[dict[str, Any]]:
+    """Per (app, N) with both AgentSpec engines: the per-repeat slownesses and ratios."""
+    steps: dict[tuple[str, int], dict[str, dict[int, list[list[float]]]]] = defaultdict(
+        lambda: defaultdict(dict)
+    )
+    for line in steps_text.splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            steps[(rec["app"], rec["n"])][rec["label"]][rec["repeat"]] = rec["steps"]
+    out = []
+    for (app, n), by_label in sorted(steps.items()):
+        rows = {r.label: r for r in report_rows if (r.app, r.n) == (app, n)}
+        if "agentspec" not in rows or "agentspec-untagged" not in rows:
+            continue
+        repeats = rows["agentspec"].repeats
+        slow = engine_slowness(
+            {lab: [reps.get(r, []) for r in range(repeats)] for lab, reps in by_label.items()}
+        )
+        t = rows["agentspec"].model_copy(
+            update={"step_slowness_repeats": slow.get("agentspec", [])}
+        )
+        u = rows["agentspec-untagged"].model_copy(
+            update={"step_slowness_repeats": slow.get("agentspec-untagged", [])}
+        )
+        per = [x / y for x, y in zip(t.tokens_per_s_repeats, u.tokens_per_s_repeats, strict=True)]
+        out.append(
+            {
+                "app": app,
+                "n": n,
+                "tput_ratio_repeats": per,
+                "slowness_tagged": t.step_slowness_repeats,
+                "slowness_untagged": u.step_slowness_repeats,
+                "tput_ratio": paired_ratio(t, u),
+                "speed_adjusted_ratio": speed_adjusted_ratio(t, u),
+                "drafted_ratio": t.drafted / u.drafted if u.drafted else None,
+            }
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("report", type=Path, help="a bench JSON (--json), optionally .xz")
+    ap.add_argument("steps", type=Path, help="its <out>.steps.jsonl, optionally .xz")
+    args = ap.parse_args(argv)
+    # the rows only: the whole report's config would import the bench's apps
+    report = json.loads(_read(args.report))
+    rows = [BenchRow.model_validate(r) for r in report["rows"]]
+    results = analyse(rows, _read(args.steps))
+    if not results:
+        print("no shape and N with both agentspec and agentspec-untagged timed steps")
+        return 1
+    print(f"{args.report.name} ({report.get('date', '?')}): tagged / untagged AgentSpec")
+    for r in results:
+        adj = r["speed_adjusted_ratio"]
+        per = ", ".join(
+            f"{x:.3f} (slowness {a:.3f} / {b:.3f})"
+            for x, a, b in zip(
+                r["tput_ratio_repeats"], r["slowness_tagged"], r["slowness_untagged"], strict=False
+            )
+        )
+        print(
+            f"  {r['app']} N={r['n']}: tok/s {r['tput_ratio']:.3f}x, "
+            f"speed-adjusted {'-' if adj is None else format(adj, '.3f')}x, "
+            f"drafted {np.nan if r['drafted_ratio'] is None else r['drafted_ratio']:.2f}x; "
+            f"per repeat {per}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -557,7 +557,9 @@ def test_engine_speed_reads_a_report_and_its_steps(
     ]
     with lzma.open(tmp_path / "b.steps.jsonl.xz", "wt") as f:
         f.write("\n".join(json.dumps(x) for x in lines))
-    assert tool.main([str(tmp_path / "b.json"), str(tmp_path / "b.steps.jsonl.xz")]) == 0
+    pair = [str(tmp_path / "b.json"), str(tmp_path / "b.steps.jsonl.xz")]
+    assert tool.main([*pair, "--plot", str(tmp_path / "speed.png")]) == 0
+    assert (tmp_path / "speed.png").stat().st_size > 0
     out = capsys.readouterr().out
     assert "demo N=32: tok/s 0.950x, speed-adjusted 0.99" in out and "drafted 1.00x" in out
     (got,) = tool.analyse(
@@ -567,3 +569,5 @@ def test_engine_speed_reads_a_report_and_its_steps(
     assert got["speed_adjusted_ratio"] == pytest.approx(0.995, abs=3e-3)
     (tmp_path / "none.jsonl").write_text("")
     assert tool.main([str(tmp_path / "b.json"), str(tmp_path / "none.jsonl")]) == 1
+    with pytest.raises(SystemExit):  # not in pairs
+        tool.main([*pair, str(tmp_path / "b.json")])

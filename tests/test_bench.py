@@ -472,6 +472,13 @@ def test_engine_slowness_rates_each_engine_on_one_fit() -> None:
     # one engine alone has nothing to be compared with; too few steps are not rated
     assert engine_slowness({"agentspec": [_timed_steps(1.0)]}) == {}
     assert engine_slowness({"a": [_timed_steps(1.0, n=5)], "b": [_timed_steps(1.0)]}) == {}
+    # a step of no or infinite time is dropped, not a crash at the end of a long bench
+    bad = [*_timed_steps(1.0, seed=5), [10.0, 100.0, 0.0, 0.0, 10.0, 0.0]]
+    bad.append([10.0, 100.0, 0.0, 0.0, 10.0, float("inf")])
+    got = engine_slowness({"a": [bad], "b": [_timed_steps(1.0, seed=6)]})
+    assert got["a"][0] == pytest.approx(1.0, rel=5e-3) and got["b"][0] == pytest.approx(
+        1.0, rel=5e-3
+    )
 
 
 def test_speed_adjusted_ratio_divides_each_engines_slowness_out() -> None:

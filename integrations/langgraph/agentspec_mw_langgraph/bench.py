@@ -461,21 +461,30 @@ def engine_slowness(
     gets ``Σ measured / Σ predicted`` over its steps: above 1, its process ran slower than
     the common model says that work takes. On this 2-core VM two engines that did the
     same work differ by up to ±13 % in one repeat (2026-12-05, docs/experiments/
-    tags_live_2026-12-05.md); their throughput ratio follows. Methods without such steps
-    (or with fewer than two rated methods: nothing to compare) are left out.
+    tags_live_2026-12-05.md); their throughput ratio follows. Steps of non-positive or
+    non-finite time are dropped; methods left without enough steps (or with fewer than two
+    rated methods: nothing to compare) are left out.
     """
+
+    def usable(rep: Sequence[Sequence[float]]) -> np.ndarray:
+        a = np.asarray(rep, dtype=np.float64).reshape(-1, 6)
+        return a[np.all(np.isfinite(a), axis=1) & (a[:, 5] > 0)]
+
     rated = {
-        label: [np.asarray(rep, dtype=np.float64).reshape(-1, 6) for rep in reps]
+        label: [usable(rep) for rep in reps]
         for label, reps in steps.items()
         if reps and all(len(rep) >= MIN_SLOWNESS_STEPS for rep in reps)
     }
+    rated = {k: v for k, v in rated.items() if all(len(a) >= MIN_SLOWNESS_STEPS for a in v)}
     if len(rated) < 2:
         return {}
     coef = fit_observed_steps(np.vstack([a for reps in rated.values() for a in reps]))
-    return {
-        label: [float(a[:, 5].sum() / (observed_step_features(a) @ coef).sum()) for a in reps]
-        for label, reps in rated.items()
-    }
+    out = {}
+    for label, reps in rated.items():
+        predicted = [float((observed_step_features(a) @ coef).sum()) for a in reps]
+        if min(predicted) > 0:  # a fit of all zeros rates nothing
+            out[label] = [float(a[:, 5].sum()) / p for a, p in zip(reps, predicted, strict=True)]
+    return out if len(out) >= 2 else {}
 
 
 def speed_adjusted_ratio(a: BenchRow, b: BenchRow) -> float | None:

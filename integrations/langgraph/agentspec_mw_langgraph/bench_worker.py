@@ -43,8 +43,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentspec_mw_vllm.engine import engine_counters
-
 __all__ = ["MARK", "RunResult", "WorkerSpec", "main"]
 
 #: Prefix of the protocol lines on the worker's stdout.
@@ -308,6 +306,7 @@ class Worker:
 
     def run(self, app: str, topics: list[str]) -> RunResult:
         from agentspec_mw_langgraph.bench_apps import final_view
+        from agentspec_mw_vllm.engine import engine_counters
         from agentspec_mw_vllm.metrics import get_metrics
 
         graph, shape = self.graphs[app], self.shapes[app]

@@ -470,12 +470,8 @@ def engine_slowness(
         a = np.asarray(rep, dtype=np.float64).reshape(-1, 6)
         return a[np.all(np.isfinite(a), axis=1) & (a[:, 5] > 0)]
 
-    rated = {
-        label: [usable(rep) for rep in reps]
-        for label, reps in steps.items()
-        if reps and all(len(rep) >= MIN_SLOWNESS_STEPS for rep in reps)
-    }
-    rated = {k: v for k, v in rated.items() if all(len(a) >= MIN_SLOWNESS_STEPS for a in v)}
+    timed = {label: [usable(rep) for rep in reps] for label, reps in steps.items() if reps}
+    rated = {k: v for k, v in timed.items() if all(len(a) >= MIN_SLOWNESS_STEPS for a in v)}
     if len(rated) < 2:
         return {}
     coef = fit_observed_steps(np.vstack([a for reps in rated.values() for a in reps]))

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import lzma
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from agentspec_mw.traces.loader import open_text
 from agentspec_mw_langgraph.bench import (
     BenchRow,
     engine_slowness,
@@ -34,10 +34,8 @@ from agentspec_mw_langgraph.bench import (
 
 
 def _read(path: Path) -> str:
-    if path.suffix == ".xz":
-        with lzma.open(path, "rt", encoding="utf-8") as f:
-            return f.read()
-    return path.read_text(encoding="utf-8")
+    with open_text(path) as f:  # .json / .jsonl, plain or .xz / .gz
+        return f.read()
 
 
 def analyse(report_rows: list[BenchRow], steps_text: str) -> list[dict[str, Any]]:
@@ -125,9 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     everything: list[dict[str, Any]] = []
     for report_path, steps_path in zip(args.files[::2], args.files[1::2], strict=True):
         # the rows only: the whole report's config would import the bench's apps
-        report = json.loads(_read(report_path))
-        rows = [BenchRow.model_validate(r) for r in report["rows"]]
-        results = analyse(rows, _read(steps_path))
+        try:
+            report = json.loads(_read(report_path))
+            rows = [BenchRow.model_validate(r) for r in report["rows"]]
+            results = analyse(rows, _read(steps_path))
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # JSON, pydantic: ValueError
+            ap.error(f"{report_path} / {steps_path}: not a bench report and its steps ({exc!r})")
         print(f"{report_path.name} ({report.get('date', '?')}): tagged / untagged AgentSpec")
         if not results:
             print("  no shape and N with both agentspec and agentspec-untagged timed steps")

@@ -571,3 +571,7 @@ def test_engine_speed_reads_a_report_and_its_steps(
     assert tool.main([str(tmp_path / "b.json"), str(tmp_path / "none.jsonl")]) == 1
     with pytest.raises(SystemExit):  # not in pairs
         tool.main([*pair, str(tmp_path / "b.json")])
+    with pytest.raises(SystemExit):  # a usage error, not a traceback
+        tool.main([str(tmp_path / "b.steps.jsonl.xz"), str(tmp_path / "b.json")])
+    with pytest.raises(SystemExit):
+        tool.main([str(tmp_path / "missing.json"), str(tmp_path / "b.json")])

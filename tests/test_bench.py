@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,7 @@ from agentspec_mw_langgraph.bench_apps import (
     resolve_app,
     topic_count,
 )
-from agentspec_mw_langgraph.bench_worker import RunResult
+from agentspec_mw_langgraph.bench_worker import RunResult, run_workflows
 from agentspec_mw_vllm import preload
 from agentspec_mw_vllm.engine import engine_counters
 
@@ -69,9 +71,32 @@ def test_topics_are_distinct_and_the_same_for_every_caller() -> None:
 
 
 def test_a_sweep_that_would_repeat_a_topic_is_refused() -> None:
-    BenchConfig(ns=(1, 4, 16, 32, 64), repeats=3)  # the default fits
+    config = BenchConfig(ns=(1, 4, 16, 32, 64), repeats=3)  # the default fits
+    assert [config.workflows(n) for n in config.ns] == [8, 8, 16, 32, 64]
     with pytest.raises(ValueError, match="distinct topics"):
         BenchConfig(ns=(64, 128), repeats=3)
+    # small N runs min_workflows topics: those count too
+    BenchConfig(ns=(1,), repeats=3, min_workflows=topic_count() // 3)
+    with pytest.raises(ValueError, match="fewer min_workflows"):
+        BenchConfig(ns=(1,), repeats=3, min_workflows=topic_count() // 3 + 1)
+
+
+@pytest.mark.parametrize("width", [1, 2, 5])
+def test_a_run_keeps_n_workflows_in_flight_until_all_have_run(width: int) -> None:
+    lock, state = threading.Lock(), {"now": 0, "most": 0}
+
+    def one(topic: str) -> str:
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        time.sleep(0.02)
+        with lock:
+            state["now"] -= 1
+        return topic.upper()
+
+    topics = [f"t{i}" for i in range(5)]
+    assert run_workflows(one, topics, width) == [t.upper() for t in topics]
+    assert state["most"] == width
 
 
 @pytest.mark.parametrize("app", sorted(APPS))
@@ -582,7 +607,7 @@ def test_config_validation_and_quick() -> None:
         BenchConfig(ns=(0,))
     assert BenchConfig(methods=("suffix",)).methods == ("none", "suffix")  # baseline added
     quick = quick_config()
-    assert quick.ns == (2,) and quick.repeats == 1
+    assert quick.ns == (2,) and quick.repeats == 1 and quick.workflows(2) == 2
     assert BenchConfig(methods=("none", "suffix"), preload="both").labels() == [
         "none",
         "suffix",

@@ -4,12 +4,12 @@ per speculation method, with throughput, latency, acceptance and an identical-ou
 Each method gets one engine in its own process (:mod:`.bench_worker`), started once and
 warmed up; the engine is vLLM's in-process ``LLM`` driven by the adapter's engine loop,
 which batches continuously (a request joins the running batch at the next step). The
-parent runs the sweep: for each workflow shape, each N and each repeat, the same N
-topics go to every method in turn (the order rotates with the repeat, so no method
-always runs first on a machine whose load drifts), each repeat with topics no earlier
-run of the shape used (a sweep that needs more than
-:func:`~agentspec_mw_langgraph.bench_apps.topic_count` per shape is refused: a repeated
-topic is a query the proposers' caches have seen). Methods:
+parent runs the sweep: for each workflow shape, each N and each repeat, the same
+``max(N, min_workflows)`` topics go to every method in turn, N of them in flight at a
+time (the order rotates with the repeat, so no method always runs first on a machine
+whose load drifts), each repeat with topics no earlier run of the shape used (a sweep
+that needs more than :func:`~agentspec_mw_langgraph.bench_apps.topic_count` per shape is
+refused: a repeated topic is a query the proposers' caches have seen). Methods:
 
 * ``none`` — no speculation (the baseline of every ratio);
 * ``ngram``, ``suffix`` — vLLM's n-gram kernel and SuffixDecoding (arctic-inference);
@@ -101,6 +101,10 @@ class BenchConfig(BaseModel):
 
     ns: tuple[int, ...] = (1, 4, 16, 32, 64)
     """Concurrent workflows per run."""
+    min_workflows: int = Field(default=8, ge=1)
+    """Workflows per run at least: a run at N < ``min_workflows`` keeps N in flight until
+    ``min_workflows`` have finished (one workflow of the demo is ~200 tokens, ~3 s at N = 1:
+    too little work to time a few per cent apart)."""
     methods: tuple[str, ...] = tuple(METHODS)
     """Methods to compare (``none`` is always run: it is every ratio's baseline)."""
     apps: tuple[str, ...] = ("demo", "tool_loop", "reflect")
@@ -150,13 +154,18 @@ class BenchConfig(BaseModel):
     def _distinct_topics(self) -> BenchConfig:
         # a topic run twice on one app is a query the proposers' caches have seen: their
         # acceptance would be inflated, n-gram's (no cross-request cache) not
-        need = self.repeats * sum(self.ns)
+        need = self.repeats * sum(self.workflows(n) for n in self.ns)
         if need > topic_count():
             raise ValueError(
-                f"repeats x sum(ns) = {need} workflows per app, over the bench's "
-                f"{topic_count()} distinct topics: fewer repeats or smaller N"
+                f"repeats x sum(max(N, min_workflows)) = {need} workflows per app, over the "
+                f"bench's {topic_count()} distinct topics: fewer repeats, smaller N or "
+                "fewer min_workflows"
             )
         return self
+
+    def workflows(self, n: int) -> int:
+        """Workflows one run at N completes (N at a time)."""
+        return max(n, self.min_workflows)
 
     def labels(self) -> list[str]:
         """The engine processes' labels (method, and ``/no-preload`` variants)."""
@@ -169,6 +178,7 @@ def quick_config(**overrides: Any) -> BenchConfig:
     (two engine processes: three took 108 s on 2 loaded cores)."""
     base: dict[str, Any] = {
         "ns": (2,),
+        "min_workflows": 2,
         "methods": ("none", "agentspec"),
         "apps": ("demo",),
         "repeats": 1,
@@ -293,9 +303,10 @@ class _Engine:
         self.start_s = float(self._read()["start_s"])
         return self.start_s
 
-    def run(self, app: str, topics: list[str]) -> RunResult:
+    def run(self, app: str, topics: list[str], concurrency: int) -> RunResult:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"cmd": "run", "app": app, "topics": topics}) + "\n")
+        cmd = {"cmd": "run", "app": app, "topics": topics, "concurrency": concurrency}
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
         msg = self._read()
         msg.pop("kind")
@@ -827,13 +838,13 @@ def run_bench(
         for app in config.apps:
             for n in config.ns:
                 for r in range(config.repeats):
-                    topics = bench_topics(offset, n)
-                    offset += n
+                    topics = bench_topics(offset, config.workflows(n))
+                    offset += len(topics)
                     order = labels[r % len(labels) :] + labels[: r % len(labels)]
                     for label in order:
                         bar.set_postfix_str(f"{app} N={n} r{r} {label}")
                         loads[(label, app, n, r)] = os.getloadavg()[0]
-                        results[(label, app, n, r)] = engines[label].run(app, topics)
+                        results[(label, app, n, r)] = engines[label].run(app, topics, n)
                         bar.update(1)
         bar.close()
     finally:

@@ -39,9 +39,11 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+_T = TypeVar("_T")
 
 __all__ = ["MARK", "RunResult", "WorkerSpec", "main"]
 
@@ -304,7 +306,8 @@ class Worker:
             shape.run(graph, "warm-up: the weather")  # JIT, templates; not timed
         self.start_s = time.perf_counter() - t0
 
-    def run(self, app: str, topics: list[str]) -> RunResult:
+    def run(self, app: str, topics: list[str], concurrency: int | None = None) -> RunResult:
+        """Run the workflows of ``topics``, ``concurrency`` (all of them) at a time."""
         from agentspec_mw_langgraph.bench_apps import final_view
         from agentspec_mw_vllm.engine import engine_counters
         from agentspec_mw_vllm.metrics import get_metrics
@@ -321,8 +324,8 @@ class Worker:
             return final_view(state), time.perf_counter() - t
 
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=max(len(topics), 1)) as pool:
-            done = list(pool.map(one, topics))
+        width = max(min(concurrency or len(topics), len(topics)), 1)
+        done = run_workflows(one, topics, width)
         wall = time.perf_counter() - t0
         d1, a1, p1 = engine_counters(self.llm)
         m1 = get_metrics().snapshot()
@@ -331,7 +334,7 @@ class Worker:
         return RunResult(
             label=self.spec.label,
             app=app,
-            n=len(topics),
+            n=width,
             wall_s=wall,
             output_tokens=sum(v[1] for v in per_agent.values()),
             requests=sum(v[0] for v in per_agent.values()),
@@ -378,6 +381,13 @@ class Worker:
         shutdown(self.llm)
 
 
+def run_workflows(one: Callable[[str], _T], topics: Sequence[str], width: int) -> list[_T]:
+    """``one(topic)`` for every topic, ``width`` in flight at a time (a finished one's thread
+    takes the next topic), results in topic order."""
+    with ThreadPoolExecutor(max_workers=max(width, 1)) as pool:
+        return list(pool.map(one, topics))
+
+
 def _emit(kind: str, payload: dict[str, Any]) -> None:
     sys.stdout.write(MARK + json.dumps({"kind": kind, **payload}) + "\n")
     sys.stdout.flush()
@@ -399,7 +409,10 @@ def main(argv: list[str] | None = None) -> int:
             if cmd.get("cmd") == "stop":
                 break
             try:
-                result = worker.run(str(cmd["app"]), list(cmd["topics"]))
+                width = cmd.get("concurrency")
+                result = worker.run(
+                    str(cmd["app"]), list(cmd["topics"]), None if width is None else int(width)
+                )
             except Exception as exc:
                 _emit("error", {"error": f"{type(exc).__name__}: {exc}"})
                 continue

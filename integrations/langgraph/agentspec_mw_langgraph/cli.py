@@ -111,6 +111,12 @@ def _add_bench(sub: Any) -> None:
         "docs/langgraph.md) or the attribute is a BenchApp",
     )
     p.add_argument("--repeats", type=int, default=None, help="runs per cell (3)")
+    p.add_argument(
+        "--min-workflows",
+        type=int,
+        default=None,
+        help="workflows per run at least; N at a time (8)",
+    )
     p.add_argument("--k", type=int, default=None, help="draft tokens per step (8)")
     p.add_argument("--max-tokens", type=int, default=None, help="per LLM call (48)")
     p.add_argument("--max-num-seqs", type=int, default=None, help="engine batch limit (64)")
@@ -144,6 +150,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         "methods": args.methods,
         "apps": args.apps,
         "repeats": args.repeats,
+        "min_workflows": args.min_workflows,
         "k": args.k,
         "max_tokens": args.max_tokens,
         "max_num_seqs": args.max_num_seqs,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's main-job command: set everything up (idempotent), then run a small busy-engine
-# sweep (`agentspec bench`): the demo's multi-agent app at 2 and 24 concurrent workflows,
+# sweep (`agentspec bench`): the demo's multi-agent app at 2 (eight in all) and 24 concurrent workflows,
 # without speculation, with n-gram, SuffixDecoding and AgentSpec; prints the table, one
 # agent's output and which method wins where; writes out/demo_bench.{txt,png,json}.
 # Extra arguments go to `agentspec bench` (e.g. --n 1,16 --repeats 3).

@@ -575,3 +575,70 @@ def test_engine_speed_reads_a_report_and_its_steps(
         tool.main([str(tmp_path / "b.steps.jsonl.xz"), str(tmp_path / "b.json")])
     with pytest.raises(SystemExit):
         tool.main([str(tmp_path / "missing.json"), str(tmp_path / "b.json")])
+
+
+def test_bench_bars_pools_repeats_per_configuration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two runs of one configuration pool their repeats; a run with eight workflows per run
+    at N = 1 (``min_workflows``) is another configuration; the better peer is per run."""
+    tool = script("bench_bars")
+
+    def row(label: str, n: int, tput: list[float], acc: float | None = None) -> dict[str, Any]:
+        return {
+            "label": label, "app": "demo", "n": n, "repeats": len(tput),
+            "tokens_per_s": float(np.median(tput)), "ratio_to_none": 1.0,
+            "tokens_per_s_repeats": tput, "tpot_p50_ms": None, "tpot_p99_ms": None,
+            "latency_p50_s": 1.0, "drafted": 100, "accepted": 50, "acceptance": acc,
+            "rejection": None, "proposer_ms_per_step": None, "fit_error_median": None,
+            "fit_error_mean": None, "fit_steps": 0, "per_agent_acceptance": {},
+            "per_block": {}, "identical_to_none": True, "load_avg": 1.0,
+        }  # fmt: skip
+
+    def report(name: str, config: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+        path = tmp_path / name
+        path.write_text(json.dumps({"config": config, "date": "d", "rows": rows}))
+        return str(path)
+
+    old = report(
+        "old.json",
+        {"max_tokens": 32},  # from before min_workflows: N workflows per run
+        [
+            row("none", 1, [100.0, 100.0]),
+            row("suffix", 1, [120.0, 110.0]),
+            row("agentspec", 1, [110.0, 120.0]),
+            row("none", 32, [300.0, 300.0]),
+            row("ngram", 32, [310.0, 300.0]),
+            row("suffix", 32, [250.0, 250.0]),
+            row("agentspec", 32, [330.0, 300.0], 0.8),
+            row("agentspec-untagged", 32, [300.0, 310.0], 0.7),
+        ],
+    )
+    new = report(
+        "new.json",
+        {"max_tokens": 32, "min_workflows": 8},
+        [
+            row("none", 1, [100.0]),
+            row("suffix", 1, [100.0]),
+            row("agentspec", 1, [105.0]),
+            row("none", 32, [300.0]),
+            row("ngram", 32, [300.0]),
+            row("agentspec", 32, [360.0], 0.75),
+            row("agentspec-untagged", 32, [300.0], 0.76),
+        ],
+    )
+    assert tool.main([old, new]) == 0
+    out = capsys.readouterr().out
+    assert "old demo N=1 (32 tok, 1 wf/run): 1.150x none 1.004x suffix" in out
+    assert "new demo N=1 (32 tok, 8 wf/run): 1.050x none 1.050x suffix" in out
+    # N = 32 pools both runs (32 workflows per run either way): 1.1, 1.0, 1.2 over none
+    assert "demo N=32, 32 tok, 32 wf/run, 2 run(s): vs none median 1.100 (1.000-1.200, 3" in out
+    # the better peer is n-gram in both runs: 330/310, 300/300, 360/300
+    assert "vs the better peer median 1.065 (1.000-1.200, 3 repeats) (>= 1.1: MISS)" in out
+    assert "acceptance higher tagged in 1 of 2 run(s)" in out
+    assert "demo N=1, 32 tok, 8 wf/run, 1 run(s): vs the better peer median 1.050" in out
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(SystemExit, match="not an `agentspec bench --json` report"):
+        tool.main([str(tmp_path / "bad.json")])
+    with pytest.raises(SystemExit):
+        tool.main([str(tmp_path / "missing.json")])

@@ -1,0 +1,186 @@
+"""Issue 29's bars over several ``agentspec bench --json`` reports, per run and pooled.
+
+Per report, per (app, N): AgentSpec (tagged) over no speculation, over the better peer
+(n-gram or SuffixDecoding, whichever has the higher median tok/s in that run) and over
+untagged AgentSpec, each the median of the per-repeat ratios
+(:func:`~agentspec_mw_langgraph.bench.paired_ratio`; every method of a repeat ran back to
+back), and both AgentSpec engines' acceptance. Then the same ratios pooled: every repeat of
+every report of one configuration — the app, N, tokens per call and workflows per run (a
+report from before ``min_workflows`` ran N per run) — with its count, range and median.
+The bars (issue 29, on the demo app; the other apps are the "not in the repository" check):
+
+* AgentSpec >= 1.0x no speculation at every N;
+* >= 1.10x the better peer at N = 32, >= 0.97x at N = 1;
+* tagged >= untagged in acceptance and throughput at N = 32.
+
+Prints one line per bar with the pooled median it is judged on (``met`` / ``MISS``);
+the exit code is 0 either way (this reports, it does not gate)::
+
+    python benchmarks/bench_bars.py docs/results/bench_2026-12-05*_demo_*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentspec_mw.traces.loader import open_text
+from agentspec_mw_langgraph.bench import BenchRow, paired_ratio
+
+PEERS = ("ngram", "suffix")
+VS_NONE = 1.0
+"""AgentSpec / no speculation at every N."""
+VS_PEER_BUSY = 1.10
+"""AgentSpec / the better peer at :data:`BUSY_N`."""
+VS_PEER_ONE = 0.97
+"""AgentSpec / the better peer at N = 1."""
+BUSY_N = 32
+TAGS = 1.0
+"""Tagged / untagged AgentSpec at :data:`BUSY_N`, acceptance and throughput."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """What makes two reports' cells comparable."""
+
+    app: str
+    n: int
+    max_tokens: int
+    workflows: int
+
+
+@dataclass
+class Pool:
+    """Per-repeat ratios of one configuration, over every report that ran it."""
+
+    vs_none: list[float] = field(default_factory=list)
+    vs_peer: list[float] = field(default_factory=list)
+    vs_untagged: list[float] = field(default_factory=list)
+    acceptance: list[tuple[float, float]] = field(default_factory=list)
+    """(tagged, untagged) per report."""
+    runs: int = 0
+
+
+def _per_repeat(a: BenchRow, b: BenchRow) -> list[float]:
+    x, y = a.tokens_per_s_repeats, b.tokens_per_s_repeats
+    if len(x) != len(y):
+        return [paired_ratio(a, b)]  # an older row: its one ratio
+    return [p / q for p, q in zip(x, y, strict=True) if q > 0]
+
+
+def load(path: Path) -> tuple[dict[str, Any], list[BenchRow]]:
+    """A report's raw config and its rows."""
+    with open_text(path) as f:
+        raw = json.load(f)
+    try:
+        rows = [BenchRow.model_validate(r) for r in raw["rows"]]
+        config = dict(raw["config"])
+    except (KeyError, TypeError, ValueError) as exc:
+        msg = f"bench_bars: {path} is not an `agentspec bench --json` report: {exc}"
+        raise SystemExit(msg) from None
+    return config, rows
+
+
+def analyse(
+    reports: list[tuple[str, dict[str, Any], list[BenchRow]]],
+) -> tuple[list[str], dict[Config, Pool]]:
+    """Per-run lines and the pools (see the module docstring)."""
+    lines: list[str] = []
+    pools: dict[Config, Pool] = defaultdict(Pool)
+    for name, config, rows in reports:
+        # reports from before min_workflows ran N workflows per run
+        least = int(config.get("min_workflows", 1))
+        max_tokens = int(config.get("max_tokens", 48))
+        cells: dict[tuple[str, int], dict[str, BenchRow]] = defaultdict(dict)
+        for r in rows:
+            cells[(r.app, r.n)][r.label] = r
+        for (app, n), by in sorted(cells.items()):
+            ours, none = by.get("agentspec"), by.get("none")
+            if ours is None or none is None:
+                continue
+            pool = pools[Config(app, n, max_tokens, max(n, least))]
+            pool.runs += 1
+            parts = [f"{name} {app} N={n} ({max_tokens} tok, {max(n, least)} wf/run):"]
+            per = _per_repeat(ours, none)
+            pool.vs_none += per
+            parts.append(f"{paired_ratio(ours, none):.3f}x none")
+            peers = [by[p] for p in PEERS if p in by]
+            if peers:
+                best = max(peers, key=lambda r: r.tokens_per_s)
+                pool.vs_peer += _per_repeat(ours, best)
+                parts.append(f"{paired_ratio(ours, best):.3f}x {best.label}")
+            untagged = by.get("agentspec-untagged")
+            if untagged is not None:
+                pool.vs_untagged += _per_repeat(ours, untagged)
+                parts.append(f"{paired_ratio(ours, untagged):.3f}x untagged")
+                if ours.acceptance is not None and untagged.acceptance is not None:
+                    pool.acceptance.append((ours.acceptance, untagged.acceptance))
+                    parts.append(f"accepted {ours.acceptance:.1%} vs {untagged.acceptance:.1%}")
+            lines.append(" ".join(parts))
+    return lines, pools
+
+
+def _summary(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return (
+        f"median {statistics.median(values):.3f} "
+        f"({min(values):.3f}-{max(values):.3f}, {len(values)} repeats)"
+    )
+
+
+def bar_lines(pools: dict[Config, Pool]) -> list[str]:
+    """One line per bar and configuration, judged on the pooled median."""
+    out = []
+
+    def verdict(values: list[float], bar: float) -> str:
+        return "met" if statistics.median(values) >= bar else "MISS"
+
+    for cfg in sorted(pools, key=lambda c: (c.app, c.max_tokens, c.workflows, c.n)):
+        p = pools[cfg]
+        where = (
+            f"{cfg.app} N={cfg.n}, {cfg.max_tokens} tok, {cfg.workflows} wf/run, {p.runs} run(s)"
+        )
+        out.append(
+            f"{where}: vs none {_summary(p.vs_none)} (>= {VS_NONE}: {verdict(p.vs_none, VS_NONE)})"
+        )
+        bar = VS_PEER_BUSY if cfg.n == BUSY_N else VS_PEER_ONE if cfg.n == 1 else None
+        if p.vs_peer and bar is not None:
+            out.append(
+                f"{where}: vs the better peer {_summary(p.vs_peer)} (>= {bar}: "
+                f"{verdict(p.vs_peer, bar)})"
+            )
+        if cfg.n == BUSY_N and p.vs_untagged:
+            ahead = sum(t >= u for t, u in p.acceptance)
+            out.append(
+                f"{where}: tagged vs untagged {_summary(p.vs_untagged)} (>= {TAGS}: "
+                f"{verdict(p.vs_untagged, TAGS)}); acceptance higher tagged in {ahead} of "
+                f"{len(p.acceptance)} run(s)"
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("reports", nargs="+", type=Path, help="agentspec bench --json files")
+    args = ap.parse_args(argv)
+    reports = []
+    for path in args.reports:
+        if not path.exists():
+            ap.error(f"{path}: no such file")
+        config, rows = load(path)
+        reports.append((path.name.removesuffix(".json"), config, rows))
+    lines, pools = analyse(reports)
+    print("\n".join(lines))
+    print()
+    print("\n".join(bar_lines(pools)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -705,3 +705,19 @@ def test_the_timed_steps_are_written_one_line_per_run(tmp_path: Path) -> None:
         "repeat": 1,
         "steps": [step, step],
     }
+
+
+def test_the_command_line_reaches_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``agentspec bench`` flags land in :class:`BenchConfig` (nothing starts here)."""
+    import agentspec_mw_langgraph.bench as bench_mod
+    from agentspec_mw.cli import main
+
+    seen: list[BenchConfig] = []
+    monkeypatch.setattr(bench_mod, "run_bench", lambda config, **_: seen.append(config))
+    argv = ["bench", "--n", "1,16", "--apps", "demo", "--min-workflows", "4", "--repeats", "2"]
+    assert main([*argv, "--no-progress"]) == 0
+    (config,) = seen
+    assert config.ns == (1, 16) and config.repeats == 2
+    assert [config.workflows(n) for n in config.ns] == [4, 16]
+    assert main(["bench", "--quick", "--no-progress"]) == 0
+    assert seen[-1].workflows(2) == 2  # CI's size: two workflows, as before

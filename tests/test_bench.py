@@ -721,3 +721,20 @@ def test_the_command_line_reaches_the_config(monkeypatch: pytest.MonkeyPatch) ->
     assert [config.workflows(n) for n in config.ns] == [4, 16]
     assert main(["bench", "--quick", "--no-progress"]) == 0
     assert seen[-1].workflows(2) == 2  # CI's size: two workflows, as before
+
+
+def test_a_report_from_before_min_workflows_ran_n_per_run() -> None:
+    report = BenchReport(
+        config=BenchConfig(ns=(1,), apps=("demo",)),
+        date="2026-12-05 13:00 UTC",
+        cpus=2,
+        load_before=[],
+        load_after=[],
+        engine_start_s={},
+        rows=[],
+        mismatches=[],
+    )
+    data = json.loads(report.model_dump_json())
+    assert BenchReport.model_validate(data).config.workflows(1) == 8  # stored, kept
+    del data["config"]["min_workflows"]
+    assert BenchReport.model_validate(data).config.workflows(1) == 1

@@ -267,6 +267,15 @@ class BenchReport(BaseModel):
     mismatches: list[str]
     sample_output: str = ""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _from_before_min_workflows(cls, data: Any) -> Any:
+        # a stored report whose config has no min_workflows ran N workflows per run
+        cfg = data.get("config") if isinstance(data, dict) else None
+        if isinstance(cfg, dict) and "min_workflows" not in cfg:
+            data = {**data, "config": {**cfg, "min_workflows": 1}}
+        return data
+
 
 class _Engine:
     """One engine process (see :mod:`.bench_worker`)."""

@@ -78,6 +78,7 @@ class RunResult(BaseModel):
     label: str
     app: str
     n: int
+    """Workflows in flight at a time (N; the run completes ``len(workflow_latency_s)``)."""
     wall_s: float
     output_tokens: int
     requests: int

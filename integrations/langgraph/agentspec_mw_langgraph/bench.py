@@ -534,15 +534,25 @@ def _f(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def repeat_ratios(a: BenchRow, b: BenchRow) -> list[float]:
+    """``a``'s throughput over ``b``'s in each repeat (both ran back to back there; a repeat
+    where ``b`` has no throughput is left out); empty where the rows' repeats do not pair up
+    (older JSON)."""
+    x, y = a.tokens_per_s_repeats, b.tokens_per_s_repeats
+    if not x or len(x) != len(y):
+        return []
+    return [p / q for p, q in zip(x, y, strict=True) if q > 0]
+
+
 def paired_ratio(a: BenchRow, b: BenchRow) -> float:
     """``a``'s throughput over ``b``'s: the median over repeats of the ratio within each
     repeat (both ran back to back there, under the same load), not a ratio of medians or of
     the two rows' ratios to none (each a median over repeats whose load differs: they can
     rank two methods against their own tok/s). Rows without per-repeat values (older
     JSON) fall back to the ratio of their ratios to none."""
-    if a.tokens_per_s_repeats and len(a.tokens_per_s_repeats) == len(b.tokens_per_s_repeats):
-        pairs = zip(a.tokens_per_s_repeats, b.tokens_per_s_repeats, strict=True)
-        return float(np.median([x / y for x, y in pairs]))
+    per = repeat_ratios(a, b)
+    if per:
+        return float(np.median(per))
     return a.ratio_to_none / b.ratio_to_none
 
 
@@ -559,8 +569,7 @@ def _standing(ours: BenchRow, peer: BenchRow) -> str:
     repeats the per-repeat ratios decide: ahead / behind when every repeat agrees, else
     even (their range is given); with one repeat, a paired ratio within
     :data:`ONE_REPEAT_NOISE` of 1 is even."""
-    a, b = ours.tokens_per_s_repeats, peer.tokens_per_s_repeats
-    per = [x / y for x, y in zip(a, b, strict=True) if y > 0] if len(a) == len(b) else []
+    per = repeat_ratios(ours, peer)
     if len(per) >= 2:
         if min(per) > 1.0:
             return "ahead in every repeat"

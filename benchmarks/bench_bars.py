@@ -22,15 +22,18 @@ the exit code is 0 either way (this reports, it does not gate)::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from agentspec_mw.traces.loader import open_text
-from agentspec_mw_langgraph.bench import BenchConfig, BenchRow, paired_ratio, repeat_ratios
+from agentspec_mw_langgraph.bench import (
+    BenchReport,
+    BenchRow,
+    paired_ratio,
+    read_report,
+    repeat_ratios,
+)
 
 PEERS = ("ngram", "suffix")
 VS_NONE = 1.0
@@ -70,31 +73,25 @@ def _per_repeat(a: BenchRow, b: BenchRow) -> list[float]:
     return repeat_ratios(a, b) or [paired_ratio(a, b)]  # an older row: its one ratio
 
 
-def load(path: Path) -> tuple[dict[str, Any], list[BenchRow]]:
-    """A report's raw config and its rows."""
+def load(path: Path) -> BenchReport:
+    """A stored report (its apps need not be importable here)."""
     try:
-        with open_text(path) as f:
-            raw = json.load(f)
-        rows = [BenchRow.model_validate(r) for r in raw["rows"]]
-        config = dict(raw["config"])
-    except (OSError, KeyError, TypeError, ValueError) as exc:  # ValueError: not JSON too
+        return read_report(path)
+    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         msg = f"bench_bars: {path} is not an `agentspec bench --json` report: {exc}"
         raise SystemExit(msg) from None
-    return config, rows
 
 
 def analyse(
-    reports: list[tuple[str, dict[str, Any], list[BenchRow]]],
+    reports: list[tuple[str, BenchReport]],
 ) -> tuple[list[str], dict[Config, Pool]]:
     """Per-run lines and the pools (see the module docstring)."""
     lines: list[str] = []
     pools: dict[Config, Pool] = defaultdict(Pool)
-    for name, config, rows in reports:
-        # reports from before min_workflows ran N workflows per run
-        least = int(config.get("min_workflows", 1))
-        max_tokens = int(config.get("max_tokens", BenchConfig.model_fields["max_tokens"].default))
+    for name, report in reports:
+        least, max_tokens = report.config.min_workflows, report.config.max_tokens
         cells: dict[tuple[str, int], dict[str, BenchRow]] = defaultdict(dict)
-        for r in rows:
+        for r in report.rows:
             cells[(r.app, r.n)][r.label] = r
         for (app, n), by in sorted(cells.items()):
             ours, none = by.get("agentspec"), by.get("none")
@@ -170,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.reports:
         if not path.exists():
             ap.error(f"{path}: no such file")
-        config, rows = load(path)
-        reports.append((path.name.removesuffix(".json"), config, rows))
+        reports.append((path.name.removesuffix(".json"), load(path)))
     lines, pools = analyse(reports)
     print("\n".join(lines))
     print()

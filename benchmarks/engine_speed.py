@@ -29,6 +29,7 @@ from agentspec_mw_langgraph.bench import (
     BenchRow,
     engine_slowness,
     paired_ratio,
+    read_report,
     repeat_ratios,
     speed_adjusted_ratio,
 )
@@ -123,14 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give the files in pairs: REPORT.json STEPS.jsonl [REPORT.json STEPS.jsonl ...]")
     everything: list[dict[str, Any]] = []
     for report_path, steps_path in zip(args.files[::2], args.files[1::2], strict=True):
-        # the rows only: the whole report's config would import the bench's apps
         try:
-            report = json.loads(_read(report_path))
-            rows = [BenchRow.model_validate(r) for r in report["rows"]]
-            results = analyse(rows, _read(steps_path))
+            report = read_report(report_path)
+            results = analyse(report.rows, _read(steps_path))
         except (OSError, ValueError, KeyError, TypeError) as exc:  # JSON, pydantic: ValueError
             ap.error(f"{report_path} / {steps_path}: not a bench report and its steps ({exc!r})")
-        print(f"{report_path.name} ({report.get('date', '?')}): tagged / untagged AgentSpec")
+        print(f"{report_path.name} ({report.date}): tagged / untagged AgentSpec")
         if not results:
             print("  no shape and N with both agentspec and agentspec-untagged timed steps")
         for r in results:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pydantic
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
@@ -25,6 +26,7 @@ from agentspec_mw_langgraph.bench import (
     paired_ratio,
     plot_report,
     quick_config,
+    read_report,
     speed_adjusted_ratio,
     summarize,
     verdict_lines,
@@ -742,3 +744,29 @@ def test_a_report_from_before_min_workflows_ran_n_per_run() -> None:
     assert BenchReport.model_validate(data).config.workflows(1) == 8  # stored, kept
     del data["config"]["min_workflows"]
     assert BenchReport.model_validate(data).config.workflows(1) == 1
+
+
+def test_a_stored_report_reads_without_importing_its_apps(tmp_path: Path) -> None:
+    """An outside app's report (``module:build`` this process cannot import) reads with
+    :func:`read_report`; a config given directly still imports its apps and fails."""
+    report = BenchReport(
+        config=BenchConfig(ns=(32,), apps=("demo",)),
+        date="2026-12-05 13:00 UTC",
+        cpus=2,
+        load_before=[0.5],
+        load_after=[2.0],
+        engine_start_s={"none": 30.0},
+        rows=[],
+        mismatches=[],
+    )
+    data = json.loads(report.model_dump_json())
+    data["config"]["apps"] = ["no_such_module_anywhere:build"]
+    path = tmp_path / "outside.json"
+    path.write_text(json.dumps(data))
+    read = read_report(path)
+    assert read.config.apps == ("no_such_module_anywhere:build",) and read.cpus == 2
+    with pytest.raises(pydantic.ValidationError, match="no_such_module_anywhere"):
+        BenchReport.model_validate(data)
+    path.write_text('{"rows": []}')
+    with pytest.raises(pydantic.ValidationError):
+        read_report(path)

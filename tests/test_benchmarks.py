@@ -547,7 +547,12 @@ def test_engine_speed_reads_a_report_and_its_steps(
     report = {
         "config": {"apps": ["not_importable_here:build"]},
         "date": "2026-12-05 11:19 UTC",
+        "cpus": 2,
+        "load_before": [0.5],
+        "load_after": [2.0],
+        "engine_start_s": {},
         "rows": [row("agentspec", [90.0, 100.0]), row("agentspec-untagged", [100.0, 100.0])],
+        "mismatches": [],
     }
     (tmp_path / "b.json").write_text(json.dumps(report))
     lines = [
@@ -597,7 +602,10 @@ def test_bench_bars_pools_repeats_per_configuration(
 
     def report(name: str, config: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         path = tmp_path / name
-        path.write_text(json.dumps({"config": config, "date": "d", "rows": rows}))
+        meta = {"cpus": 2, "load_before": [0.0], "load_after": [0.0], "engine_start_s": {}}
+        path.write_text(
+            json.dumps({"config": config, "date": "d", **meta, "rows": rows, "mismatches": []})
+        )
         return str(path)
 
     old = report(

@@ -1,0 +1,236 @@
+"""How ``agentspec bench`` shows a report: the table (:func:`format_report`), the plain
+verdicts (:func:`verdict_lines`) and the plot (:func:`plot_report`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from agentspec_mw_langgraph.bench_config import NO_PRELOAD, PEERS
+from agentspec_mw_langgraph.bench_report import (
+    BenchReport,
+    BenchRow,
+    paired_ratio,
+    repeat_ratios,
+    speed_adjusted_ratio,
+)
+
+__all__ = ["ONE_REPEAT_NOISE", "format_report", "plot_report", "verdict_lines"]
+
+
+def _f(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+ONE_REPEAT_NOISE = 0.05
+"""How far apart two methods' throughputs in one repeat may be by chance: paired ratios of
+one configuration's repeats on this 2-core VM spread 0.92-0.99x (N = 1) and 1.07-1.10x
+(N = 32) within one run (docs/results.md §5 as of `9ca0fe5`, 2026-12-04), and two one-repeat
+runs of the main job ranked the methods differently. With one repeat a gap under this is called
+even."""
+
+
+def _standing(ours: BenchRow, peer: BenchRow) -> str:
+    """A word for ``ours`` against ``peer`` that respects the noise. With two or more
+    repeats the per-repeat ratios decide: ahead / behind when every repeat agrees, else
+    even (their range is given); with one repeat, a paired ratio within
+    :data:`ONE_REPEAT_NOISE` of 1 is even."""
+    per = repeat_ratios(ours, peer)
+    if len(per) >= 2:
+        if min(per) > 1.0:
+            return "ahead in every repeat"
+        if max(per) < 1.0:
+            return "behind in every repeat"
+        return f"even: per repeat {min(per):.2f}-{max(per):.2f}x"
+    rel = paired_ratio(ours, peer)
+    if abs(rel - 1.0) < ONE_REPEAT_NOISE:
+        return f"even: within one repeat's noise, {ONE_REPEAT_NOISE:.0%}"
+    return "ahead" if rel >= 1.0 else "behind"
+
+
+def verdict_lines(rows: Sequence[BenchRow]) -> list[str]:
+    """Plain sentences: per (shape, N), which method is fastest (and by how much over the
+    runner-up), AgentSpec against the better of n-gram and SuffixDecoding (the one it
+    beats by least, :func:`paired_ratio`; "even" where the repeats disagree or, with one
+    repeat, the gap is under :data:`ONE_REPEAT_NOISE`), and tagged against untagged
+    AgentSpec."""
+    lines = []
+    keys = sorted({(r.app, r.n) for r in rows}, key=lambda k: (k[0], k[1]))
+    for app, n in keys:
+        group = {r.label: r for r in rows if (r.app, r.n) == (app, n)}
+        ranked = sorted(group.values(), key=lambda r: -r.tokens_per_s)
+        best = ranked[0]
+        text = (
+            f"{app} N={n}: fastest is {best.label} "
+            f"({best.tokens_per_s:.0f} tok/s, {best.ratio_to_none:.2f}x none"
+        )
+        if len(ranked) > 1 and ranked[1].tokens_per_s > 0:
+            margin = best.tokens_per_s / ranked[1].tokens_per_s - 1.0
+            text += f", {margin:.0%} over {ranked[1].label}"
+        text += ")"
+        peers = [group[p] for p in PEERS if p in group]
+        if "agentspec" in group and peers:
+            ours = group["agentspec"]
+            rel, peer = min((paired_ratio(ours, p), p.label) for p in peers)
+            word = _standing(ours, group[peer])
+            text += (
+                f"; agentspec {ours.ratio_to_none:.2f}x none is {rel:.2f}x {peer} "
+                f"({word}; the better peer)"
+            )
+        if "agentspec" in group and "agentspec-untagged" in group:
+            t, u = group["agentspec"], group["agentspec-untagged"]
+            text += (
+                f"; tags: {_f(t.acceptance, '.1%')} vs {_f(u.acceptance, '.1%')} accepted, "
+                f"{paired_ratio(t, u):.2f}x untagged's tok/s"
+            )
+            adjusted = speed_adjusted_ratio(t, u)
+            if adjusted is not None:
+                text += f" ({adjusted:.3f}x with each engine's step speed divided out)"
+        lines.append(text)
+    return lines
+
+
+def _deciles(rows: Sequence[Sequence[float]]) -> str:
+    """``"0.5-0.6 54% of 120"``-style cells for the tenths of predicted survival with
+    positions: realised share accepted, and how many positions."""
+    width = 1 / len(rows)
+    return ", ".join(
+        f"{i * width:.1f}-{(i + 1) * width:.1f} {a / n:.0%} of {n:.0f}"
+        for i, (n, _, a) in enumerate(rows)
+        if n
+    )
+
+
+def format_report(report: BenchReport) -> str:
+    """The table (one line per shape, N and method), per-agent acceptance at the
+    largest N, and the verdicts."""
+    head = (
+        f"{'app':<9} {'N':>3} {'method':<24} {'tok/s':>7} {'x none':>6} {'TPOT50':>7} "
+        f"{'TPOT99':>7} {'TTFT50':>7} {'lat50':>6} {'accept':>6} {'reject':>6} {'prop ms':>7} "
+        f"{'fit err':>7} {'preempt':>7} {'same':>4} {'load':>4}"
+    )
+    lines = [
+        f"agentspec bench, {report.date}, {report.cpus} CPUs, load {report.load_before[0]:.2f} "
+        f"before / {report.load_after[0]:.2f} after; medians of {report.config.repeats} "
+        f"repeat(s), ratios to none in the same run; TPOT, TTFT in ms, latency (lat50) in s",
+        head,
+        "-" * len(head),
+    ]
+    for r in report.rows:
+        lines.append(
+            f"{r.app:<9} {r.n:>3} {r.label:<24} {r.tokens_per_s:>7.1f} "
+            f"{r.ratio_to_none:>5.2f}x {_f(r.tpot_p50_ms, '.1f'):>7} "
+            f"{_f(r.tpot_p99_ms, '.1f'):>7} {_f(r.ttft_p50_ms, '.0f'):>7} {r.latency_p50_s:>6.1f} "
+            f"{_f(r.acceptance, '.1%'):>6} {_f(r.rejection, '.1%'):>6} "
+            f"{_f(r.proposer_ms_per_step, '.3f'):>7} {_f(r.fit_error_median, '.1%'):>7} "
+            f"{r.preemptions:>7} {'yes' if r.identical_to_none else 'NO':>4} {r.load_avg:>4.1f}"
+        )
+    top = max(report.config.ns)
+    for app in report.config.apps:
+        group = [r for r in report.rows if r.app == app and r.n == top and r.drafted]
+        agents = sorted({a for r in group for a in r.per_agent_acceptance})
+        if not group or not agents:
+            continue
+        lines.append(f"\nacceptance per agent (accepted / drafted tokens), {app} N={top}:")
+        lines.append(f"{'agent':<14}" + "".join(f" {r.label:>22}" for r in group))
+        for a in agents:
+            vals = []
+            for r in group:
+                d, acc = r.per_agent_tokens.get(a, [0, 0])
+                vals.append(f"{_f(r.per_agent_acceptance.get(a), '.1%')} ({acc}/{d})")
+            lines.append(f"{a:<14}" + "".join(f" {v:>22}" for v in vals))
+        for r in group:
+            if r.per_block:
+                cells = [
+                    f"{k} {v[1]}/{v[0]}"
+                    for k, v in sorted(r.per_block.items(), key=lambda kv: -kv[1][0])
+                ]
+                lines.append(f"{r.label} per agent/block (accepted/drafted): " + ", ".join(cells))
+    calibrated = [r for r in report.rows if r.n == top and r.expected_acceptance is not None]
+    if calibrated:
+        lines.append(
+            f"\nlive calibration at N={top} (the proposer's predicted survival of each verified "
+            "draft token against vLLM's verdict): "
+            + "; ".join(
+                f"{r.label} {r.app}: expected {_f(r.expected_acceptance, '.1%')} accepted, "
+                f"got {_f(r.estimated_acceptance, '.1%')}"
+                + (f" (by predicted survival: {_deciles(r.reliability)})" if r.reliability else "")
+                for r in calibrated
+            )
+        )
+    fits = [r for r in report.rows if r.fit_steps]
+    if fits:
+        lines.append(
+            "\nstep-time fit (measured cost model), prediction error per step: "
+            + "; ".join(
+                f"{r.label} {r.app} N={r.n}: median |err| {r.fit_error_median:.1%}, "
+                f"mean {r.fit_error_mean:+.1%}"
+                + (
+                    f", predicted / measured time {r.fit_time_ratio:.3f}"
+                    if r.fit_time_ratio is not None
+                    else ""
+                )
+                + f" ({r.fit_steps} steps)"
+                for r in fits
+                if r.fit_error_median is not None and r.fit_error_mean is not None
+            )
+        )
+        models = [
+            f"{r.label} {r.app} N={r.n}: {1e3 * m['fixed']:.1f} ms + "
+            f"{1e3 * m['token']:.3f} ms/token + {1e6 * m['kv_token']:.2f} us/KV token + "
+            f"{1e6 * m.get('spec_kv_token', 0.0):.2f} us/KV token of a drafting request + "
+            f"{1e6 * m.get('draft_kv_token', 0.0):.3f} us/(draft x KV token) + "
+            f"{1e3 * m.get('emitted_token', 0.0):.3f} ms/emitted token "
+            f"({m.get('steps', 0):.0f} steps)"
+            for r in fits
+            if {"fixed", "token", "kv_token"} <= (m := r.step_model).keys()
+        ]
+        if models:
+            lines.append("the fit after the last repeat: " + "; ".join(models))
+    lines.append("")
+    lines += verdict_lines(report.rows)
+    verdict = "yes" if not report.mismatches else "NO: " + "; ".join(report.mismatches)
+    lines.append(f"outputs identical to none in every run: {verdict}")
+    return "\n".join(lines)
+
+
+def plot_report(report: BenchReport, path: str | Path) -> Path:
+    """A PNG: per shape, throughput and speedup over none vs N, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    apps = list(report.config.apps)
+    fig, axes = plt.subplots(len(apps), 2, figsize=(11, 3.6 * len(apps)), squeeze=False)
+    for i, app in enumerate(apps):
+        ax1, ax2 = axes[i]
+        for j, label in enumerate(report.config.labels()):
+            rows = sorted(
+                (r for r in report.rows if r.app == app and r.label == label), key=lambda r: r.n
+            )
+            ns = [r.n for r in rows]
+            style = "--" if label.endswith(NO_PRELOAD) else "-"
+            ax1.plot(
+                ns, [r.tokens_per_s for r in rows], style, marker="o", label=label, color=f"C{j}"
+            )
+            ax2.plot(
+                ns, [r.ratio_to_none for r in rows], style, marker="o", label=label, color=f"C{j}"
+            )
+        for ax in (ax1, ax2):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(report.config.ns), [str(n) for n in sorted(report.config.ns)])
+            ax.minorticks_off()
+            ax.set_xlabel("concurrent workflows N")
+        ax1.set_ylabel("output tokens/s")
+        ax1.set_title(f"{app}: throughput")
+        ax2.set_ylabel("speedup over none\n(median of per-repeat ratios)")
+        ax2.axhline(1.0, color="grey", lw=0.8)
+        ax2.set_title(f"{app}: speedup")
+        ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

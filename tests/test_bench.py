@@ -770,3 +770,21 @@ def test_a_stored_report_reads_without_importing_its_apps(tmp_path: Path) -> Non
     path.write_text('{"rows": []}')
     with pytest.raises(pydantic.ValidationError):
         read_report(path)
+
+
+def test_the_docs_report_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/vllm.md's ``read_report`` example runs as written, from the repository root,
+    on the stored report it names."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "vllm.md").read_text()
+    (block,) = [
+        b for b in re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL) if "read_report" in b
+    ]
+    monkeypatch.chdir(root)
+    printed: list[Any] = []
+    scope: dict[str, Any] = {"print": printed.append}
+    exec(compile(block, "docs/vllm.md[read_report]", "exec"), scope)  # noqa: S102
+    (ratio,) = printed
+    assert 0.5 < ratio < 2.0

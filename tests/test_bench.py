@@ -5,6 +5,7 @@ real runs."""
 from __future__ import annotations
 
 import json
+import lzma
 import sys
 import textwrap
 import threading
@@ -768,8 +769,20 @@ def test_a_stored_report_reads_without_importing_its_apps(tmp_path: Path) -> Non
     with pytest.raises(pydantic.ValidationError, match="no_such_module_anywhere"):
         BenchReport.model_validate(data)
     path.write_text('{"rows": []}')
-    with pytest.raises(pydantic.ValidationError):
+    with pytest.raises(ValueError, match="not an `agentspec bench --json` report"):
         read_report(path)
+    path.write_text("not json")
+    with pytest.raises(ValueError, match="not an `agentspec bench --json` report"):
+        read_report(path)
+    packed = tmp_path / "outside.json.xz"
+    with lzma.open(packed, "wt") as f:
+        f.write(json.dumps(data))
+    assert read_report(packed).config.apps == ("no_such_module_anywhere:build",)
+    packed.write_bytes(b"not xz")
+    with pytest.raises(ValueError, match="not a readable .xz file"):
+        read_report(packed)
+    with pytest.raises(FileNotFoundError):
+        read_report(tmp_path / "missing.json")
 
 
 def test_the_docs_report_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -788,3 +801,29 @@ def test_the_docs_report_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     exec(compile(block, "docs/vllm.md[read_report]", "exec"), scope)  # noqa: S102
     (ratio,) = printed
     assert 0.5 < ratio < 2.0
+
+
+def test_show_prints_a_stored_report_and_plots_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``agentspec bench --show REPORT`` runs nothing: the table, the verdicts and the plot
+    of a stored report; exit 1 where its outputs differed (as the run's was), 2 on misuse."""
+    from agentspec_mw.cli import main
+
+    config = BenchConfig(ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=3)
+    results = _results(config)
+    rows, mismatches = summarize(results, dict.fromkeys(results, 1.0), config)
+    clean = tmp_path / "clean.json"
+    clean.write_text(_report(config, rows, []).model_dump_json())
+    out = tmp_path / "shown"
+    assert main(["bench", "--show", str(clean), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "demo N=4: fastest is suffix (100 tok/s, 2.00x none" in text
+    assert "outputs identical to none in every run: yes" in text
+    assert (tmp_path / "shown.png").stat().st_size > 0
+    bad = tmp_path / "bad.json"
+    bad.write_text(_report(config, rows, mismatches).model_dump_json())
+    assert main(["bench", "--show", str(bad), "--out", str(out)]) == 1
+    assert main(["bench", "--show", str(clean), "--n", "4"]) == 2  # --show runs nothing
+    assert main(["bench", "--show", str(tmp_path / "missing.json")]) == 2
+    assert "no such report" in capsys.readouterr().err

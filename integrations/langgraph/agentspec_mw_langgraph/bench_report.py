@@ -5,12 +5,14 @@ rows — per-repeat ratios (:func:`paired_ratio`) and the engines' speed divided
 
 from __future__ import annotations
 
+import gzip
+import lzma
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, ValidationError, model_validator
 
 from agentspec_mw.costfit import fit_observed_steps, observed_step_features
 from agentspec_mw_langgraph.bench_config import NO_PRELOAD, RESOLVE_APPS, BenchConfig
@@ -116,18 +118,32 @@ class BenchReport(BaseModel):
 
 
 def read_report(path: str | Path) -> BenchReport:
-    """A stored ``agentspec bench --json`` report (plain, ``.xz`` or ``.gz``), read without
-    importing its apps: a report of an app this process cannot import (an outside app
-    given as ``module:build``) reads as well as the built-in ones'.
+    """A stored ``agentspec bench --json`` report (plain, or ``.xz`` / ``.gz`` compressed),
+    read without importing its apps: a report of an app this process cannot import (an
+    outside app given as ``module:build``) reads as well as the built-in ones'.
 
     Raises:
-        pydantic.ValidationError: the file is not such a report.
+        FileNotFoundError: no such file.
+        ValueError: the file is not such a report (the first problem named).
     """
-    from agentspec_mw.traces.loader import open_text
-
-    with open_text(Path(path)) as f:
-        text = f.read()
-    return BenchReport.model_validate_json(text, context={RESOLVE_APPS: False})
+    p = Path(path)
+    data = p.read_bytes()
+    try:
+        if p.suffix == ".xz":
+            data = lzma.decompress(data)
+        elif p.suffix == ".gz":
+            data = gzip.decompress(data)
+    except (lzma.LZMAError, gzip.BadGzipFile, EOFError) as exc:
+        raise ValueError(f"{p}: not a readable {p.suffix} file ({exc})") from None
+    try:
+        return BenchReport.model_validate_json(data, context={RESOLVE_APPS: False})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "the file"
+        raise ValueError(
+            f"{p}: not an `agentspec bench --json` report ({where}: {first['msg']}; "
+            f"{exc.error_count()} problem(s))"
+        ) from None
 
 
 def _pct(values: Sequence[float], q: float) -> float | None:

@@ -134,6 +134,13 @@ def _add_bench(sub: Any) -> None:
         "--out", default="out/bench", help="writes OUT.txt, OUT.png, OUT.steps.jsonl (out/bench)"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--show",
+        default=None,
+        metavar="REPORT",
+        help="run nothing: print the table and verdicts of a stored --json report "
+        "(.json, .json.xz) and write OUT.png",
+    )
     p.set_defaults(func=_cmd_bench)
 
 
@@ -158,6 +165,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         "preload": args.preload,
     }
     given = {k: v for k, v in given.items() if v is not None}
+    if args.show is not None:
+        if given or args.quick or args.json is not None:
+            raise ValueError("--show runs nothing: give it alone (and --out for the plot)")
+        return _show(args.show, args.out)
     config = quick_config(**given) if args.quick else BenchConfig(**given)
     try:
         run_bench(
@@ -171,3 +182,21 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"agentspec bench: {exc}", flush=True)
         return 1
     return 0
+
+
+def _show(report_path: str, out: str) -> int:
+    """Print a stored report's table and verdicts, write ``<out>.png``; exit code 1 if its
+    outputs differed from none's, as the run's was."""
+    from pathlib import Path
+
+    from agentspec_mw_langgraph.bench import format_report, plot_report, read_report
+
+    path = Path(report_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{report_path}: no such report")
+    report = read_report(path)
+    print(format_report(report))
+    if report.sample_output:
+        print("\n" + report.sample_output)
+    print(f"wrote {plot_report(report, Path(out).with_suffix('.png'))}")
+    return 1 if report.mismatches else 0

@@ -78,7 +78,7 @@ def _add_replay(sub: Any) -> None:
     p.add_argument(
         "--tokenizer",
         required=True,
-        help="Hugging Face tokenizer name or folder; default: the embedded default model's",
+        help="Hugging Face tokenizer name or folder, or `default`: the embedded default model's",
     )
     p.add_argument("--proposers", type=_csv(str), default=["none", "ngram", "suffix"])
     p.add_argument("--batch", type=_csv(int), default=[1, 64, 256])

@@ -28,7 +28,11 @@ wrappers set on the objects by this script, not in the library): ``start`` (with
 ``decode_tags``), ``extend``, ``stop``, ``block_of``, ``_time_step`` (of which
 ``observe``, the fit, and ``record_step_model``), ``record_verified``, ``record_step``,
 ``_bad_ids``, and ``rest`` = step - all of those (the session's own loop: numpy
-conversions, ``StepContext``, bookkeeping, and the wrappers' own cost). ``--profile``
+conversions, ``StepContext``, bookkeeping, and the wrappers' own cost). ``--mode kernels``
+(AgentSpec) also brackets the parts of ``propose``: ``flush`` (the queued starts, stops and
+new tokens applied, ``kernels.apply_extends`` among them), ``gather``, ``lookup`` (the
+history index), ``local_drafts``, ``score``, ``admission_bounds``, ``allocate``,
+``keep_candidates``, ``emit_drafts``, and ``propose_own`` = ``propose`` - those. ``--profile``
 adds ``cProfile``'s top 25 functions (by own time) after each run.
 
 ``--thrash-kib N`` touches an N KiB buffer between draft calls, as a model forward
@@ -91,8 +95,23 @@ PARTS = (
     "bad_ids",
     "rest",
 )
-#: parts timed inside another part (not subtracted again for ``rest``)
-NESTED = frozenset({"observe", "record_step_model"})
+#: the parts of AgentSpec's ``propose`` (``--mode kernels``): its queued-call flush, the
+#: kernels (module :mod:`agentspec_mw.agentspec.kernels`), the index lookup and the budget
+KERNEL_PARTS = (
+    "flush",
+    "gather",
+    "lookup",
+    "local_drafts",
+    "score",
+    "admission_bounds",
+    "allocate",
+    "keep_candidates",
+    "emit_drafts",
+)
+#: parts timed inside another part (not subtracted again for ``rest``) -> that part
+NESTED = {"observe": "time_step", "record_step_model": "time_step"} | dict.fromkeys(
+    KERNEL_PARTS, "propose"
+)
 
 
 class SimClock:
@@ -109,7 +128,7 @@ class Timers:
     """Per-step sums of the bracketed parts."""
 
     def __init__(self) -> None:
-        self.cur: dict[str, float] = dict.fromkeys(PARTS, 0.0)
+        self.cur: dict[str, float] = dict.fromkeys((*PARTS, *KERNEL_PARTS), 0.0)
         self.steps: list[dict[str, float]] = []
 
     def wrap(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -129,6 +148,7 @@ class Timers:
         row = dict(self.cur)
         row["rest"] = whole - sum(v for k, v in row.items() if k not in NESTED and k != "rest")
         row["step"] = whole
+        row["propose_own"] = row["propose"] - sum(row[k] for k in KERNEL_PARTS)
         self.steps.append(row)
         for k in self.cur:
             self.cur[k] = 0.0
@@ -190,6 +210,32 @@ def instrument(session: DraftSession, timers: Timers) -> None:
         setattr(m, part, timers.wrap(part, getattr(m, part)))
     session_mod._bad_ids = timers.wrap("bad_ids", session_mod._bad_ids)
     session_mod.decode_tags = timers.wrap("start", session_mod.decode_tags)
+
+
+def instrument_kernels(session: DraftSession, timers: Timers) -> Callable[[], None]:
+    """Bracket the parts of AgentSpec's ``propose`` (:data:`KERNEL_PARTS`); returns the
+    undo (the kernels and the budget functions are module attributes)."""
+    from agentspec_mw.agentspec import kernels
+    from agentspec_mw.agentspec import proposer as proposer_mod
+
+    p: Any = session.proposer
+    p._flush = timers.wrap("flush", p._flush)
+    p._index.lookup = timers.wrap("lookup", p._index.lookup)
+    saved = []
+    for module, names in (
+        (kernels, ("gather", "local_drafts", "score", "keep_candidates", "emit_drafts")),
+        (proposer_mod, ("admission_bounds", "allocate")),
+    ):
+        for name in names:
+            fn = getattr(module, name)
+            saved.append((module, name, fn))
+            setattr(module, name, timers.wrap(name, fn))
+
+    def undo() -> None:
+        for module, name, fn in saved:
+            setattr(module, name, fn)
+
+    return undo
 
 
 def drive(
@@ -320,7 +366,7 @@ def _commit() -> str:
         return "unknown (not a git checkout)"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -335,7 +381,7 @@ def main() -> None:
     ap.add_argument("--max-batched-tokens", type=int, default=2048)
     ap.add_argument("--max-steps", type=int, default=None, help="per batch size")
     ap.add_argument("--repeat", type=int, default=1, help="runs per batch size (fresh session)")
-    ap.add_argument("--mode", choices=("plain", "parts"), default="plain")
+    ap.add_argument("--mode", choices=("plain", "parts", "kernels"), default="plain")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--thrash-kib", type=int, default=0)
     ap.add_argument(
@@ -345,7 +391,7 @@ def main() -> None:
         help="the step-time fit's cadence (default: MeasuredStepTime's; another changes drafts)",
     )
     ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     setup = load_workloads(
         [args.trace], args.tokenizer, max_k=args.k, cost_model=args.cost_prior, tags=args.tags
     )
@@ -373,8 +419,11 @@ def main() -> None:
                 args.refit_every,
             )
             timers = Timers()
-            if args.mode == "parts":
+            undo_kernels: Callable[[], None] | None = None
+            if args.mode in ("parts", "kernels"):
                 instrument(session, timers)
+                if args.mode == "kernels":
+                    undo_kernels = instrument_kernels(session, timers)
             else:
                 p = session.proposer
                 p.propose = timers.wrap("propose", p.propose)  # type: ignore[method-assign]
@@ -395,9 +444,11 @@ def main() -> None:
             )
             if prof is not None:
                 prof.disable()
-            if args.mode == "parts":  # restore the module's helpers for the next session
+            if args.mode != "plain":  # restore the module's helpers for the next session
                 session_mod._bad_ids = _BAD_IDS
                 session_mod.decode_tags = _DECODE_TAGS
+            if undo_kernels is not None:
+                undo_kernels()
             prop = [s["propose"] for s in timers.steps]
             print(
                 f"{b:>6}{rep:>4}{len(whole):>7}{_pct(whole, 50):>10.1f}{_pct(whole, 90):>8.1f}"
@@ -414,19 +465,23 @@ def main() -> None:
                 "step_us": {"p50": _pct(whole, 50), "p90": _pct(whole, 90)},
                 "load": os.getloadavg()[0],
             }
-            if args.mode == "parts":
+            if args.mode != "plain":
+                shown = (*PARTS, "step")
+                if args.mode == "kernels":
+                    shown = (*PARTS, *KERNEL_PARTS, "propose_own", "step")
                 parts = {
                     part: {
                         "p50": _pct([s[part] for s in timers.steps], 50),
                         "p90": _pct([s[part] for s in timers.steps], 90),
                         "mean": 1e6 * float(np.mean([s[part] for s in timers.steps])),
                     }
-                    for part in (*PARTS, "step")
+                    for part in shown
                 }
                 row["parts_us"] = parts
                 print("      part                   p50      p90     mean (us per step)")
                 for part, v in parts.items():
-                    nest = "  (in time_step)" if part in NESTED else ""
+                    parent = NESTED.get(part, "propose" if part == "propose_own" else None)
+                    nest = f"  (in {parent})" if parent else ""
                     print(
                         f"      {part:<20}{v['p50']:>8.1f} {v['p90']:>8.1f} {v['mean']:>8.1f}{nest}"
                     )

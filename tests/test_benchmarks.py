@@ -651,3 +651,31 @@ def test_bench_bars_pools_repeats_per_configuration(
             tool.main([str(tmp_path / "bad.json")])
     with pytest.raises(SystemExit):
         tool.main([str(tmp_path / "missing.json")])
+
+
+def test_adapter_speed_times_the_parts_of_propose_without_changing_a_draft(
+    sample_path: Path, tiny_tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """``adapter_speed.py --mode kernels`` brackets ``propose``'s parts; the drafts (their
+    sha256) equal a plain run's, and the module functions it wrapped are restored."""
+    from agentspec_mw.agentspec import kernels
+    from agentspec_mw.agentspec import proposer as proposer_mod
+
+    tool = script("adapter_speed")
+    before = (kernels.score, proposer_mod.allocate)
+    records = [json.loads(x) for x in sample_path.read_text().splitlines() if x.strip()]
+    one = tmp_path / "one.jsonl"  # the script takes one workload
+    first = records[0]["workload"]
+    one.write_text("".join(json.dumps(r) + "\n" for r in records if r["workload"] == first))
+    common = ["--trace", str(one), "--tokenizer", str(tiny_tokenizer_dir)]
+    common += ["--batch", "2", "--max-steps", "40"]
+    rows = {}
+    for mode in ("plain", "kernels"):
+        out = tmp_path / f"{mode}.json"
+        tool.main([*common, "--mode", mode, "--json", str(out)])
+        (rows[mode],) = json.loads(out.read_text())["rows"]
+    assert rows["kernels"]["sha256"] == rows["plain"]["sha256"]
+    parts = rows["kernels"]["parts_us"]
+    assert {"flush", "lookup", "score", "allocate", "propose_own"} <= parts.keys()
+    assert parts["lookup"]["mean"] > 0 and parts["propose"]["mean"] >= parts["score"]["mean"]
+    assert (kernels.score, proposer_mod.allocate) == before

@@ -30,7 +30,8 @@ wrappers set on the objects by this script, not in the library): ``start`` (with
 ``_bad_ids``, and ``rest`` = step - all of those (the session's own loop: numpy
 conversions, ``StepContext``, bookkeeping, and the wrappers' own cost). ``--mode kernels``
 (AgentSpec) also brackets the parts of ``propose``: ``flush`` (the queued starts, stops and
-new tokens applied, ``kernels.apply_extends`` among them), ``gather``, ``lookup`` (the
+new tokens applied, ``kernels.apply_extends`` among them; a flush from ``block_of`` stays in
+``block_of``), ``gather``, ``lookup`` (the
 history index), ``local_drafts``, ``score``, ``admission_bounds``, ``allocate``,
 ``keep_candidates``, ``emit_drafts``, and ``propose_own`` = ``propose`` - those. ``--profile``
 adds ``cProfile``'s top 25 functions (by own time) after each run.
@@ -219,7 +220,19 @@ def instrument_kernels(session: DraftSession, timers: Timers) -> Callable[[], No
     from agentspec_mw.agentspec import proposer as proposer_mod
 
     p: Any = session.proposer
-    p._flush = timers.wrap("flush", p._flush)
+    inside = [False]  # in propose: a flush elsewhere (block_of's) stays its caller's time
+    flush, timed_flush = p._flush, timers.wrap("flush", p._flush)
+    p._flush = lambda: timed_flush() if inside[0] else flush()
+    propose = p.propose
+
+    def flagged(*args: Any, **kwargs: Any) -> Any:
+        inside[0] = True
+        try:
+            return propose(*args, **kwargs)
+        finally:
+            inside[0] = False
+
+    p.propose = flagged
     p._index.lookup = timers.wrap("lookup", p._index.lookup)
     saved = []
     for module, names in (

@@ -34,8 +34,8 @@ from agentspec_mw_langgraph.bench import (
     read_report,
     repeat_ratios,
 )
+from agentspec_mw_langgraph.bench_config import PEERS
 
-PEERS = ("ngram", "suffix")
 VS_NONE = 1.0
 """AgentSpec / no speculation at every N."""
 VS_PEER_BUSY = 1.10

@@ -127,6 +127,8 @@ def read_report(path: str | Path) -> BenchReport:
         ValueError: the file is not such a report (the first problem named).
     """
     p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such report")
     data = p.read_bytes()
     try:
         if p.suffix == ".xz":

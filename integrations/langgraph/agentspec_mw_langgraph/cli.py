@@ -139,7 +139,7 @@ def _add_bench(sub: Any) -> None:
         default=None,
         metavar="REPORT",
         help="run nothing: print the table and verdicts of a stored --json report "
-        "(.json, .json.xz) and write OUT.png",
+        "(.json, or .xz / .gz compressed) and write OUT.png",
     )
     p.set_defaults(func=_cmd_bench)
 
@@ -191,10 +191,7 @@ def _show(report_path: str, out: str) -> int:
 
     from agentspec_mw_langgraph.bench import format_report, plot_report, read_report
 
-    path = Path(report_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{report_path}: no such report")
-    report = read_report(path)
+    report = read_report(report_path)
     print(format_report(report))
     if report.sample_output:
         print("\n" + report.sample_output)

@@ -112,6 +112,13 @@ def _add_replay(sub: Any) -> None:
     p.add_argument("--max-runs", type=int, default=None, help="first N runs per workload")
     p.add_argument("--skip-malformed", action="store_true", help="count and skip bad records")
     p.add_argument(
+        "--serial-runs",
+        action="store_true",
+        help="replay each run's calls one after another, also those the trace marks as "
+        "issued together (fan-out siblings, the samples of one request; before 2026-12-05 "
+        "the only way)",
+    )
+    p.add_argument(
         "--run-order",
         default="file",
         metavar="file|reversed|shuffle:SEED",
@@ -171,6 +178,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         max_runs=args.max_runs,
         skip_malformed=args.skip_malformed,
         run_order=args.run_order,
+        serial_runs=args.serial_runs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_capacity_tokens=args.kv_capacity,
     )
@@ -195,7 +203,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         if s.skipped:
             print(f"warning: {p}: skipped {s.skipped} malformed records", file=sys.stderr)
     workloads = build_calls(
-        traces, config.tags, config.max_calls, config.max_calls_per_run, config.max_runs
+        traces,
+        config.tags,
+        config.max_calls,
+        config.max_calls_per_run,
+        config.max_runs,
+        serial_runs=config.serial_runs,
     )
     workloads = {wl: order_runs(calls, config.run_order) for wl, calls in workloads.items()}
     env = ProposerEnv(

@@ -372,6 +372,22 @@ def test_preemptions_are_summed_over_the_repeats_and_printed() -> None:
     assert suffix[-3] == "3"
 
 
+def test_the_effective_batch_is_requests_decoding_at_once_over_the_wall() -> None:
+    config = BenchConfig(ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=3)
+    results = _results(config)
+    for r, decoding in enumerate((6.0, 9.0, 3.0)):  # suffix walls 1, 2, 1 s: 6, 4.5, 3
+        key = ("suffix", "demo", 4, r)
+        results[key] = results[key].model_copy(update={"decoding_s": decoding})
+    rows, _ = summarize(results, dict.fromkeys(results, 1.0), config)
+    none, suffix = rows
+    assert none.batch is None  # not measured (an older report's runs)
+    assert suffix.batch == pytest.approx(4.5)  # the median of 6, 4.5, 3
+    lines = format_report(_report(config, rows, [])).splitlines()
+    head = lines[1].split()
+    row = next(line.split() for line in lines if line.startswith("demo") and " suffix " in line)
+    assert row[head.index("batch") - 1] == "4.5"  # "x none" is one column, two words
+
+
 def test_the_worker_reads_vllms_counters_summed_over_engines() -> None:
     class Metric:
         def __init__(self, name: str, value: float) -> None:

@@ -4,6 +4,7 @@ trimming, prefix caching, KV capacity (waits and preemption), serving metrics.""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,8 +13,9 @@ from agentspec_mw.costmodel import PRESETS, ServingLimits, StepTimeModel, kv_cap
 from agentspec_mw.peers.none import NoProposer
 from agentspec_mw.proposer import EMPTY_DRAFT, Draft, StepContext
 from agentspec_mw.replay.kvcache import PrefixKVCache, block_hashes
-from agentspec_mw.replay.run import ReplayConfig, run_replay, serving_limits
+from agentspec_mw.replay.run import ReplayConfig, issued_together, run_replay, serving_limits
 from agentspec_mw.replay.sim import ReplayCall, WorkloadRun, replay_workload
+from agentspec_mw.traces.tokenized import CallMeta
 from tests.test_replay import Oracle
 
 #: One second per batched token, nothing else: simulated time = tokens scheduled.
@@ -263,3 +265,56 @@ def test_config_overrides_the_presets_limits() -> None:
     narrow = {r.workload: r for r in run_replay(tight, wl, progress=False)}["w"]
     assert narrow.ttft_p50_s > wide.ttft_p50_s  # prompts prefill 16 tokens a step
     assert narrow.effective_batch < wide.effective_batch
+
+
+def _sibling(name: str, run: str, prompt: Sequence[int], output: Sequence[int]) -> ReplayCall:
+    return replace(_call(name, run, prompt, output), with_previous=True)
+
+
+def test_calls_issued_together_arrive_together_and_the_run_waits_for_all() -> None:
+    # run r: a lead call, two siblings issued with it, then a call after the group;
+    # at batch 1 (one run in flight) the group is three requests in the engine at once
+    lead = _call("a", "r", _seq(100, 16), _seq(1, 4))
+    sib1 = _sibling("b", "r", _seq(200, 16), _seq(11, 8))
+    sib2 = _sibling("c", "r", _seq(300, 16), _seq(21, 2))
+    after = _call("d", "r", _seq(400, 16), _seq(31, 3))
+    r = _replay([lead, sib1, sib2, after], limits=_limits())
+    assert max(r.step_batch) == 3
+    assert r.ttft_s[:3] == [pytest.approx(48.0)] * 3  # one step: the three prompts
+    # d arrives when the longest sibling (8 tokens) is done, not when the lead is
+    assert len(r.ttft_s) == 4 and r.ttft_s[3] == pytest.approx(16.0)
+    steps_with_d = r.engine_steps - 8  # the group's 8 steps, then d's own
+    assert steps_with_d == 1 + 2
+    # one after another (the replay before 2026-12-05): never more than one request
+    serial = [replace(c, with_previous=False) for c in (lead, sib1, sib2, after)]
+    s = _replay(serial, limits=_limits())
+    assert max(s.step_batch) == 1 and s.engine_steps == 4 + 8 + 2 + 3
+    # the same tokens (time = tokens under this model) in fewer, wider steps
+    assert r.engine_steps == 11 and r.output_tokens == s.output_tokens
+
+
+def test_a_group_whose_first_call_has_no_output_is_led_by_its_next() -> None:
+    empty = _call("a", "r", _seq(100, 16), [])
+    sib = _sibling("b", "r", _seq(200, 16), _seq(1, 3))
+    sib2 = _sibling("c", "r", _seq(300, 16), _seq(11, 3))
+    r = _replay([empty, sib, sib2], limits=_limits())
+    assert r.calls == 3 and r.output_tokens == 6
+    assert max(r.step_batch) == 2 and len(r.ttft_s) == 2
+
+
+def _meta(run: str, group: str | None, step: int | None) -> CallMeta:
+    return CallMeta("w", run, 0, "agent", "other", group, step)
+
+
+def test_what_the_trace_marks_as_issued_together() -> None:
+    # a LangGraph fan-out: one group, one superstep
+    assert issued_together(_meta("r", "g", 2), _meta("r", "g", 2), same_prompt=False)
+    assert not issued_together(_meta("r", "g", 2), _meta("r", "g", 3), same_prompt=True)
+    # the samples of one request: one group, no step, the same prompt
+    assert issued_together(_meta("r", "g", None), _meta("r", "g", None), same_prompt=True)
+    # attempts at one question (Reflexion): one group, no step, prompts that grow
+    assert not issued_together(_meta("r", "g", None), _meta("r", "g", None), same_prompt=False)
+    # no group, another group, another run: never
+    assert not issued_together(_meta("r", None, 2), _meta("r", None, 2), same_prompt=True)
+    assert not issued_together(_meta("r", "g", 2), _meta("r", "h", 2), same_prompt=True)
+    assert not issued_together(_meta("r", "g", 2), _meta("s", "g", 2), same_prompt=True)

@@ -114,3 +114,52 @@ def test_token_cache_skips_tokenization(sample_path: Path, tiny_tokenizer, tmp_p
     # ~14x slower to make on the replay's per-token path)
     for view in (second.prompt(3), second.output(3)):
         assert type(view) is np.ndarray and not view.flags.writeable
+
+
+def test_each_calls_step_is_kept_and_added_to_an_older_cache_entry(
+    tiny_tokenizer,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    from agentspec_mw.replay.run import build_calls
+
+    def rec(i: int, group: str | None, step: object, prompt: str) -> dict[str, object]:
+        return {
+            "workload": "w",
+            "run_id": "r",
+            "call_index": i,
+            "agent": "a",
+            "parent_group": group,
+            "prompt": prompt,
+            "output": f"out {i}",
+            "meta": {} if step is None else {"step": step},
+        }
+
+    rows = [
+        rec(0, None, 1, "plan"),
+        rec(1, "g", 2, "field one"),  # a fan-out of two at step 2
+        rec(2, "g", 2, "field two"),
+        rec(3, "s", None, "same"),  # two samples of one request
+        rec(4, "s", None, "same"),
+        rec(5, "s", "x", "same"),  # a step that is not an integer counts as none
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache = tmp_path / "cache"
+    tr = tokenize_trace(path, tiny_tokenizer, cache_dir=cache, progress=False)
+    assert [c.step for c in tr.calls] == [1, 2, 2, None, None, None]
+    together = [c.with_previous for c in build_calls([tr])["w"]]
+    assert together == [False, False, True, False, True, True]
+    assert not any(c.with_previous for c in build_calls([tr], serial_runs=True)["w"])
+    # an entry written before steps were kept: they are read from the trace, not tokenized
+    (tr.folder / "steps.json").unlink()
+
+    class NoTokenizing:
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(tiny_tokenizer, name)
+
+        def __call__(self, *a, **k):  # type: ignore[no-untyped-def]
+            raise AssertionError("tokenized again on a cache hit")
+
+    again = tokenize_trace(path, NoTokenizing(), cache_dir=cache, progress=False)
+    assert again.folder == tr.folder
+    assert [c.step for c in again.calls] == [1, 2, 2, None, None, None]

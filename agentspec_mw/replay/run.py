@@ -17,7 +17,7 @@ from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.sim import ReplayCall, WorkloadRun, replay_workload
 from agentspec_mw.tags import StructureTags
 from agentspec_mw.traces.loader import LoadStats
-from agentspec_mw.traces.tokenized import TokenizedTrace
+from agentspec_mw.traces.tokenized import CallMeta, TokenizedTrace
 
 __all__ = [
     "ReplayConfig",
@@ -25,6 +25,7 @@ __all__ = [
     "ResultRow",
     "build_calls",
     "fewer_in_flight",
+    "issued_together",
     "merge_runs",
     "order_runs",
     "parse_run_order",
@@ -75,6 +76,12 @@ class ReplayConfig(BaseModel):
     kv_capacity_tokens: int | None = Field(default=None, ge=1)
     """Override the preset's KV-cache capacity in tokens (what vLLM logs as its KV cache
     size at start-up)."""
+    serial_runs: bool = False
+    """Replay every run's calls one after another, as the replay did before 2026-12-05.
+    By default calls the trace marks as issued together (fan-out siblings, the samples of
+    one request: :func:`issued_together`) arrive together, as they reach a server; one
+    after another, each sibling could draft from its siblings' finished outputs, which
+    live it cannot (they decode at the same time)."""
     run_order: str = "file"
     """The order the runs of a workload are admitted in: ``file`` (the order they first
     appear), ``reversed``, or ``shuffle:SEED`` (a seeded permutation). Each run's calls
@@ -198,17 +205,37 @@ def order_runs(calls: Sequence[ReplayCall], order: str) -> list[ReplayCall]:
     return [c for rid in ids for c in runs[rid]]
 
 
+def issued_together(prev: CallMeta, meta: CallMeta, same_prompt: bool) -> bool:
+    """Whether the trace says call ``meta`` was issued together with ``prev``, the call
+    before it in its run: both in one redundancy group (``parent_group``) and either issued
+    at the same step of the run (``meta.step``: a LangGraph superstep's fan-out, a ToT
+    frontier's proposals) or asking the same prompt (the samples of one request). A group
+    without a step whose prompts differ (Reflexion's attempts at one question) stays
+    sequential."""
+    if prev.run_id != meta.run_id or meta.parent_group is None:
+        return False
+    if prev.parent_group != meta.parent_group:
+        return False
+    if meta.step is not None and prev.step is not None:
+        return meta.step == prev.step
+    return same_prompt
+
+
 def build_calls(
     traces: Sequence[TokenizedTrace],
     tags: str = "trace",
     max_calls: int | None = None,
     max_calls_per_run: int | None = None,
     max_runs: int | None = None,
+    *,
+    serial_runs: bool = False,
 ) -> dict[str, list[ReplayCall]]:
     """Group the calls of tokenized traces by workload, in file order; ``max_calls``,
     ``max_calls_per_run`` and ``max_runs`` (the first runs of each workload to appear)
-    keep a subset."""
+    keep a subset. A call kept right after the call before it in its run is marked
+    ``with_previous`` where :func:`issued_together` says so, unless ``serial_runs``."""
     by_wl: dict[str, list[ReplayCall]] = {}
+    last: dict[str, tuple[CallMeta, np.ndarray]] = {}  # run -> its last call kept
     per_run: dict[str, int] = {}
     runs_of: dict[str, set[str]] = {}
     for t_idx, tr in enumerate(traces):
@@ -227,13 +254,22 @@ def build_calls(
                 if seen >= max_calls_per_run:
                     continue
                 per_run[meta.run_id] = seen + 1
+            prompt = tr.prompt(i)
+            prev = last.get(meta.run_id)
+            together = (
+                not serial_runs
+                and prev is not None
+                and issued_together(prev[0], meta, np.array_equal(prev[1], prompt))
+            )
+            last[meta.run_id] = (meta, prompt)
             lst.append(
                 ReplayCall(
                     req_id=f"{t_idx}:{meta.run_id}#{meta.call_index}#{i}",
                     run_id=meta.run_id,
-                    prompt=tr.prompt(i),
+                    prompt=prompt,
                     output=tr.output(i),
                     tags=_tags_for(meta, tags),
+                    with_previous=together,
                 )
             )
     return by_wl

@@ -4,7 +4,10 @@ The recorded output of each call is what the target model emits; a draft is veri
 against it (accepted = the longest common prefix with the remaining truth; the call
 advances ``accepted + 1`` tokens). ``batch`` runs are in flight at once: each run's
 calls are sequential (its next call arrives when the previous one finishes, with no
-think time), and when a run ends the next run in file order arrives.
+think time) except those issued together (``ReplayCall.with_previous``: fan-out siblings,
+the samples of one request), which arrive together and are followed when the last of them
+finishes; when a run ends the next run in file order arrives. So a run may hold several
+requests in flight: ``batch`` counts runs, the effective batch requests.
 
 Each engine step is scheduled as vLLM 0.32's ``Scheduler.schedule`` does
 (``vllm/v1/core/sched/scheduler.py``), with the limits of the cost model's hardware
@@ -49,7 +52,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -70,6 +73,9 @@ class ReplayCall:
     prompt: np.ndarray
     output: np.ndarray
     tags: StructureTags | None = None
+    with_previous: bool = False
+    """Issued together with the previous call of its run (it arrives with it, not after it
+    ends): :func:`agentspec_mw.replay.run.issued_together`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +217,18 @@ class _Req:
 
 
 def _runs_in_order(calls: Sequence[ReplayCall]) -> deque[deque[ReplayCall]]:
+    """The runs in order of first appearance, without calls of no output (a group whose
+    first call has none is led by its next)."""
     runs: dict[str, deque[ReplayCall]] = {}
+    led: dict[str, bool] = {}  # run -> its current group has a call kept
     for c in calls:
+        if not c.with_previous:
+            led[c.run_id] = False
+        if len(c.output) == 0:
+            continue
+        if c.with_previous and not led.get(c.run_id, False):
+            c = replace(c, with_previous=False)
+        led[c.run_id] = True
         runs.setdefault(c.run_id, deque()).append(c)
     return deque(runs.values())
 
@@ -249,23 +265,30 @@ def replay_workload(
     kv = PrefixKVCache(bs, cap_blocks)
     res = WorkloadRun(calls=len(calls))
     res.output_tokens = int(sum(len(c.output) for c in calls))
-    pending = _runs_in_order([c for c in calls if len(c.output) > 0])
+    pending = _runs_in_order(calls)
     waiting: deque[_Req] = deque()
     running: list[_Req] = []
     now = 0.0
 
+    in_flight: dict[int, int] = {}  # id(run) -> its calls in the engine
+
     def arrive(run: deque[ReplayCall]) -> None:
-        req = _Req(run.popleft(), run, now, bs)
-        need = req.prompt_len + len(req.call.output) + k
-        if cap_blocks is not None and -(-need // bs) > cap_blocks:
-            raise ValueError(
-                f"call {req.call.req_id} needs {need} tokens of KV cache (prompt + output + "
-                f"k), more than the {lim.kv_capacity_tokens} the cost model's hardware holds:"
-                " pick a preset with more KV capacity or leave such calls out"
-            )
-        res.prompt_tokens += req.prompt_len
-        req.hit_at_arrival = kv.peek_hit(req.hashes, req.num_tokens)
-        waiting.append(req)
+        """The run's next call, and the calls issued together with it."""
+        while True:
+            req = _Req(run.popleft(), run, now, bs)
+            need = req.prompt_len + len(req.call.output) + k
+            if cap_blocks is not None and -(-need // bs) > cap_blocks:
+                raise ValueError(
+                    f"call {req.call.req_id} needs {need} tokens of KV cache (prompt + output"
+                    f" + k), more than the {lim.kv_capacity_tokens} the cost model's hardware"
+                    " holds: pick a preset with more KV capacity or leave such calls out"
+                )
+            res.prompt_tokens += req.prompt_len
+            req.hit_at_arrival = kv.peek_hit(req.hashes, req.num_tokens)
+            waiting.append(req)
+            in_flight[id(run)] = in_flight.get(id(run), 0) + 1
+            if not (run and run[0].with_previous):
+                return
 
     for _ in range(min(batch, len(pending))):
         arrive(pending.popleft())
@@ -393,6 +416,10 @@ def replay_workload(
             n_out = len(r.call.output)
             if n_out > 1:
                 res.tpot_s.append((now_after - r.first_token_s) / (n_out - 1))
+            in_flight[id(r.run)] -= 1
+            if in_flight[id(r.run)]:
+                continue  # a call issued with it is still in the engine
+            del in_flight[id(r.run)]
             if r.run:
                 arrive(r.run)
             elif pending:

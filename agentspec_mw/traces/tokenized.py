@@ -3,9 +3,11 @@
 Tokenizing the shared traces naively takes ~15 minutes; the cache makes a second replay
 skip it. The key is ``sha256(trace file bytes)`` + a fingerprint of the tokenizer
 (vocabulary, merges, chat template) + :data:`RENDER_VERSION`. An entry is a folder with
-``calls.json`` (per-call metadata), ``tokens.bin`` (int32, prompt then output per call)
-and ``offsets.npy``; it is written to a temporary folder and renamed into place, so an
-interrupted run never leaves a half entry. Tokens are memory-mapped, not loaded.
+``calls.json`` (per-call metadata), ``steps.json`` (each call's ``meta.step``; added to
+an entry written before it existed, from the trace file, without tokenizing again),
+``tokens.bin`` (int32, prompt then output per call) and ``offsets.npy``; it is written to
+a temporary folder and renamed into place, so an interrupted run never leaves a half
+entry. Tokens are memory-mapped, not loaded.
 """
 
 from __future__ import annotations
@@ -97,6 +99,16 @@ class CallMeta:
     agent: str
     segment_hint: str
     parent_group: str | None
+    step: int | None = None
+    """``meta.step`` of the record where it is an integer: the step of its run the call was
+    issued at (a LangGraph superstep, a ToT search step); calls of one run and redundancy
+    group issued at the same step were issued together
+    (:func:`agentspec_mw.replay.run.issued_together`)."""
+
+
+def _step_of(rec: TraceRecord) -> int | None:
+    step = rec.meta.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 class TokenizedTrace:
@@ -106,7 +118,14 @@ class TokenizedTrace:
         self.folder = folder
         raw = json.loads((folder / "calls.json").read_text())
         self.source = raw["source"]
-        self.calls = [CallMeta(*row) for row in raw["calls"]]
+        steps_file = folder / "steps.json"
+        steps = json.loads(steps_file.read_text()) if steps_file.is_file() else None
+        if steps is None or len(steps) != len(raw["calls"]):
+            steps = [None] * len(raw["calls"])
+        self.calls = [
+            CallMeta(w, run, i, agent, segment, group, step)
+            for (w, run, i, agent, segment, group), step in zip(raw["calls"], steps, strict=True)
+        ]
         self.prompt_lens = np.asarray(raw["prompt_lens"], dtype=np.int64)
         self.offsets = np.load(folder / "offsets.npy")
         size = int(self.offsets[-1]) if len(self.offsets) else 0
@@ -142,6 +161,7 @@ def _write_entry(
     records: Iterator[TraceRecord], tokenizer: Any, out: Path, source: str, progress: bool
 ) -> None:
     calls: list[list[Any]] = []
+    steps: list[int | None] = []
     prompt_lens: list[int] = []
     offsets = [0]
     with (
@@ -168,6 +188,7 @@ def _write_entry(
                         rec.parent_group,
                     ]
                 )
+                steps.append(_step_of(rec))
             bar.update(len(chunk))
             chunk.clear()
 
@@ -178,9 +199,19 @@ def _write_entry(
         if chunk:
             flush()
     np.save(out / "offsets.npy", np.asarray(offsets, dtype=np.int64))
+    (out / "steps.json").write_text(json.dumps(steps))
     (out / "calls.json").write_text(
         json.dumps({"source": source, "calls": calls, "prompt_lens": prompt_lens})
     )
+
+
+def _add_steps(entry: Path, path: Path, skip_malformed: bool) -> None:
+    """Write ``steps.json`` into an older cache entry, from the trace file (no tokenizing)."""
+    steps = [_step_of(rec) for rec in iter_records(path, skip_malformed=skip_malformed)]
+    fd, tmp = tempfile.mkstemp(prefix=".steps-", dir=entry)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(steps, fh)
+    os.replace(tmp, entry / "steps.json")
 
 
 def tokenize_trace(
@@ -200,6 +231,8 @@ def tokenize_trace(
     key = f"{_file_hash(p)}-{tokenizer_fingerprint(tokenizer)}-{'s' if skip_malformed else 'x'}"
     entry = cache / "tokens" / key
     if (entry / "calls.json").is_file():
+        if not (entry / "steps.json").is_file():  # an entry from before steps were kept
+            _add_steps(entry, p, skip_malformed)
         return TokenizedTrace(entry)
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=entry.parent))

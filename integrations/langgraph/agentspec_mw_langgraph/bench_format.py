@@ -106,13 +106,14 @@ def format_report(report: BenchReport) -> str:
     largest N, and the verdicts."""
     head = (
         f"{'app':<9} {'N':>3} {'method':<24} {'tok/s':>7} {'x none':>6} {'TPOT50':>7} "
-        f"{'TPOT99':>7} {'TTFT50':>7} {'lat50':>6} {'accept':>6} {'reject':>6} {'prop ms':>7} "
-        f"{'fit err':>7} {'preempt':>7} {'same':>4} {'load':>4}"
+        f"{'TPOT99':>7} {'TTFT50':>7} {'lat50':>6} {'batch':>5} {'accept':>6} {'reject':>6} "
+        f"{'prop ms':>7} {'fit err':>7} {'preempt':>7} {'same':>4} {'load':>4}"
     )
     lines = [
         f"agentspec bench, {report.date}, {report.cpus} CPUs, load {report.load_before[0]:.2f} "
         f"before / {report.load_after[0]:.2f} after; medians of {report.config.repeats} "
-        f"repeat(s), ratios to none in the same run; TPOT, TTFT in ms, latency (lat50) in s",
+        f"repeat(s), ratios to none in the same run; TPOT, TTFT in ms, latency (lat50) in s; "
+        f"batch: requests decoding at once, time-averaged",
         head,
         "-" * len(head),
     ]
@@ -121,7 +122,7 @@ def format_report(report: BenchReport) -> str:
             f"{r.app:<9} {r.n:>3} {r.label:<24} {r.tokens_per_s:>7.1f} "
             f"{r.ratio_to_none:>5.2f}x {_f(r.tpot_p50_ms, '.1f'):>7} "
             f"{_f(r.tpot_p99_ms, '.1f'):>7} {_f(r.ttft_p50_ms, '.0f'):>7} {r.latency_p50_s:>6.1f} "
-            f"{_f(r.acceptance, '.1%'):>6} {_f(r.rejection, '.1%'):>6} "
+            f"{_f(r.batch, '.1f'):>5} {_f(r.acceptance, '.1%'):>6} {_f(r.rejection, '.1%'):>6} "
             f"{_f(r.proposer_ms_per_step, '.3f'):>7} {_f(r.fit_error_median, '.1%'):>7} "
             f"{r.preemptions:>7} {'yes' if r.identical_to_none else 'NO':>4} {r.load_avg:>4.1f}"
         )

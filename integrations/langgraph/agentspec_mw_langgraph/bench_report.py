@@ -50,6 +50,12 @@ class BenchRow(BaseModel):
     make every step longer (TPOT up) and requests finish in fewer steps (the waiting start
     sooner: TTFT down); docs/vllm.md has a measured example."""
     latency_p50_s: float
+    batch: float | None = None
+    """The batch the row really ran at: requests decoding at once, averaged over the run's
+    wall time (Σ per request first→last token / wall; Little's law), median over repeats.
+    N counts workflows, not requests: a fan-out runs several requests per workflow, a
+    workflow between two LLM calls none. What to compare with a replay's batch size.
+    ``None`` in reports from before it was measured."""
     drafted: int
     accepted: int
     acceptance: float | None
@@ -218,6 +224,11 @@ def summarize(
                         tpot_p99_ms=None if tpot99 is None else 1e3 * tpot99,
                         ttft_p50_ms=None if ttft50 is None else 1e3 * ttft50,
                         latency_p50_s=float(np.median(lats)),
+                        batch=(
+                            float(np.median([x.decoding_s / x.wall_s for x in runs]))
+                            if all(x.decoding_s > 0 and x.wall_s > 0 for x in runs)
+                            else None
+                        ),
                         drafted=drafted,
                         accepted=accepted,
                         acceptance=accepted / drafted if drafted else None,

@@ -84,6 +84,9 @@ class RunResult(BaseModel):
     requests: int
     workflow_latency_s: list[float]
     tpot_s: list[float]
+    decoding_s: float = 0.0
+    """Σ over requests of the time from the first output token to the last: divided by
+    ``wall_s``, how many requests decoded at once on average (:attr:`BenchRow.batch`)."""
     ttft_s: list[float] = []
     """Per request: submission to its first output token (the wait for a batch slot and
     for its prompt's prefill included)."""
@@ -341,6 +344,11 @@ class Worker:
             requests=sum(v[0] for v in per_agent.values()),
             workflow_latency_s=[lat for _, lat in done],
             tpot_s=self._tpots(),
+            decoding_s=sum(
+                t.end - t.first
+                for t in self.backend.timings
+                if t.first is not None and t.end is not None
+            ),
             ttft_s=self._ttfts(),
             drafted=d1 - d0,
             accepted=a1 - a0,

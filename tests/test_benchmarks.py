@@ -255,10 +255,13 @@ def _replay_report(
     k: int = 16,
     timed: bool = False,
     unfilled: dict[tuple[str, int], float] | None = None,
+    fanned: dict[tuple[str, int], float] | None = None,
 ) -> str:
     """An ``agentspec replay --json`` report with these (proposer, workload, batch) speedups;
-    ``unfilled`` (workload, batch): the effective batch of rows the workload does not fill."""
+    ``unfilled`` (workload, batch): the effective batch of rows the workload does not fill,
+    ``fanned``: of rows whose runs fan out past it."""
     unfilled = unfilled or {}
+    effective = {**unfilled, **(fanned or {})}
     rows = [
         {
             "proposer": p,
@@ -268,7 +271,7 @@ def _replay_report(
             "speedup": x,
             "rejection_rate": 0.5,
             "batch_filled": (w, b) not in unfilled,
-            "effective_batch": unfilled.get((w, b), float(b)),
+            "effective_batch": effective.get((w, b), float(b)),
         }
         for (p, w, b), x in speedups.items()
     ]
@@ -294,6 +297,13 @@ def test_check_bars_passes_the_issue_bars_and_marks_unfilled_rows(
     assert "| **geometric mean** (workloads) | **1.030** (2) | **1.030** (2) |" in out
     assert "1.120 (1)" in out  # the filled rows' geometric mean at 256 leaves b out
     assert out.count("PASS") == 4 and "MISS" not in out and "all bars hold" in out
+    # a row whose runs fan out ran busier than its batch: marked, and left out of the
+    # rows-at-their-batch mean like an unfilled one
+    r3 = _replay_report(tmp_path / "fan.json", spec, fanned={("a", 8): 49.0, ("a", 1): 1.2})
+    assert bars.main([r1, r3]) == 0
+    out = capsys.readouterr().out
+    assert "1.030 [49]" in out and "[1]" not in out  # 1.2 is within 1.25x of 1
+    assert "| geometric mean, rows at their batch only | 1.030 (2) | 1.030 (1) |" in out
 
 
 @pytest.mark.parametrize(

@@ -63,15 +63,22 @@ def load_workloads(
     max_calls: int | None = None,
     max_calls_per_run: int | None = None,
     tags: str = "trace",
+    serial_runs: bool = False,
 ) -> ReplaySetup:
     """Tokenize ``traces`` (cached) and build their calls as ``agentspec replay`` does
-    (``tags``: ``trace`` or ``none``, its ``--tags``)."""
+    (``tags``: ``trace`` or ``none``, its ``--tags``; ``serial_runs``, its
+    ``--serial-runs``: a timing per step of ``batch`` requests wants it, since calls issued
+    together put more requests than runs in flight)."""
     tok = load_tokenizer(tokenizer)
     cost = get_cost_model(cost_model)
     env = ProposerEnv(token_bytes=token_bytes_table(tok), cost_model=cost, max_k=max(max_k, 1))
     tokenized = [tokenize_trace(p, tok) for p in traces]
     workloads = build_calls(
-        tokenized, tags, max_calls=max_calls, max_calls_per_run=max_calls_per_run
+        tokenized,
+        tags,
+        max_calls=max_calls,
+        max_calls_per_run=max_calls_per_run,
+        serial_runs=serial_runs,
     )
     return ReplaySetup(workloads, env, cost)
 

@@ -405,8 +405,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    setup = load_workloads(
-        [args.trace], args.tokenizer, max_k=args.k, cost_model=args.cost_prior, tags=args.tags
+    setup = load_workloads(  # serial: a step of batch N has N requests (as timed before)
+        [args.trace],
+        args.tokenizer,
+        max_k=args.k,
+        cost_model=args.cost_prior,
+        tags=args.tags,
+        serial_runs=True,
     )
     ((workload, calls),) = setup.workloads.items()
     token_bytes = list(setup.env.token_bytes or [])

@@ -40,7 +40,11 @@ def main() -> None:
     args = ap.parse_args()
     options = _parse_set(args.set)
     ks = [int(x) for x in args.k.split(",")]
-    setup = load_workloads(args.traces, args.tokenizer, max_k=max(ks), max_calls=args.max_calls)
+    # one request per run in flight: a "256-request step" has 256 requests, also on ToT,
+    # whose samples would otherwise decode ~10 at a time per run
+    setup = load_workloads(
+        args.traces, args.tokenizer, max_k=max(ks), max_calls=args.max_calls, serial_runs=True
+    )
     env, cost = setup.env, setup.cost
     rows = []
     head = ("workload", "proposer", "k", "full steps", "p50 ms", "p90 ms", "p99 ms")

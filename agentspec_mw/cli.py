@@ -155,6 +155,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         build_calls,
         fewer_in_flight,
         load_summary,
+        more_in_flight,
         order_runs,
         run_replay,
         serving_limits,
@@ -222,7 +223,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     print(format_table(rows))
     if not all(r.batch_filled for r in rows):
         print("* effective batch under 80 % of the batch: not a replay at that batch size")
-    for line in fewer_in_flight(rows):
+    for line in fewer_in_flight(rows) + more_in_flight(rows):
         print(line)
     limits = serving_limits(config).model_dump()
     report = ReplayReport(config=config, results=rows, load=load_summary(stats), limits=limits)

@@ -13,7 +13,14 @@ from agentspec_mw.costmodel import PRESETS, ServingLimits, StepTimeModel, kv_cap
 from agentspec_mw.peers.none import NoProposer
 from agentspec_mw.proposer import EMPTY_DRAFT, Draft, StepContext
 from agentspec_mw.replay.kvcache import PrefixKVCache, block_hashes
-from agentspec_mw.replay.run import ReplayConfig, issued_together, run_replay, serving_limits
+from agentspec_mw.replay.run import (
+    ReplayConfig,
+    ResultRow,
+    issued_together,
+    more_in_flight,
+    run_replay,
+    serving_limits,
+)
 from agentspec_mw.replay.sim import ReplayCall, WorkloadRun, replay_workload
 from agentspec_mw.traces.tokenized import CallMeta
 from tests.test_replay import Oracle
@@ -318,3 +325,21 @@ def test_what_the_trace_marks_as_issued_together() -> None:
     assert not issued_together(_meta("r", None, 2), _meta("r", None, 2), same_prompt=True)
     assert not issued_together(_meta("r", "g", 2), _meta("r", "h", 2), same_prompt=True)
     assert not issued_together(_meta("r", "g", 2), _meta("s", "g", 2), same_prompt=True)
+
+
+def test_workloads_whose_runs_fan_out_are_named_with_their_effective_batch() -> None:
+    def row(workload: str, batch: int, in_flight: int, eff: float) -> ResultRow:
+        return ResultRow.model_construct(
+            workload=workload, batch=batch, max_in_flight=in_flight, effective_batch=eff
+        )
+
+    rows = [
+        row("tot", 1, 10, 6.2),
+        row("tot", 8, 80, 49.4),
+        row("react", 8, 8, 7.9),
+        row("ALL", 8, 88, 50.0),
+    ]
+    (line,) = more_in_flight(rows)
+    assert line.startswith("note: tot: its runs send calls together")
+    assert "batch 1 ran at 6, batch 8 ran at 49" in line
+    assert more_in_flight([row("react", 8, 8, 7.9)]) == []

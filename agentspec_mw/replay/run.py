@@ -26,6 +26,7 @@ __all__ = [
     "build_calls",
     "fewer_in_flight",
     "issued_together",
+    "more_in_flight",
     "merge_runs",
     "order_runs",
     "parse_run_order",
@@ -349,6 +350,23 @@ def fewer_in_flight(rows: Sequence[ResultRow]) -> list[str]:
         "(the workload has fewer runs): that row is a replay at the smaller batch"
         for w, r in top.items()
         if 0 < r.max_in_flight < r.batch
+    ]
+
+
+def more_in_flight(rows: Sequence[ResultRow]) -> list[str]:
+    """One line per workload whose runs sent calls together (fan-out siblings, the samples
+    of one request: ``ReplayCall.with_previous``), so that more calls than runs were in
+    flight: its rows ran at their effective batch, above their batch."""
+    over: dict[str, list[ResultRow]] = {}
+    for r in rows:
+        if r.workload != ALL and r.max_in_flight > r.batch:
+            over.setdefault(r.workload, []).append(r)
+    return [
+        f"note: {w}: its runs send calls together (fan-out, samples of one request), so more "
+        "calls than runs were in flight: "
+        + ", ".join(f"batch {r.batch} ran at {r.effective_batch:.0f}" for r in rs)
+        + " (effective batch; --serial-runs sends them one at a time)"
+        for w, rs in over.items()
     ]
 
 

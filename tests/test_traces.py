@@ -163,3 +163,24 @@ def test_each_calls_step_is_kept_and_added_to_an_older_cache_entry(
     again = tokenize_trace(path, NoTokenizing(), cache_dir=cache, progress=False)
     assert again.folder == tr.folder
     assert [c.step for c in again.calls] == [1, 2, 2, None, None, None]
+
+
+def test_a_cache_entry_that_cannot_take_steps_still_loads(
+    sample_path: Path,
+    tiny_tokenizer,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tempfile
+
+    first = tokenize_trace(sample_path, tiny_tokenizer, cache_dir=tmp_path, progress=False)
+    (first.folder / "steps.json").unlink()
+
+    def read_only(*a: object, **k: object) -> tuple[int, str]:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)  # a cache that cannot be written to
+    with pytest.warns(UserWarning, match="could not add the calls' steps"):
+        again = tokenize_trace(sample_path, tiny_tokenizer, cache_dir=tmp_path, progress=False)
+    assert len(again) == len(first) and all(c.step is None for c in again.calls)
+    assert not (first.folder / "steps.json").exists()

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,12 +207,21 @@ def _write_entry(
 
 
 def _add_steps(entry: Path, path: Path, skip_malformed: bool) -> None:
-    """Write ``steps.json`` into an older cache entry, from the trace file (no tokenizing)."""
+    """Write ``steps.json`` into an older cache entry, from the trace file (no tokenizing).
+    A cache that cannot be written to keeps the entry as it is, with a warning: its calls
+    then have no steps (only the samples of one request are issued together)."""
     steps = [_step_of(rec) for rec in iter_records(path, skip_malformed=skip_malformed)]
-    fd, tmp = tempfile.mkstemp(prefix=".steps-", dir=entry)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(steps, fh)
-    os.replace(tmp, entry / "steps.json")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".steps-", dir=entry)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(steps, fh)
+        os.replace(tmp, entry / "steps.json")
+    except OSError as exc:
+        warnings.warn(
+            f"{entry}: could not add the calls' steps to this cache entry ({exc}); "
+            "delete the entry to tokenize the trace again",
+            stacklevel=3,
+        )
 
 
 def tokenize_trace(

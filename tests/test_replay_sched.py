@@ -313,18 +313,22 @@ def _meta(run: str, group: str | None, step: int | None) -> CallMeta:
     return CallMeta("w", run, 0, "agent", "other", group, step)
 
 
+SAME = (np.arange(4), np.arange(4))  # two calls' prompts: the same, and not
+DIFFERENT = (np.arange(4), np.arange(5))
+
+
 def test_what_the_trace_marks_as_issued_together() -> None:
     # a LangGraph fan-out: one group, one superstep
-    assert issued_together(_meta("r", "g", 2), _meta("r", "g", 2), same_prompt=False)
-    assert not issued_together(_meta("r", "g", 2), _meta("r", "g", 3), same_prompt=True)
+    assert issued_together(_meta("r", "g", 2), _meta("r", "g", 2), *DIFFERENT)
+    assert not issued_together(_meta("r", "g", 2), _meta("r", "g", 3), *SAME)
     # the samples of one request: one group, no step, the same prompt
-    assert issued_together(_meta("r", "g", None), _meta("r", "g", None), same_prompt=True)
+    assert issued_together(_meta("r", "g", None), _meta("r", "g", None), *SAME)
     # attempts at one question (Reflexion): one group, no step, prompts that grow
-    assert not issued_together(_meta("r", "g", None), _meta("r", "g", None), same_prompt=False)
+    assert not issued_together(_meta("r", "g", None), _meta("r", "g", None), *DIFFERENT)
     # no group, another group, another run: never
-    assert not issued_together(_meta("r", None, 2), _meta("r", None, 2), same_prompt=True)
-    assert not issued_together(_meta("r", "g", 2), _meta("r", "h", 2), same_prompt=True)
-    assert not issued_together(_meta("r", "g", 2), _meta("s", "g", 2), same_prompt=True)
+    assert not issued_together(_meta("r", None, 2), _meta("r", None, 2), *SAME)
+    assert not issued_together(_meta("r", "g", 2), _meta("r", "h", 2), *SAME)
+    assert not issued_together(_meta("r", "g", 2), _meta("s", "g", 2), *SAME)
 
 
 def test_workloads_whose_runs_fan_out_are_named_with_their_effective_batch() -> None:

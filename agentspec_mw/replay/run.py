@@ -206,20 +206,23 @@ def order_runs(calls: Sequence[ReplayCall], order: str) -> list[ReplayCall]:
     return [c for rid in ids for c in runs[rid]]
 
 
-def issued_together(prev: CallMeta, meta: CallMeta, same_prompt: bool) -> bool:
-    """Whether the trace says call ``meta`` was issued together with ``prev``, the call
-    before it in its run: both in one redundancy group (``parent_group``) and either issued
-    at the same step of the run (``meta.step``: a LangGraph superstep's fan-out, a ToT
-    frontier's proposals) or asking the same prompt (the samples of one request). A group
-    without a step whose prompts differ (Reflexion's attempts at one question) stays
-    sequential."""
+def issued_together(
+    prev: CallMeta, meta: CallMeta, prev_prompt: np.ndarray, prompt: np.ndarray
+) -> bool:
+    """Whether the trace says call ``meta`` (prompt token ids ``prompt``) was issued
+    together with ``prev``, the call before it in its run: both in one redundancy group
+    (``parent_group``) and either issued at the same step of the run (``meta.step``: a
+    LangGraph superstep's fan-out, a ToT frontier's proposals) or asking the same prompt
+    (the samples of one request). A group without a step whose prompts differ
+    (Reflexion's attempts at one question) stays sequential. The prompts are compared
+    only when the rest leaves it open."""
     if prev.run_id != meta.run_id or meta.parent_group is None:
         return False
     if prev.parent_group != meta.parent_group:
         return False
     if meta.step is not None and prev.step is not None:
         return meta.step == prev.step
-    return same_prompt
+    return bool(np.array_equal(prev_prompt, prompt))
 
 
 def build_calls(
@@ -260,7 +263,7 @@ def build_calls(
             together = (
                 not serial_runs
                 and prev is not None
-                and issued_together(prev[0], meta, np.array_equal(prev[1], prompt))
+                and issued_together(prev[0], meta, prev[1], prompt)
             )
             last[meta.run_id] = (meta, prompt)
             lst.append(

@@ -33,8 +33,9 @@ Engine defaults (:func:`engine_kwargs`; any keyword argument overrides them):
   rounds differently from decoding one token at a time, and a near-tie between two tokens
   can flip the greedy argmax; in float32 greedy outputs with and without speculation are
   token-identical.
-* ``enforce_eager``: ``True`` on the CPU build (vLLM's ``torch.compile`` takes ~150 s on a
-  2-core CPU before the first answer), vLLM's default (compile + CUDA graphs) elsewhere.
+* ``enforce_eager``: ``True`` on the CPU build (vLLM's ``torch.compile`` takes 80–97 s on a
+  2-core CPU before the first answer, docs/vllm.md), vLLM's default (compile + CUDA graphs)
+  elsewhere.
 * ``per_request_spec_decode_metrics="summary"`` when speculating: each finished output
   carries its request's drafted and accepted token counts.
 """

@@ -25,8 +25,9 @@ Printed per batch size: per step p50 / p90 / mean (microseconds) of the whole
 ``DraftSession.step`` call and of ``propose`` inside it (``--mode plain``: nothing else
 wrapped); with ``--mode parts`` every other part is bracketed too (``perf_counter``
 wrappers set on the objects by this script, not in the library): ``start`` (with
-``decode_tags``), ``extend``, ``stop``, ``block_of``, ``_time_step`` (of which
-``observe``, the fit, and ``record_step_model``), ``record_verified``, ``record_step``,
+``decode_tags``), ``extend``, ``stop``, ``block_of`` (and the batched ``blocks_of``),
+``_time_step`` (of which ``observe``, the fit, and ``record_step_model``),
+``record_verified_many``, ``record_step``,
 ``_bad_ids``, and ``rest`` = step - all of those (the session's own loop: numpy
 conversions, ``StepContext``, bookkeeping, and the wrappers' own cost). ``--mode kernels``
 (AgentSpec) also brackets the parts of ``propose``: ``flush`` (the queued starts, stops and
@@ -91,7 +92,7 @@ PARTS = (
     "time_step",
     "observe",
     "record_step_model",
-    "record_verified",
+    "record_verified_many",
     "record_step",
     "bad_ids",
     "rest",
@@ -202,12 +203,14 @@ def instrument(session: DraftSession, timers: Timers) -> None:
         setattr(p, verb, timers.wrap(verb, getattr(p, verb)))
     if session._block_of is not None:
         session._block_of = timers.wrap("block_of", session._block_of)
+    if session._blocks_of is not None:
+        session._blocks_of = timers.wrap("block_of", session._blocks_of)
     session._time_step = timers.wrap("time_step", session._time_step)  # type: ignore[method-assign]
     if session.step_timer is not None:
         st = session.step_timer
         st.observe = timers.wrap("observe", st.observe)  # type: ignore[method-assign]
     m = session.metrics
-    for part in ("record_step_model", "record_verified", "record_step"):
+    for part in ("record_step_model", "record_verified_many", "record_step"):
         setattr(m, part, timers.wrap(part, getattr(m, part)))
     session_mod._bad_ids = timers.wrap("bad_ids", session_mod._bad_ids)
     session_mod.decode_tags = timers.wrap("start", session_mod.decode_tags)

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from agentspec_mw.agentspec import kernels as K
-from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec, current
+from agentspec_mw.agentspec.blocks import DEPTH, BlockGrammar, BlockSpec, current
 from agentspec_mw.agentspec.budget import (
     admission_bound,
     admission_bounds,
@@ -314,6 +314,27 @@ class AgentSpecProposer:
         slots = self._slots
         blk = current(slots.stack[s], slots.bst[s])
         return self._grammars.table[int(slots.si[s, K.C_GID])].names[blk]
+
+    def blocks_of(self, req_ids: Sequence[str]) -> list[str | None]:
+        """:meth:`block_of` for many requests at once (one flush, array lookups): the
+        vLLM adapter reads the block of every request it drafted for after each step."""
+        self._flush()
+        reqs = self._reqs
+        sl = np.fromiter((reqs.get(r, -1) for r in req_ids), np.int64, len(req_ids))
+        if not len(sl):
+            return []
+        slots = self._slots
+        live = sl >= 0
+        rows = np.where(live, sl, 0)
+        depth = slots.bst[rows, DEPTH]
+        blk = np.where(depth > 0, slots.stack[rows, np.maximum(depth - 1, 0)], 0)
+        table = self._grammars.table
+        return [
+            table[g].names[b] if ok else None
+            for g, b, ok in zip(
+                slots.si[rows, K.C_GID].tolist(), blk.tolist(), live.tolist(), strict=True
+            )
+        ]
 
     # -- drafting ------------------------------------------------------------------------
     def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 
+import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
@@ -74,3 +75,53 @@ def test_prometheus_mirror_counts_what_the_python_counters_count() -> None:
     assert snap.drafted == {f"{agent}/code": 12, f"{agent}/plan": 2}
     assert snap.accepted == {f"{agent}/code": 4, f"{agent}/plan": 0}
     assert snap.step_model["steps"] == 21.0
+
+
+@pytest.mark.parametrize("positions", ["few", "many"])  # under and over _SMALL_BIN
+def test_a_steps_verified_rows_count_what_each_row_counts_alone(positions: str) -> None:
+    """``record_verified_many`` (the adapter's per-step call) against a reference that
+    counts every row on its own, as ``record_verified`` did before it was batched."""
+    rng = np.random.default_rng(5)
+    n_rows = 3 if positions == "few" else 60
+    rows: list[metrics_mod.Verified] = []
+    for i in range(n_rows):
+        drafted = int(rng.integers(0, 6))
+        accepted = int(rng.integers(0, drafted + 1))
+        survival = None
+        if i % 3:
+            survival = list(np.cumprod(rng.uniform(0.2, 1.0, drafted)))
+        rows.append(
+            (f"a{i % 4}", ["code", "plan", "b:x"][i % 3], drafted, accepted, f"s{i % 2}", survival)
+        )
+    m = DrafterMetrics(prometheus=False, labels="agent,scope")
+    m.record_verified_many(rows)
+    snap = m.snapshot()
+    drafted: dict[str, int] = {}
+    accepted: dict[str, int] = {}
+    expected: dict[str, float] = {}
+    scope_drafted: dict[str, int] = {}
+    bins = [[0, 0.0, 0] for _ in range(metrics_mod.SURVIVAL_BINS)]
+    for agent, block, d, a, scope, surv in rows:
+        if d <= 0:
+            continue
+        key = f"{agent}/{metrics_mod._clean(block)}"
+        drafted[key] = drafted.get(key, 0) + d
+        accepted[key] = accepted.get(key, 0) + a
+        assert scope is not None
+        scope_drafted[scope] = scope_drafted.get(scope, 0) + d
+        if surv is not None:
+            expected[key] = expected.get(key, 0.0) + sum(surv)
+            for j, s in enumerate(surv):
+                row = bins[min(metrics_mod.SURVIVAL_BINS - 1, int(s * metrics_mod.SURVIVAL_BINS))]
+                row[0] += 1
+                row[1] += s
+                row[2] += j < a
+    assert snap.drafted == drafted and snap.accepted == accepted
+    assert snap.scope_drafted == scope_drafted
+    assert snap.expected.keys() == expected.keys()
+    assert all(snap.expected[k] == pytest.approx(v) for k, v in expected.items())
+    assert [(n, a) for n, _, a in snap.reliability] == [(n, a) for n, _, a in bins]
+    assert [x for _, x, _ in snap.reliability] == pytest.approx([x for _, x, _ in bins])
+    with pytest.raises(ValueError, match="survivals"):
+        m.record_verified_many([("a", "code", 3, 1, None, [0.5])])
+    assert m.snapshot().drafted == drafted  # a bad row counts nothing of its call

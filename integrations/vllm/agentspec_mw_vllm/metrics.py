@@ -64,6 +64,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 __all__ = [
@@ -76,6 +77,7 @@ __all__ = [
     "DrafterMetrics",
     "SURVIVAL_BINS",
     "MetricsSnapshot",
+    "Verified",
     "get_metrics",
     "parse_labels",
 ]
@@ -148,6 +150,14 @@ class _Capped:
 
 SURVIVAL_BINS = 10
 """Rows of :attr:`MetricsSnapshot.reliability`: tenths of predicted survival."""
+
+_SMALL_BIN = 32
+"""Up to this many positions :meth:`DrafterMetrics._bin` loops in Python (numpy's fixed
+cost per call is larger)."""
+
+Verified = tuple[str, str, int, int, str | None, Sequence[float] | None]
+"""One request's verified draft, :meth:`DrafterMetrics.record_verified`'s arguments in
+order: agent label, block, drafted, accepted, scope label, survival."""
 
 _MEMO_VALUES = 4096
 """Raw label values whose label :class:`_Capped` remembers (a bound: values are tenants')."""
@@ -342,44 +352,107 @@ class DrafterMetrics:
         ``scope`` as returned by :meth:`agent_label` / :meth:`scope_label`; ``block`` is
         cleaned and capped here). ``survival``: the proposer's predicted survival of each
         of the ``drafted`` positions, when its draft carried estimates (else ``None``)."""
-        if drafted <= 0:
+        self.record_verified_many([(agent, block, drafted, accepted, scope, survival)])
+
+    def record_verified_many(self, rows: Sequence[Verified]) -> None:
+        """:meth:`record_verified` for each of ``rows`` (one draft call's verified
+        requests), under one lock and with one Prometheus update per label set: the
+        adapter's per-step path. Raises ``ValueError`` (counting nothing) if a row's
+        ``survival`` does not hold one entry per drafted token."""
+        rows = [r for r in rows if r[2] > 0]
+        if not rows:
             return
-        expected = 0.0
-        if survival is not None:
-            if len(survival) != drafted:
+        for _agent, _block, drafted, _acc, _scope, survival in rows:
+            if survival is not None and len(survival) != drafted:
                 raise ValueError(f"{len(survival)} survivals for {drafted} drafted tokens")
-            expected = float(sum(survival))
+        # per label set: drafted, accepted, and of the drafts with estimates: drafted,
+        # accepted; and their expected accepted tokens
+        by_key: dict[tuple[str, str], list[int]] = {}
+        expect: dict[tuple[str, str], float] = {}
+        by_scope: dict[str, list[int]] = {}
+        surv: list[float] = []  # every estimated position, row after row
+        est_lens: list[int] = []
+        est_acc: list[int] = []
         with self._lock:
-            block = self._blocks(block)
-            key = (agent, block)
-            self._drafted[key] += drafted
-            self._accepted[key] += accepted
-            if scope is not None:
+            blocks = self._blocks
+            for agent, block, drafted, accepted, scope, survival in rows:
+                key = (agent, blocks(block))
+                tot = by_key.get(key)
+                if tot is None:
+                    tot = by_key[key] = [0, 0, 0, 0]
+                    expect[key] = 0.0
+                tot[0] += drafted
+                tot[1] += accepted
+                if survival is not None:
+                    tot[2] += drafted
+                    tot[3] += accepted
+                    expect[key] += float(sum(survival))
+                    surv.extend(survival)
+                    est_lens.append(drafted)
+                    est_acc.append(accepted)
+                if scope is not None:
+                    sums = by_scope.get(scope)
+                    if sums is None:
+                        sums = by_scope[scope] = [0, 0]
+                    sums[0] += drafted
+                    sums[1] += accepted
+            for key, (drafted, accepted, n_est, est_acc_n) in by_key.items():
+                self._drafted[key] += drafted
+                self._accepted[key] += accepted
+                if n_est:
+                    self._estimated[key] += n_est
+                    self._expected[key] += expect[key]
+                    self._estimated_accepted[key] += est_acc_n
+            for scope, (drafted, accepted) in by_scope.items():
                 self._scope_drafted[scope] += drafted
                 self._scope_accepted[scope] += accepted
-            if survival is not None:
-                self._estimated[key] += drafted
-                self._expected[key] += expected
-                self._estimated_accepted[key] += accepted
-                bins = self._bins
-                if bins is None:
-                    bins = self._bins = [[0, 0.0, 0] for _ in range(SURVIVAL_BINS)]
-                for j, s in enumerate(survival):
-                    row = bins[min(SURVIVAL_BINS - 1, max(0, int(s * SURVIVAL_BINS)))]
-                    row[0] += 1
-                    row[1] += s
-                    row[2] += j < accepted
+            if surv:
+                self._bin(surv, est_lens, est_acc)
         prom = self._prom
         if prom is not None:
-            prom.child(prom.drafted, agent, block).inc(drafted)
-            if accepted:
-                prom.child(prom.accepted, agent, block).inc(accepted)
-            if expected > 0:
-                prom.child(prom.expected, agent, block).inc(expected)
-            if scope is not None:
+            for (agent, block), (drafted, accepted, _n, _a) in by_key.items():
+                prom.child(prom.drafted, agent, block).inc(drafted)
+                if accepted:
+                    prom.child(prom.accepted, agent, block).inc(accepted)
+                expected = expect[(agent, block)]
+                if expected > 0:
+                    prom.child(prom.expected, agent, block).inc(expected)
+            for scope, (drafted, accepted) in by_scope.items():
                 prom.child(prom.scope_drafted, scope).inc(drafted)
                 if accepted:
                     prom.child(prom.scope_accepted, scope).inc(accepted)
+
+    def _bin(self, surv: list[float], lens: list[int], accepted: list[int]) -> None:
+        """Add estimated positions to the reliability bins (the lock held): ``surv`` the
+        positions of drafts of ``lens`` tokens, of which the first ``accepted`` were
+        accepted."""
+        bins = self._bins
+        if bins is None:
+            bins = self._bins = [[0, 0.0, 0] for _ in range(SURVIVAL_BINS)]
+        if len(surv) <= _SMALL_BIN:  # a few positions: cheaper in Python than in numpy
+            p = 0
+            for n_i, acc in zip(lens, accepted, strict=True):
+                for j in range(n_i):
+                    x = surv[p + j]
+                    row = bins[min(SURVIVAL_BINS - 1, max(0, int(x * SURVIVAL_BINS)))]
+                    row[0] += 1
+                    row[1] += x
+                    row[2] += j < acc
+                p += n_i
+            return
+        s = np.asarray(surv, dtype=np.float64)
+        n = np.asarray(lens, dtype=np.int64)
+        # each position's index within its draft, against its draft's accepted count
+        pos = np.arange(len(s)) - np.repeat(np.cumsum(n) - n, n)
+        hit = pos < np.repeat(np.asarray(accepted, dtype=np.int64), n)
+        idx = np.clip((s * SURVIVAL_BINS).astype(np.int64), 0, SURVIVAL_BINS - 1)
+        count = np.bincount(idx, minlength=SURVIVAL_BINS).tolist()
+        total = np.bincount(idx, weights=s, minlength=SURVIVAL_BINS).tolist()
+        hits = np.bincount(idx, weights=hit, minlength=SURVIVAL_BINS).tolist()
+        for row, c, t, h in zip(bins, count, total, hits, strict=True):
+            row[0] += c
+            row[1] += t
+            row[2] += int(h)
 
     def record_step(self, offered: int, used: int, seconds: float) -> None:
         """Count one draft call: slots offered, tokens proposed, adapter time."""

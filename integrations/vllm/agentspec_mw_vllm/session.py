@@ -21,9 +21,9 @@
   logged once; the other rows keep their drafts.
 
 Live calibration: when a draft carries the proposer's per-token estimates (``Draft.probs``),
-its tokens' predicted survivals go with the verified count to the metrics
-(``record_verified(..., survival)``: the expected against the accepted tokens, and a
-reliability table by tenth of predicted survival).
+its tokens' predicted survivals go with the verified count to the metrics (the call's
+verified rows in one ``record_verified_many`` at its end: the expected against the accepted
+tokens, and a reliability table by tenth of predicted survival).
 
 Step timing: given a ``step_timer`` (the adapter's
 :class:`~agentspec_mw.costfit.MeasuredStepTime` when ``cost_model="measured"``), the
@@ -61,7 +61,7 @@ from agentspec_mw.errors import TagError
 from agentspec_mw.proposer import Proposer, StepContext
 from agentspec_mw.tags import StructureTags, tags_from_wire
 from agentspec_mw_vllm.context import BatchContext
-from agentspec_mw_vllm.metrics import DrafterMetrics, get_metrics
+from agentspec_mw_vllm.metrics import DrafterMetrics, Verified, get_metrics
 
 __all__ = ["BAD_DRAFT", "DraftSession", "decode_tags"]
 
@@ -197,6 +197,11 @@ class DraftSession:
         self._block_of: Callable[[str], str | None] | None = (
             block_of if callable(block_of) else None
         )
+        blocks_of = getattr(proposer, "blocks_of", None) if self._block_of else None
+        self._blocks_of: Callable[[Sequence[str]], Sequence[str | None]] | None = (
+            blocks_of if callable(blocks_of) else None
+        )
+        """The proposer's batched ``block_of`` (AgentSpec's ``blocks_of``), if it has one."""
 
     @property
     def live_requests(self) -> frozenset[str]:
@@ -271,14 +276,25 @@ class DraftSession:
         if block_of is None:
             return
         keep = self._next_blocks
-        for rid, row in zip(ask_ids, ask_rows, strict=True):
-            if not out[row]:
-                continue
+        rids = [rid for rid, row in zip(ask_ids, ask_rows, strict=True) if out[row]]
+        found: list[tuple[str, str | None]] = []
+        if self._blocks_of is not None:
             try:
-                block = block_of(rid)
+                blocks = self._blocks_of(rids)
+                if len(blocks) != len(rids):
+                    raise ValueError(f"blocks_of gave {len(blocks)} blocks for {len(rids)} rows")
             except Exception:
-                continue
-            state = self._reqs.get(rid)
+                return  # left to the verification's own lookups
+            found = list(zip(rids, blocks, strict=True))
+        else:
+            for rid in rids:
+                try:
+                    found.append((rid, block_of(rid)))
+                except Exception:
+                    continue
+        reqs = self._reqs
+        for rid, block in found:
+            state = reqs.get(rid)
             if state is not None:
                 keep[rid] = block or state.segment or "none"
 
@@ -303,6 +319,7 @@ class DraftSession:
         offered = 0
         blocks, self._next_blocks = self._next_blocks, {}
         stops_queued = False  # stops queued that no block lookup has applied yet
+        verified: list[Verified] = []  # the rows' verified drafts, counted at the end
         try:
             if ctx is None:
                 raise RuntimeError(
@@ -348,8 +365,8 @@ class DraftSession:
                             stops_queued = False
                         # the scheduler may have cut the draft: the verified positions only
                         survival = None if state.probs is None else _survival(state.probs, drafted)
-                        self.metrics.record_verified(
-                            state.agent, block, drafted, accepted, state.scope, survival
+                        verified.append(
+                            (state.agent, block, drafted, accepted, state.scope, survival)
                         )
                     state.probs = None
                 if state.broken:
@@ -387,6 +404,11 @@ class DraftSession:
         except Exception as exc:
             self._fault("adapter", exc)
             out = [[] for _ in range(n)]
+        if verified:
+            try:
+                self.metrics.record_verified_many(verified)
+            except Exception as exc:
+                self._fault("metrics", exc)
         self._last_end = self._clock()
         if self.step_timer is not None:
             end = self._last_end if self._step_clock is None else self._step_clock()

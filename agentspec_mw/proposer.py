@@ -36,11 +36,15 @@ class Draft:
     """Draft tokens for one request, with the proposer's per-token confidence.
 
     ``probs[i]`` is the proposer's estimate that token ``i`` is right given that tokens
-    ``0..i-1`` are; an empty ``probs`` means the proposer gives no estimate.
+    ``0..i-1`` are; an empty ``probs`` means the proposer gives no estimate. ``block``: the
+    block kind the request is in as the draft starts, for a proposer that tracks blocks
+    (AgentSpec; what its ``block_of`` returns right after ``propose``), else ``None``:
+    the vLLM adapter labels the draft's verification metrics with it.
     """
 
     token_ids: tuple[int, ...] = ()
     probs: tuple[float, ...] = ()
+    block: str | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)

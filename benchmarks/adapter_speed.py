@@ -25,7 +25,7 @@ Printed per batch size: per step p50 / p90 / mean (microseconds) of the whole
 ``DraftSession.step`` call and of ``propose`` inside it (``--mode plain``: nothing else
 wrapped); with ``--mode parts`` every other part is bracketed too (``perf_counter``
 wrappers set on the objects by this script, not in the library): ``start`` (with
-``decode_tags``), ``extend``, ``stop``, ``block_of`` (and the batched ``blocks_of``),
+``decode_tags``), ``extend``, ``stop``, ``block_of``,
 ``_time_step`` (of which ``observe``, the fit, and ``record_step_model``),
 ``record_verified_many``, ``record_step``,
 ``_bad_ids``, and ``rest`` = step - all of those (the session's own loop: numpy
@@ -203,8 +203,6 @@ def instrument(session: DraftSession, timers: Timers) -> None:
         setattr(p, verb, timers.wrap(verb, getattr(p, verb)))
     if session._block_of is not None:
         session._block_of = timers.wrap("block_of", session._block_of)
-    if session._blocks_of is not None:
-        session._blocks_of = timers.wrap("block_of", session._blocks_of)
     session._time_step = timers.wrap("time_step", session._time_step)  # type: ignore[method-assign]
     if session.step_timer is not None:
         st = session.step_timer

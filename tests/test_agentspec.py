@@ -1047,16 +1047,16 @@ def test_block_of_reports_the_current_block(tiny_tokenizer, tb) -> None:  # type
     assert p.block_of("r") is None
 
 
-def test_blocks_of_is_block_of_for_many(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+def test_a_draft_names_the_block_block_of_reports(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
     p = _prop(tb)
-    texts = {"a": "Here:\n```python\nx = 1", "b": "Plain words", "c": "```\ny\n```\nz"}
+    code = "Here:\n```python\nx = 1\ny = 2\n```\n"
+    texts = {"a": code + code + "Here:\n```python\nx = 1", "b": "Plain words. " * 6}
     for rid, text in texts.items():
         p.start(rid, _ids(tiny_tokenizer, "Write code"), StructureTags(agent_id=rid, query_id="q"))
         p.extend(rid, _ids(tiny_tokenizer, text))
-    ids = ["c", "gone", "a", "b", "a"]
-    want = ["text", None, "code", "text", "code"]
-    assert p.blocks_of(ids) == [p.block_of(r) for r in ids] == want
-    assert p.blocks_of([]) == []
+    drafts = p.propose(list(texts), 4, StepContext(batch_size=2))
+    assert all(len(d) for d in drafts)
+    assert [d.block for d in drafts] == [p.block_of(r) for r in texts] == ["code", "text"]
 
 
 def test_agentspec_drafts_do_not_depend_on_slot_or_arena_layout(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]

@@ -310,13 +310,15 @@ def gather(
     out_len: np.ndarray,
     out_keys: np.ndarray,
     out_rec: np.ndarray,
+    out_blk: np.ndarray,
     k: int,
     walk_min: int,
     out_ks: np.ndarray,
 ) -> None:  # pragma: no cover
     """Tails of the context (``out_ctx[r, :out_len[r]]``) and keys, for the ``3n`` lookup
     rows: iso (``r``), then agent (``n + r``) and scope (``2n + r``), the same tail; each
-    request's record bucket (``out_rec[r]``, its streak by :data:`REC_EDGES`); and how
+    request's record bucket (``out_rec[r]``, its streak by :data:`REC_EDGES`) and block
+    kind (``out_blk[r]``, the iso key's); and how
     deep its candidates are walked (``out_ks``, every row of the request):
     ``min(k, max(walk_min, 2 × C_OK))``, or ``k`` with ``walk_min <= 0``."""
     n = slots.shape[0]
@@ -335,7 +337,9 @@ def gather(
         for j in range(t):
             out_ctx[r, j] = out_ctx[n + r, j] = out_ctx[2 * n + r, j] = ctx[c0 + ln - t + j]
         out_len[r] = out_len[n + r] = out_len[2 * n + r] = t
-        out_keys[r] = si[s, C_KBASE] * NB + current(stack[s], bst[s])
+        blk = current(stack[s], bst[s])
+        out_blk[r] = blk
+        out_keys[r] = si[s, C_KBASE] * NB + blk
         out_keys[n + r] = si[s, C_ABASE] * NB
         g = si[s, C_GBASE]
         out_keys[2 * n + r] = g * NB if g >= 0 else -1

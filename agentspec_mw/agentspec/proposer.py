@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from agentspec_mw.agentspec import kernels as K
-from agentspec_mw.agentspec.blocks import DEPTH, BlockGrammar, BlockSpec, current
+from agentspec_mw.agentspec.blocks import BlockGrammar, BlockSpec, current
 from agentspec_mw.agentspec.budget import (
     admission_bound,
     admission_bounds,
@@ -315,27 +315,6 @@ class AgentSpecProposer:
         blk = current(slots.stack[s], slots.bst[s])
         return self._grammars.table[int(slots.si[s, K.C_GID])].names[blk]
 
-    def blocks_of(self, req_ids: Sequence[str]) -> list[str | None]:
-        """:meth:`block_of` for many requests at once (one flush, array lookups): the
-        vLLM adapter reads the block of every request it drafted for after each step."""
-        self._flush()
-        reqs = self._reqs
-        sl = np.fromiter((reqs.get(r, -1) for r in req_ids), np.int64, len(req_ids))
-        if not len(sl):
-            return []
-        slots = self._slots
-        live = sl >= 0
-        rows = np.where(live, sl, 0)
-        depth = slots.bst[rows, DEPTH]
-        blk = np.where(depth > 0, slots.stack[rows, np.maximum(depth - 1, 0)], 0)
-        table = self._grammars.table
-        return [
-            table[g].names[b] if ok else None
-            for g, b, ok in zip(
-                slots.si[rows, K.C_GID].tolist(), blk.tolist(), live.tolist(), strict=True
-            )
-        ]
-
     # -- drafting ------------------------------------------------------------------------
     def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
         """Draft for the whole batch, then split the step's budget (see module doc).
@@ -385,6 +364,7 @@ class AgentSpecProposer:
             ws.ctx_len,
             ws.keys,
             ws.rec,
+            ws.blk,
             k,
             walk_min,
             ws.ks,
@@ -473,9 +453,12 @@ class AgentSpecProposer:
             # slices of one tuple are tuples (no per-draft conversion)
             all_tok = tuple(flat_tok.tolist())
             all_p = tuple(flat_p.tolist())
+            table = self._grammars.table
+            gids = slots.si[sl[d_rows], K.C_GID].tolist()
+            blks = ws.blk[d_rows].tolist()
             a = 0
-            for i, b in zip(d_rows.tolist(), ends.tolist(), strict=True):
-                drafts[i] = Draft(all_tok[a:b], all_p[a:b])
+            for i, b, g, blk in zip(d_rows.tolist(), ends.tolist(), gids, blks, strict=True):
+                drafts[i] = Draft(all_tok[a:b], all_p[a:b], table[g].names[blk])
                 a = b
         self._finish_step(alloc.offered, used)
         return drafts

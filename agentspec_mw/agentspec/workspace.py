@@ -49,6 +49,7 @@ class StepWorkspace(NamedTuple):
     hist: Candidates  # the index rows of cand
     loc: Candidates  # the local rows of cand
     rec: np.ndarray  # per request: its record bucket
+    blk: np.ndarray  # per request: the block kind it is in
     pick: np.ndarray  # per request: its chosen candidate row
     sel_len: np.ndarray  # per request: that candidate's length
     sel_cell: np.ndarray  # per request: that candidate's fine calibration cells
@@ -76,6 +77,7 @@ def _buffers(cap: int, kk: int) -> StepWorkspace:
         hist=cand,
         loc=cand,
         rec=np.zeros(cap, np.int64),
+        blk=np.zeros(cap, np.int64),
         pick=np.zeros(cap, np.int64),
         sel_len=np.zeros(cap, np.int64),
         sel_cell=np.zeros((cap, kk), np.int64),
@@ -119,6 +121,7 @@ class Workspaces:
             hist=cand.head(nh),
             loc=cand.tail(nh),
             rec=base.rec[:n_req],
+            blk=base.blk[:n_req],
             pick=base.pick[:n_req],
             sel_len=base.sel_len[:n_req],
             sel_cell=base.sel_cell[:n_req],

@@ -197,11 +197,6 @@ class DraftSession:
         self._block_of: Callable[[str], str | None] | None = (
             block_of if callable(block_of) else None
         )
-        blocks_of = getattr(proposer, "blocks_of", None) if self._block_of else None
-        self._blocks_of: Callable[[Sequence[str]], Sequence[str | None]] | None = (
-            blocks_of if callable(blocks_of) else None
-        )
-        """The proposer's batched ``block_of`` (AgentSpec's ``blocks_of``), if it has one."""
 
     @property
     def live_requests(self) -> frozenset[str]:
@@ -258,13 +253,14 @@ class DraftSession:
         return state.segment or "none"
 
     def _keep_blocks(self, ask_ids: list[str], ask_rows: list[int], out: list[list[int]]) -> None:
-        """Read the block of every request that got a draft, for the metrics of its
-        verification at the next call.
+        """Read the block of every request that got a draft whose ``Draft.block`` did not
+        say it, for the metrics of its verification at the next call.
 
         ``block_of`` first applies the proposer's queued calls (AgentSpec's ``_flush``);
         right after ``propose`` there are none, so this is a plain lookup per row, made
         while the proposer's data is still in the CPU caches. At the next call a request's
-        block is read before its own new tokens are fed, so it is the block read here.
+        block is read before its own new tokens are fed, so it is the block read here (and
+        the one a draft's ``block`` names: the block as the draft starts).
         What a lookup at verification did besides: its flush applied the queued calls
         early. For queued tokens and starts that changes nothing but cost (each request's
         own state, the index in call order); for queued stops it frees their slots before
@@ -276,25 +272,14 @@ class DraftSession:
         if block_of is None:
             return
         keep = self._next_blocks
-        rids = [rid for rid, row in zip(ask_ids, ask_rows, strict=True) if out[row]]
-        found: list[tuple[str, str | None]] = []
-        if self._blocks_of is not None:
+        for rid, row in zip(ask_ids, ask_rows, strict=True):
+            if not out[row] or rid in keep:
+                continue
             try:
-                blocks = self._blocks_of(rids)
-                if len(blocks) != len(rids):
-                    raise ValueError(f"blocks_of gave {len(blocks)} blocks for {len(rids)} rows")
+                block = block_of(rid)
             except Exception:
-                return  # left to the verification's own lookups
-            found = list(zip(rids, blocks, strict=True))
-        else:
-            for rid in rids:
-                try:
-                    found.append((rid, block_of(rid)))
-                except Exception:
-                    continue
-        reqs = self._reqs
-        for rid, block in found:
-            state = reqs.get(rid)
+                continue
+            state = self._reqs.get(rid)
             if state is not None:
                 keep[rid] = block or state.segment or "none"
 
@@ -493,6 +478,9 @@ class DraftSession:
                 state = self._reqs.get(rid)
                 if state is not None and ids:
                     state.probs = draft.probs
+                    block = getattr(draft, "block", None)
+                    if block is not None and self._block_of is not None:
+                        self._next_blocks[rid] = str(block)
             else:
                 self._bad_draft(rid, problem)
         return out

@@ -294,6 +294,39 @@ def test_drafts_without_estimates_count_as_verified_only() -> None:
     assert snap.estimated == {} and snap.expected == {} and snap.reliability == ()
 
 
+class _BrokenMetrics(DrafterMetrics):
+    def record_verified_many(self, rows: Sequence[object]) -> None:  # type: ignore[override]
+        raise RuntimeError("metrics down")
+
+
+def test_failing_metrics_cost_no_drafts() -> None:
+    metrics = _BrokenMetrics(prometheus=False)
+    session = DraftSession(ProbeProposer(draft_len=3), k=4, metrics=metrics)
+    batch = Batch()
+    batch.add("a", [1, 2])
+    step(session, batch, {"a": [5]})
+    drafts = step(session, batch, {"a": [5, 5, 9]}, spec={"a": [5, 5, 5]})
+    assert drafts == [[9, 9, 9]]
+    assert metrics.snapshot().faults == {"metrics:RuntimeError": 1}
+
+
+def test_a_drafts_block_labels_its_verification() -> None:
+    class Blocked(ProbeProposer):
+        def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+            return [Draft((self.tokens[r][-1],) * 2, (), "json") for r in req_ids]
+
+        def block_of(self, req_id: str) -> str | None:
+            return "never read"
+
+    metrics = DrafterMetrics(prometheus=False)
+    session = DraftSession(Blocked(), k=4, metrics=metrics)
+    batch = Batch()
+    batch.add("a", [1, 2], tags_to_wire(TAGS))
+    step(session, batch, {"a": [5]})
+    step(session, batch, {"a": [5, 5, 9]}, spec={"a": [5, 5]})
+    assert metrics.snapshot().drafted == {"coder/json": 2}
+
+
 def test_survivals_must_match_the_verified_positions() -> None:
     with pytest.raises(ValueError, match="2 survivals for 3 drafted"):
         DrafterMetrics(prometheus=False).record_verified("x", "none", 3, 1, None, [0.9, 0.5])

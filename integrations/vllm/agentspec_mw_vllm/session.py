@@ -41,7 +41,8 @@ Error policy: wire tags that fail to decode make that request tag-free (a warnin
 ``tag_rejections``); a proposer exception is caught, logged once per kind (verb and
 exception type), counted in ``faults``, and costs only drafts: a failing ``propose`` gives
 the whole step no drafts; a failing ``start``/``extend`` gives that request no drafts for
-the rest of its life; a bad draft row costs that row's drafts for the step. The engine
+the rest of its life; a bad draft row costs that row's drafts for the step; a failing
+metrics update is counted (``metrics:<type>``) and keeps the step's drafts. The engine
 never sees the exception or the bad row.
 """
 

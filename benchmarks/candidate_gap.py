@@ -154,7 +154,7 @@ class Shadowed(Observed):
             ws = self.a._ws.get(n, max(k, 1))
             n_ok = ws.n_ok.copy()
             flat = ws.flat[: int(n_ok.sum())].copy()
-            bound = admission_bound(self.a.cost, step_shape(step), self.a._overhead_s)
+            bound = admission_bound(self.a.cost, step_shape(step))
         offset = 0
         for i, r in enumerate(req_ids):
             truth = self.outputs[r][self.pos[r] :]

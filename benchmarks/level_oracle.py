@@ -454,7 +454,7 @@ class LevelOracle(Observed):
         n = len(req_ids)
         ws = a._ws.get(n, max(k, 1))
         self._rec = ws.rec
-        self._bound = max(admission_bound(a.cost, step_shape(step), a._overhead_s), 1e-12)
+        self._bound = max(admission_bound(a.cost, step_shape(step)), 1e-12)
         c = self._groups(n, k, capped)
         tok, prob, lens, match, sup = c
         # lead (b): each default candidate's c/n at a contest pooled with its rival's count

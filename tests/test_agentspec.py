@@ -646,7 +646,7 @@ def _allocate_reference(
     )
     if waiting and (budget is None or budget > 0):
         times -= times[0] - cost.step_time(b, kv)  # the conserved prefill is not charged
-    best = int(np.argmax(exp / (times + 1e-3)))
+    best = int(np.argmax(exp / times))
     owner = np.repeat(np.arange(len(lens)), lens)
     return np.bincount(owner[order[:best]], minlength=len(lens)).tolist(), cap
 
@@ -704,7 +704,6 @@ def test_budget_matches_the_reference_on_random_steps(cost: StepTimeFn) -> None:
             cost=cost,
             budget=budget,
             prefill_tokens=waiting,
-            overhead_s=1e-3,
             min_survival=floor,
         )
         want, cap = _allocate_reference(surv, lens, b, kv, budget, floor, cost, waiting)
@@ -714,10 +713,10 @@ def test_budget_matches_the_reference_on_random_steps(cost: StepTimeFn) -> None:
             assert a.counts == [0] * n_req and a.used == 0
         # the admission bound skips positions but changes no allocation
         shape = StepShape(b, kv, budget, waiting)
-        bound = admission_bound(cost, shape, 1e-3)
+        bound = admission_bound(cost, shape)
         kw = dict(batch_size=b, num_kv=kv, cost=cost, budget=budget, prefill_tokens=waiting)
-        free = allocate(surv, lens, overhead_s=1e-3, **kw)  # type: ignore[arg-type]
-        bounded = allocate(surv, lens, overhead_s=1e-3, min_survival=bound, **kw)  # type: ignore[arg-type]
+        free = allocate(surv, lens, **kw)  # type: ignore[arg-type]
+        bounded = allocate(surv, lens, min_survival=bound, **kw)  # type: ignore[arg-type]
         assert bounded.counts == free.counts, trial
     with pytest.raises(ValueError, match="sum\\(lens\\)"):
         allocate(np.ones(3), np.array([2]), batch_size=1, num_kv=0, cost=COST)
@@ -782,9 +781,8 @@ def test_admission_bound_linear_shortcut_matches_the_general_path() -> None:
             budget = None if rng.random() < 0.3 else int(rng.integers(0, 9000))
             waiting = int(rng.choice([0, 1, 50, 20_000]))
             shape = StepShape(b, kv, budget, waiting)
-            over = float(rng.choice([0.0, 1e-4]))
-            fast = admission_bound(model, shape, over)
-            slow = admission_bound(general, shape, over)  # type: ignore[arg-type]
+            fast = admission_bound(model, shape)
+            slow = admission_bound(general, shape)  # type: ignore[arg-type]
             assert fast == pytest.approx(slow, rel=1e-9, abs=1e-15), (name, shape)
 
 

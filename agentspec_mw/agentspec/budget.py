@@ -175,7 +175,7 @@ def prefill_time(cost: StepTimeFn, shape: StepShape) -> float:
     return max(0.0, t0 - cost.step_time(float(shape.batch_size), shape.num_kv))
 
 
-def admission_bound(cost: StepTimeFn, shape: StepShape, overhead_s: float = 0.0) -> float:
+def admission_bound(cost: StepTimeFn, shape: StepShape) -> float:
     """The least survival a position needs to be admitted: ``b/t(b, kv) · (T(1) −
     T(0))``, the goodput without drafts (the step's conserved prefill left out,
     :func:`prefill_time`) times the first slot's marginal time (the module docstring
@@ -189,10 +189,10 @@ def admission_bound(cost: StepTimeFn, shape: StepShape, overhead_s: float = 0.0)
         # whether it takes a free slot or displaces a prefill token (module docstring);
         # the same number as the general path below, without its arrays (every step)
         t_dec = _decode_time(coef, shape.batch_size, shape.num_kv)
-        return max(0.0, shape.batch_size / (t_dec + overhead_s) * float(coef[1]))
+        return max(0.0, shape.batch_size / t_dec * float(coef[1]))
     t0, t1 = step_times(cost, shape, np.array([0.0, 1.0])).tolist()
     t_dec = t0 - prefill_time(cost, shape)
-    return max(0.0, shape.batch_size / (t_dec + overhead_s) * (t1 - t0))
+    return max(0.0, shape.batch_size / t_dec * (t1 - t0))
 
 
 def _decode_time(coef: np.ndarray, batch_size: int, num_kv: float) -> float:
@@ -227,20 +227,18 @@ def draft_costs(cost: StepTimeFn, context_lens: np.ndarray) -> tuple[np.ndarray,
     return terms[0] * lens, float(coef[1]) + terms[1] * lens
 
 
-def admission_bounds(
-    cost: StepTimeFn, shape: StepShape, context_lens: np.ndarray, overhead_s: float = 0.0
-) -> np.ndarray:
+def admission_bounds(cost: StepTimeFn, shape: StepShape, context_lens: np.ndarray) -> np.ndarray:
     """Per request, the least survival one of its positions needs to be admitted: the
     goodput without drafts times its per-position cost ``C_i`` (:func:`draft_costs`), or
     :func:`admission_bound` for every request when the model has no per-request price."""
     n = len(context_lens)
-    bound = admission_bound(cost, shape, overhead_s)
+    bound = admission_bound(cost, shape)
     costs = draft_costs(cost, context_lens)
     if costs is None or not math.isfinite(bound):
         return np.full(n, bound)
     coef = cost.linear_coefficients()  # type: ignore[attr-defined]  # draft_costs found it
     t_dec = _decode_time(coef, shape.batch_size, shape.num_kv)
-    return shape.batch_size / (t_dec + overhead_s) * costs[1]
+    return shape.batch_size / t_dec * costs[1]
 
 
 class Allocation:
@@ -295,7 +293,6 @@ def allocate(
     cost: StepTimeFn,
     budget: int | None = None,
     prefill_tokens: int = 0,
-    overhead_s: float = 0.0,
     min_survival: float = 0.0,
     context_lens: np.ndarray | None = None,
 ) -> Allocation:
@@ -312,7 +309,6 @@ def allocate(
         budget: tokens drafts and prefill chunks share this step (the scheduler's budget
             less the decode tokens), if known; never exceeded.
         prefill_tokens: prompt tokens waiting to be prefilled (0 if unknown).
-        overhead_s: per-step time not in the model (e.g. the proposer's own time).
         min_survival: skip positions below this survival (:func:`admission_bound` is a
             bound that changes no allocation).
         context_lens: each request's context (KV tokens); with a model that prices
@@ -333,7 +329,7 @@ def allocate(
     if costs is not None and coef is not None:
         if len(costs[0]) != len(lens):
             raise ValueError("allocate: context_lens must hold one entry per request")
-        base = _decode_time(coef, batch_size, float(num_kv)) + overhead_s
+        base = _decode_time(coef, batch_size, float(num_kv))
         counts, best, goodput, offered = _solve_priced(
             survival, lens, float(min_survival), cap, batch_size, base, costs[0], costs[1]
         )
@@ -357,7 +353,6 @@ def allocate(
         batch_size,
         base_tokens,
         float(num_kv),
-        overhead_s,
         coef,
         times,
     )
@@ -378,7 +373,6 @@ def _solve(
     batch: int,
     base_tokens: int,
     num_kv: float,
-    overhead: float,
     coef: np.ndarray,
     times: np.ndarray,
 ) -> tuple[np.ndarray, int, tuple[float, float], int]:  # pragma: no cover
@@ -404,7 +398,7 @@ def _solve(
             nbt[n] = coef[0] + coef[1] * float(base_tokens + n) + coef[2] * num_kv + coef[3]
     else:
         nbt = times[:m]  # a view: the caller's times are read, not copied
-    counts, best, goodput = _choose(order, csum, nbt, lens, float(batch), overhead)
+    counts, best, goodput = _choose(order, csum, nbt, lens, float(batch))
     return counts, best, (goodput, csum[best]), m - 1
 
 
@@ -433,15 +427,14 @@ def _choose(
     times: np.ndarray,
     lens: np.ndarray,
     batch: float,
-    overhead: float,
 ) -> tuple[np.ndarray, int, float]:  # pragma: no cover
-    """``n* = argmax_n (batch + csum[n]) / (times[n] + overhead)`` (the first maximum:
+    """``n* = argmax_n (batch + csum[n]) / times[n]`` (the first maximum:
     ties prefer fewer drafted tokens), its goodput, and the positions each request has
     among the first ``n*`` of ``order``."""
     best = 0
     best_g = -1.0
     for n in range(csum.shape[0]):
-        g = (batch + csum[n]) / (times[n] + overhead)
+        g = (batch + csum[n]) / times[n]
         if g > best_g:
             best_g = g
             best = n

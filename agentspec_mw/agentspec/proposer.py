@@ -156,7 +156,6 @@ class AgentSpecProposer:
             stored=exp.calib_prior == "stored",
         )
         self._scopes = self._calib.scopes
-        self._overhead_s = 0.0
         self.stats: dict[str, int] = {"steps": 0, "offered": 0, "drafted": 0}
         self._ws = Workspaces()
         self._off_sources = [
@@ -343,11 +342,11 @@ class AgentSpecProposer:
         ctx_lens = None
         if prices_drafts(self.cost):
             ctx_lens = slots.si[sl, K.C_CLEN]
-            raw = admission_bounds(self.cost, shape, ctx_lens, self._overhead_s)
+            raw = admission_bounds(self.cost, shape, ctx_lens)
             bound = float(raw.min())
             bounds = np.maximum(raw, _MIN_BOUND)
         else:
-            bound = admission_bound(self.cost, shape, self._overhead_s)
+            bound = admission_bound(self.cost, shape)
             bounds = np.full(n_req, max(bound, _MIN_BOUND))
         kk = max(k, 1)
         ws = self._ws.get(n_req, kk)
@@ -418,7 +417,6 @@ class AgentSpecProposer:
             cost=self.cost,
             budget=shape.budget,
             prefill_tokens=shape.prefill_tokens,
-            overhead_s=self._overhead_s,
             min_survival=bound,
             context_lens=ctx_lens,
         )

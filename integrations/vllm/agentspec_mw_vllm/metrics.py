@@ -358,7 +358,8 @@ class DrafterMetrics:
         """:meth:`record_verified` for each of ``rows`` (one draft call's verified
         requests), under one lock and with one Prometheus update per label set: the
         adapter's per-step path. Raises ``ValueError`` (counting nothing) if a row's
-        ``survival`` does not hold one entry per drafted token."""
+        ``survival`` does not hold one entry per drafted token; its values are taken to be
+        in [0, 1] (the adapter's ``_survival`` keeps only such estimates)."""
         rows = [r for r in rows if r[2] > 0]
         if not rows:
             return

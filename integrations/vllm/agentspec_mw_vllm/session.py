@@ -480,7 +480,7 @@ class DraftSession:
                 if state is not None and ids:
                     state.probs = draft.probs
                     block = getattr(draft, "block", None)
-                    if block is not None and self._block_of is not None:
+                    if block and self._block_of is not None:  # else looked up (_keep_blocks)
                         self._next_blocks[rid] = str(block)
             else:
                 self._bad_draft(rid, problem)

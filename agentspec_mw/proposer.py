@@ -9,6 +9,12 @@ Its lifecycle has four verbs, modelled on ArcticInference's ``SuffixDecodingCach
 * :meth:`Proposer.propose` — draft up to ``k`` tokens for each of a batch of requests;
 * :meth:`Proposer.stop` — the request left the batch; its per-request state is released.
 
+A proposer may also take a step's accepted tokens in one call, ``extend_many(req_ids,
+token_ids, lens)`` (request ``req_ids[i]`` gets the next ``lens[i]`` of the concatenated
+``token_ids``, as one ``extend`` each would): optional, all or nothing (it raises before
+applying anything), and used by the replay and the vLLM adapter where present (AgentSpec
+has it).
+
 ``propose`` is batched on purpose: a budget-aware proposer (AgentSpec) splits one step's
 free token budget across the batch, so it must see the whole batch and the step's shape
 (:class:`StepContext`). Implementations never return more than ``k`` tokens for a row.

@@ -1094,6 +1094,70 @@ def test_agentspec_drafts_do_not_depend_on_slot_or_arena_layout(tiny_tokenizer, 
     assert any(any(d) for d in drafts[0])  # it did draft
 
 
+def _interleaved_drafts(tb: list[bytes], texts: list[list[int]], batched: bool) -> list[Any]:
+    """Drafts of many interleaved requests verified against ``texts`` (greedy), each step's
+    accepted tokens given by one ``extend_many`` (``batched``) or one ``extend`` each."""
+    p = _prop(tb)
+    live = {f"r{i}": (t, 0) for i, t in enumerate(texts) if len(t) > 20}
+    for rid, (t, _) in live.items():
+        p.start(rid, t[:10], StructureTags(agent_id=f"a{len(t) % 3}", query_id="q"))
+    seen: list[Any] = []
+    while live:
+        ids = sorted(live)
+        out = p.propose(ids, 8, StepContext(batch_size=len(ids), num_kv_tokens=1000))
+        seen.append([d.token_ids for d in out])
+        fed: list[tuple[str, list[int]]] = []
+        for rid, d in zip(ids, out, strict=True):
+            t, pos = live[rid]
+            a = 0
+            while a < len(d) and 10 + pos + a < len(t) and d.token_ids[a] == t[10 + pos + a]:
+                a += 1
+            adv = min(a + 1, len(t) - 10 - pos)
+            fed.append((rid, t[10 + pos : 10 + pos + adv]))
+            live[rid] = (t, pos + adv)
+        if batched:
+            # a single extend before the batch (call order kept), and an empty row
+            p.extend(*fed[0])
+            rest = [(fed[0][0], [])] + fed[1:]
+            toks = [x for _, ts in rest for x in ts]
+            p.extend_many([r for r, _ in rest], np.array(toks), [len(ts) for _, ts in rest])
+        else:
+            for rid, ts in fed:
+                p.extend(rid, ts)
+        for rid, (t, pos) in list(live.items()):
+            if pos >= len(t) - 10:
+                p.stop(rid)
+                del live[rid]
+    return seen
+
+
+def test_extend_many_drafts_as_one_extend_per_request(tiny_tokenizer, tb) -> None:  # type: ignore[no-untyped-def]
+    from tests.conftest import _corpus
+
+    texts = [_ids(tiny_tokenizer, t)[:120] for t in _corpus()[:30]]
+    one = _interleaved_drafts(tb, texts, batched=False)
+    many = _interleaved_drafts(tb, texts, batched=True)
+    assert many == one
+    assert any(any(d) for d in one)  # it did draft
+
+
+def test_extend_many_is_all_or_nothing(tb) -> None:  # type: ignore[no-untyped-def]
+    p = _prop(tb)
+    p.start("a", [1, 2, 3])
+    with pytest.raises(KeyError):
+        p.extend_many(["a", "gone"], [4, 5], [1, 1])
+    for lens in ([1], [2, 1], [-1, 3], [3, 0]):
+        with pytest.raises(ValueError, match="lens"):
+            p.extend_many(["a", "a"], [4, 5], lens)
+    assert not p._pend_batches and not p._pend_ids  # nothing was queued
+    buf = np.array([4, 5], dtype=np.int32)
+    p.extend_many(["a"], buf, np.array([2]))
+    buf[:] = 0  # the caller's buffer is copied
+    p.propose(["a"], 4, StepContext(batch_size=1))
+    start = int(p._slots.si[p._reqs["a"], C_CSTART])
+    assert list(p._slots.ctx[start : start + 5]) == [1, 2, 3, 4, 5]
+
+
 def test_agentspec_caps_distinct_block_grammars(tb, caplog) -> None:  # type: ignore[no-untyped-def]
     from agentspec_mw.agentspec import MAX_GRAMMARS
 

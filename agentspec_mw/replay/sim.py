@@ -44,7 +44,8 @@ only for the tokens the scheduler kept. Prefix caching: :mod:`agentspec_mw.repla
 until a call's tail (while the budget allows). The proposer sees ``start(prompt, tags)``
 and ``extend([token 0])`` when a call's prefill completes, ``propose`` once per step for
 all decoding calls with a :class:`StepContext` of what the scheduler knows, ``extend``
-with each step's advanced tokens and ``stop`` at the end of a call.
+with each step's advanced tokens (one ``extend_many`` for the step where the proposer has
+it, as the vLLM adapter calls it) and ``stop`` at the end of a call.
 """
 
 from __future__ import annotations
@@ -295,6 +296,9 @@ def replay_workload(
     draft_terms = getattr(cost_model, "draft_coefficients", None)
     priced_drafts = draft_terms is not None and draft_terms() is not None
     clock = time.perf_counter_ns
+    # a step's accepted tokens in one call where the proposer takes them so (its time
+    # includes gathering them)
+    extend_many = getattr(proposer, "extend_many", None)
     while waiting or running:
         # drafts for the decoding requests (vLLM: proposed after the previous step)
         t_prop = 0
@@ -403,8 +407,16 @@ def replay_workload(
             if r.emitted >= len(out):
                 finished.append(r)
         ta = clock()
-        for req_id, ids in extends:
-            proposer.extend(req_id, ids)
+        if extend_many is not None and extends:
+            ids_of = [e[1] for e in extends]
+            extend_many(
+                [e[0] for e in extends],
+                np.concatenate(ids_of),
+                np.fromiter(map(len, ids_of), np.int64, len(ids_of)),
+            )
+        else:
+            for req_id, ids in extends:
+                proposer.extend(req_id, ids)
         for r in finished:
             proposer.stop(r.call.req_id)
         t_extra += clock() - ta

@@ -130,3 +130,37 @@ class BadDraftProposer(ProbeProposer):
                 d = Draft((self.bad, *d.token_ids[: k - 1]))
             out.append(d)
         return out
+
+
+class BatchExtendProbe(ProbeProposer):
+    """A :class:`ProbeProposer` that also takes a step's tokens in one ``extend_many``
+    (recorded in ``batches``; ``single_extends`` counts the calls of
+    ``extend``); all or nothing, it raises ``ValueError`` when a request
+    tagged ``agent_id == "bad"`` is in the batch, and that request's own ``extend`` raises
+    too (the session must then lose only it)."""
+
+    def __init__(self, env: Any = None, draft_len: int = 3) -> None:
+        super().__init__(env, draft_len=draft_len)
+        self.batches: list[list[tuple[str, list[int]]]] = []
+        self.single_extends = 0
+
+    def _bad(self, req_id: str) -> bool:
+        tags = self.tags.get(req_id)
+        return tags is not None and tags.agent_id == "bad"
+
+    def extend(self, req_id: str, token_ids: TokenIds) -> None:
+        self.single_extends += 1
+        if self._bad(req_id):
+            raise ValueError("probe: bad request")
+        super().extend(req_id, token_ids)
+
+    def extend_many(self, req_ids: Sequence[str], token_ids: Any, lens: Any) -> None:
+        if any(map(self._bad, req_ids)):
+            raise ValueError("probe: a bad request in the batch")
+        rows, a = [], 0
+        for rid, n in zip(req_ids, lens, strict=True):
+            rows.append((rid, [int(t) for t in token_ids[a : a + n]]))
+            a += n
+        self.batches.append(rows)
+        for rid, toks in rows:
+            ProbeProposer.extend(self, rid, toks)

@@ -16,6 +16,7 @@ from agentspec_mw_vllm.metrics import DrafterMetrics
 from agentspec_mw_vllm.session import DraftSession
 from tests.vllm.fakes import (
     BadDraftProposer,
+    BatchExtendProbe,
     ExplodingProposer,
     GreedyLongProposer,
     ProbeProposer,
@@ -99,6 +100,40 @@ def test_lifecycle_feeds_each_token_once_and_stops_leavers() -> None:
     step(session, batch, {"b": [11]})
     assert session.live_requests == {"b"}
     assert "a" not in probe.tokens and probe.tokens["b"] == [7, 8, 9, 10, 11]
+
+
+def test_a_step_s_tokens_go_in_one_extend_many_where_the_proposer_has_it() -> None:
+    probe = BatchExtendProbe(draft_len=3)
+    session = DraftSession(probe, k=4, metrics=DrafterMetrics(prometheus=False))
+    batch = Batch()
+    batch.add("a", [1, 2, 3], tags_to_wire(TAGS))
+    batch.add("b", [7, 8])
+    assert step(session, batch, {"a": [4], "b": [9]}) == [[4, 4, 4], [9, 9, 9]]
+    step(session, batch, {"a": [5, 6], "b": [10]})
+    assert probe.batches == [[("a", [4]), ("b", [9])], [("a", [5, 6]), ("b", [10])]]
+    assert probe.tokens == {"a": [1, 2, 3, 4, 5, 6], "b": [7, 8, 9, 10]}
+    assert probe.single_extends == 0
+
+
+def test_a_failing_extend_many_costs_only_the_request_whose_extend_fails(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """All or nothing: when ``extend_many`` raises, the session feeds each request alone,
+    so only the request whose own ``extend`` raises gets no more drafts."""
+    metrics = DrafterMetrics(prometheus=False)
+    probe = BatchExtendProbe(draft_len=2)
+    session = DraftSession(probe, k=4, metrics=metrics)
+    batch = Batch()
+    batch.add("a", [1, 2], tags_to_wire(TAGS))
+    batch.add("x", [3, 4], tags_to_wire(StructureTags(agent_id="bad", query_id="q")))
+    batch.add("b", [5, 6])
+    with caplog.at_level(logging.ERROR, logger="agentspec_mw_vllm.session"):
+        assert step(session, batch, {"a": [7], "x": [8], "b": [9]}) == [[7, 7], [], [9, 9]]
+        assert step(session, batch, {"a": [10], "x": [11], "b": [12]}) == [[10, 10], [], [12, 12]]
+    assert probe.tokens["a"] == [1, 2, 7, 10] and probe.tokens["b"] == [5, 6, 9, 12]
+    assert probe.batches == [[("a", [10]), ("b", [12])]]  # x is left alone after it broke
+    assert probe.single_extends == 3  # a, x, b alone after the first extend_many raised
+    assert metrics.snapshot().faults == {"extend_many:ValueError": 1, "extend:ValueError": 1}
 
 
 def test_partial_prefill_rows_get_no_draft_and_are_not_started() -> None:

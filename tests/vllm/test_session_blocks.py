@@ -1,14 +1,17 @@
-"""The session's block lookups after ``propose`` change no draft and no metric.
+"""The session's block lookups after ``propose``, and its one ``extend_many`` a step, change
+no draft and no metric.
 
-The reference is the session without them: every verified row asks the real AgentSpec
-proposer for its block at verification (``block_of`` applies the queued calls first). A
-synthetic engine with churn (requests leave and new ones start in the same steps, with
-verified drafts) runs both sessions side by side."""
+The references are the session without them: every verified row asks the real AgentSpec
+proposer for its block at verification (``block_of`` applies the queued calls first), or
+every request's tokens go in an ``extend`` of their own. A synthetic engine with churn
+(requests leave and new ones start in the same steps, with verified drafts) runs the
+sessions side by side."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +32,16 @@ class _NoKeptBlocks(DraftSession):
 
     def _keep_blocks(self, ask_ids: list[str], ask_rows: list[int], out: list[list[int]]) -> None:
         return None
+
+
+class _OneByOne:
+    """AgentSpec without ``extend_many``: the session feeds each request alone."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.start, self.extend, self.stop = inner.start, inner.extend, inner.stop
+        self.propose, self.block_of = inner.propose, inner.block_of
 
 
 def _calls() -> list[tuple[str, list[int], list[int], StructureTags]]:
@@ -57,11 +70,17 @@ class _Row:
     draft: list[int] = field(default_factory=list)
 
 
-def _run(session_cls: type[DraftSession]) -> tuple[list[list[list[int]]], DrafterMetrics, int]:
+def _run(
+    session_cls: type[DraftSession], batched: bool = True
+) -> tuple[list[list[list[int]]], DrafterMetrics, int]:
     env = ProposerEnv(token_bytes=TOKEN_BYTES, cost_model=get_cost_model("llama8b-h100"), max_k=8)
     metrics = DrafterMetrics(prometheus=False)
+    proposer = make_proposer("agentspec", env)
     session = session_cls(
-        make_proposer("agentspec", env), 8, metrics=metrics, vocab_size=len(TOKEN_BYTES)
+        proposer if batched else _OneByOne(proposer),  # type: ignore[arg-type]
+        8,
+        metrics=metrics,
+        vocab_size=len(TOKEN_BYTES),
     )
     waiting = deque(_calls())
     buf = np.zeros((4, WIDTH), dtype=np.int32)
@@ -127,3 +146,13 @@ def test_blocks_read_after_propose_change_no_draft_and_no_metric() -> None:
     # leavers, new requests and verified drafts at once were exercised
     assert any(key.endswith("/tool_call") for key in snap.drafted), snap.drafted
     assert churn >= 3
+
+
+def test_one_extend_many_a_step_changes_no_draft_and_no_metric() -> None:
+    ours, m_ours, churn = _run(DraftSession)
+    ref, m_ref, _ = _run(DraftSession, batched=False)
+    assert ours == ref
+    snap, snap_ref = m_ours.snapshot(), m_ref.snapshot()
+    for field_ in ("drafted", "accepted", "estimated", "expected", "reliability", "faults"):
+        assert getattr(snap, field_) == getattr(snap_ref, field_), field_
+    assert churn >= 3 and m_ours.snapshot().total_accepted > 100

@@ -7,7 +7,9 @@
   preemption) is ``start``-ed with its prompt and its decoded wire tags, then ``extend``-ed
   with every output token it already has;
 * each step, a request is ``extend``-ed with the tokens vLLM accepted since the last call
-  (read from ``token_ids_cpu`` up to ``num_tokens_no_spec``, so nothing is lost or doubled);
+  (read from ``token_ids_cpu`` up to ``num_tokens_no_spec``, so nothing is lost or doubled),
+  every request of the call in one ``extend_many`` where the proposer has it (AgentSpec),
+  after the call's new requests have started;
 * requests no longer in the batch are ``stop``-ped before anything new starts;
 * ``propose`` gets the rows that want drafts, and every row is cut to
   ``min(k, max_model_len - num_tokens - 1)`` tokens (more than ``k`` crashes vLLM) and to
@@ -41,9 +43,11 @@ Error policy: wire tags that fail to decode make that request tag-free (a warnin
 ``tag_rejections``); a proposer exception is caught, logged once per kind (verb and
 exception type), counted in ``faults``, and costs only drafts: a failing ``propose`` gives
 the whole step no drafts; a failing ``start``/``extend`` gives that request no drafts for
-the rest of its life; a bad draft row costs that row's drafts for the step; a failing
-metrics update is counted (``metrics:<type>``) and keeps the step's drafts. The engine
-never sees the exception or the bad row.
+the rest of its life (a failing ``extend_many``, all or nothing, is counted and the call's
+requests are fed one ``extend`` each, so only a request whose own ``extend`` fails is lost);
+a bad draft row costs that row's drafts for the step; a failing metrics update is counted
+(``metrics:<type>``) and keeps the step's drafts. The engine never sees the exception or the
+bad row.
 """
 
 from __future__ import annotations
@@ -328,6 +332,12 @@ class DraftSession:
             ask_ids: list[str] = []
             ask_rows: list[int] = []
             caps: list[int] = []
+            # the rows' new tokens, fed in one extend_many after the loop
+            ext_ids: list[str] = []
+            ext_rows: list[int] = []
+            ext_from: list[int] = []
+            ext_to: list[int] = []
+            ext_states: list[_Request] = []
             n_decoding = kv_decoding = 0  # every decoding row, asked for a draft or not
             for i in range(n):
                 sampled = sampled_token_ids[i]
@@ -358,16 +368,11 @@ class DraftSession:
                 if state.broken:
                     continue
                 if num_tokens > state.fed:
-                    new = np.array(token_ids_cpu[i, state.fed : num_tokens], dtype=np.int32)
-                    # a fresh copy nobody writes: read-only, a proposer may keep it uncopied
-                    new.flags.writeable = False
-                    try:
-                        self.proposer.extend(rid, new)
-                    except Exception as exc:
-                        state.broken = True
-                        self._fault("extend", exc)
-                        continue
-                    state.fed = num_tokens
+                    ext_ids.append(rid)
+                    ext_rows.append(i)
+                    ext_from.append(state.fed)
+                    ext_to.append(num_tokens)
+                    ext_states.append(state)
                 cap = min(self.k, max_len - num_tokens - 1)
                 limit = ctx.max_tokens[i] if i < len(ctx.max_tokens) else None
                 if limit is not None:  # the step emits at most the tokens left, draft + 1
@@ -377,6 +382,14 @@ class DraftSession:
                 ask_ids.append(rid)
                 ask_rows.append(i)
                 caps.append(cap)
+            if ext_ids and self._extend(
+                ext_ids, ext_rows, ext_from, ext_to, ext_states, token_ids_cpu
+            ):
+                # a request whose extend raised drafts no more (from this step on)
+                keep = [j for j, rid in enumerate(ask_ids) if not self._reqs[rid].broken]
+                ask_ids = [ask_ids[j] for j in keep]
+                ask_rows = [ask_rows[j] for j in keep]
+                caps = [caps[j] for j in keep]
             if ask_ids:
                 offered = sum(caps)
                 context = StepContext(
@@ -401,6 +414,50 @@ class DraftSession:
             self._last_step_end = (threading.get_ident(), end)
         self.metrics.record_step(offered, sum(map(len, out)), self._last_end - t0)
         return out
+
+    def _extend(
+        self,
+        rids: list[str],
+        rows: list[int],
+        lo: list[int],
+        hi: list[int],
+        states: list[_Request],
+        token_ids_cpu: np.ndarray,
+    ) -> bool:
+        """Feed request ``rids[j]`` its tokens ``lo[j]:hi[j]`` of row ``rows[j]`` of
+        ``token_ids_cpu``, copied into one fresh read-only array, in one ``extend_many``
+        where the proposer has it (all or nothing: if it raises, each request is fed alone,
+        so only a request whose own ``extend`` raises is lost), else one ``extend`` per
+        request. Returns whether a request broke."""
+        toks = np.concatenate(
+            [token_ids_cpu[r, a:b] for r, a, b in zip(rows, lo, hi, strict=True)],
+            dtype=np.int32,
+        )
+        # a fresh copy nobody writes: read-only, a proposer may keep it uncopied
+        toks.flags.writeable = False
+        lens = [b - a for a, b in zip(lo, hi, strict=True)]
+        many = getattr(self.proposer, "extend_many", None)
+        if many is not None:
+            try:
+                many(rids, toks, lens)
+            except Exception as exc:
+                self._fault("extend_many", exc)
+            else:
+                for state, end in zip(states, hi, strict=True):
+                    state.fed = end
+                return False
+        broke = False
+        b = 0
+        for rid, state, n, end in zip(rids, states, lens, hi, strict=True):
+            a, b = b, b + n
+            try:
+                self.proposer.extend(rid, toks[a:b])
+            except Exception as exc:
+                state.broken = broke = True
+                self._fault("extend", exc)
+                continue
+            state.fed = end
+        return broke
 
     def _time_step(
         self, ctx: BatchContext, ids: frozenset[str], counts: list[int], emitted: int, t0: float

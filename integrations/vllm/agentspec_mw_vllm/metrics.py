@@ -155,6 +155,21 @@ _SMALL_BIN = 32
 """Up to this many positions :meth:`DrafterMetrics._bin` loops in Python (numpy's fixed
 cost per call is larger)."""
 
+
+def _check_survivals(surv: list[float]) -> list[float] | np.ndarray:
+    """``surv`` as :meth:`DrafterMetrics._bin` takes it (an array above :data:`_SMALL_BIN`
+    positions); ``ValueError`` unless every value is a number in [0, 1] (NaN fails)."""
+    if len(surv) <= _SMALL_BIN:
+        total = sum(surv)  # a NaN can hide from min and max, never from the sum
+        if surv and not (0.0 <= min(surv) and max(surv) <= 1.0 and total == total):
+            raise ValueError(f"survivals must be numbers in [0, 1]: {surv!r:.120}")
+        return surv
+    s = np.asarray(surv, dtype=np.float64)
+    if not ((s >= 0.0) & (s <= 1.0)).all():
+        raise ValueError(f"survivals must be numbers in [0, 1]: {surv!r:.120}")
+    return s
+
+
 Verified = tuple[str, str, int, int, str | None, Sequence[float] | None]
 """One request's verified draft, :meth:`DrafterMetrics.record_verified`'s arguments in
 order: agent label, block, drafted, accepted, scope label, survival."""
@@ -358,22 +373,26 @@ class DrafterMetrics:
         """:meth:`record_verified` for each of ``rows`` (one draft call's verified
         requests), under one lock and with one Prometheus update per label set: the
         adapter's per-step path. Raises ``ValueError`` (counting nothing) if a row's
-        ``survival`` does not hold one entry per drafted token; its values are taken to be
-        in [0, 1] (the adapter's ``_survival`` keeps only such estimates)."""
+        ``survival`` does not hold one number in [0, 1] per drafted token (NaN included)."""
         rows = [r for r in rows if r[2] > 0]
         if not rows:
             return
-        for _agent, _block, drafted, _acc, _scope, survival in rows:
-            if survival is not None and len(survival) != drafted:
-                raise ValueError(f"{len(survival)} survivals for {drafted} drafted tokens")
+        surv: list[float] = []  # every estimated position, row after row
+        est_lens: list[int] = []
+        est_acc: list[int] = []
+        for _agent, _block, drafted, accepted, _scope, survival in rows:
+            if survival is not None:
+                if len(survival) != drafted:
+                    raise ValueError(f"{len(survival)} survivals for {drafted} drafted tokens")
+                surv.extend(survival)
+                est_lens.append(drafted)
+                est_acc.append(accepted)
+        flat = _check_survivals(surv)
         # per label set: drafted, accepted, and of the drafts with estimates: drafted,
         # accepted; and their expected accepted tokens
         by_key: dict[tuple[str, str], list[int]] = {}
         expect: dict[tuple[str, str], float] = {}
         by_scope: dict[str, list[int]] = {}
-        surv: list[float] = []  # every estimated position, row after row
-        est_lens: list[int] = []
-        est_acc: list[int] = []
         with self._lock:
             blocks = self._blocks
             for agent, block, drafted, accepted, scope, survival in rows:
@@ -388,9 +407,6 @@ class DrafterMetrics:
                     tot[2] += drafted
                     tot[3] += accepted
                     expect[key] += float(sum(survival))
-                    surv.extend(survival)
-                    est_lens.append(drafted)
-                    est_acc.append(accepted)
                 if scope is not None:
                     sums = by_scope.get(scope)
                     if sums is None:
@@ -408,7 +424,7 @@ class DrafterMetrics:
                 self._scope_drafted[scope] += drafted
                 self._scope_accepted[scope] += accepted
             if surv:
-                self._bin(surv, est_lens, est_acc)
+                self._bin(flat, est_lens, est_acc)
         prom = self._prom
         if prom is not None:
             for (agent, block), (drafted, accepted, _n, _a) in by_key.items():
@@ -423,10 +439,10 @@ class DrafterMetrics:
                 if accepted:
                     prom.child(prom.scope_accepted, scope).inc(accepted)
 
-    def _bin(self, surv: list[float], lens: list[int], accepted: list[int]) -> None:
+    def _bin(self, surv: list[float] | np.ndarray, lens: list[int], accepted: list[int]) -> None:
         """Add estimated positions to the reliability bins (the lock held): ``surv`` the
         positions of drafts of ``lens`` tokens, of which the first ``accepted`` were
-        accepted."""
+        accepted (a list up to :data:`_SMALL_BIN` positions, else an array)."""
         bins = self._bins
         if bins is None:
             bins = self._bins = [[0, 0.0, 0] for _ in range(SURVIVAL_BINS)]
@@ -441,7 +457,7 @@ class DrafterMetrics:
                     row[2] += j < acc
                 p += n_i
             return
-        s = np.asarray(surv, dtype=np.float64)
+        s = np.asarray(surv, dtype=np.float64)  # already one (_check_survivals)
         n = np.asarray(lens, dtype=np.int64)
         # each position's index within its draft, against its draft's accepted count
         pos = np.arange(len(s)) - np.repeat(np.cumsum(n) - n, n)

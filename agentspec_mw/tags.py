@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -271,6 +272,14 @@ def _decode(extra: Mapping[str, Any]) -> StructureTags:
         raise TagError(f"invalid agentspec tags: {where}{first['msg']}") from None
 
 
+@lru_cache(maxsize=1024)
+def _decode_once(key: tuple[tuple[str, type, Any], ...]) -> StructureTags:
+    """:func:`_decode` of the wire items ``(key, type, value)``, remembered for the last
+    1,024 distinct tag sets (each at most :data:`MAX_WIRE_CHARS`; a refused one is not
+    kept). The tags are immutable, so requests may share one."""
+    return _decode({k: v for k, _type, v in key})
+
+
 def tags_from_wire(extra: Mapping[str, Any] | None) -> StructureTags | None:
     """Decode tags from a flat dict; ``None`` when it holds no ``agentspec_`` keys.
 
@@ -283,7 +292,16 @@ def tags_from_wire(extra: Mapping[str, Any] | None) -> StructureTags | None:
         if not has_wire_tags(extra):
             return None
         assert extra is not None
-        return _decode(extra)
+        # a request's tags are mostly those of the agent's calls before it: decoded once
+        # (the value's type in the key: True == 1 == 1.0 would share an entry)
+        key = tuple(
+            (str(k), v.__class__, v) for k, v in extra.items() if str(k).startswith(WIRE_PREFIX)
+        )
+        try:
+            hash(key)
+        except TypeError:  # an unhashable value, refused by the decoding
+            return _decode(extra)
+        return _decode_once(key)
     except TagError:
         raise
     except Exception as exc:  # defensive: hostile input must not escape as another type

@@ -175,3 +175,19 @@ class _Exploding(dict):  # type: ignore[type-arg]
 def test_hostile_values_only_ever_raise_tag_error(extra: dict) -> None:  # type: ignore[type-arg]
     with pytest.raises(TagError):
         tags_from_wire(extra)
+
+
+def test_repeated_wire_tags_are_decoded_once_and_typed_apart() -> None:
+    """The same tag set decodes to one shared (immutable) object; a value of another type
+    that compares equal (``True == 1 == 1.0``) is decoded on its own, so it is refused or
+    read as itself, never answered from the other's entry."""
+    wire = tags_to_wire(StructureTags(agent_id="planner", query_id="7", segment="plan"))
+    first = tags_from_wire(dict(wire))
+    assert tags_from_wire(dict(wire)) is first
+    assert first is not None and first.query_id == "7"
+    assert tags_from_wire({**wire, "agentspec_query": 7.0}).query_id == "7.0"  # type: ignore[union-attr]
+    assert tags_from_wire({**wire, "agentspec_query": 7}).query_id == "7"  # type: ignore[union-attr]
+    with pytest.raises(TagError):
+        tags_from_wire({**wire, "agentspec_v": True})  # the version 1 is cached, True is refused
+    with pytest.raises(TagError):  # an unhashable value is still refused
+        tags_from_wire({**wire, "agentspec_blocks": [["<a>", "</a>"]]})

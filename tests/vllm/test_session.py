@@ -211,6 +211,35 @@ def test_a_bad_draft_row_is_dropped_and_counted(
         DraftSession(ProbeProposer(), k=4, vocab_size=0)
 
 
+class _MixedDrafts(ProbeProposer):
+    """Per request id: ``ok`` a plain draft, ``np`` numpy ids in range, ``junk`` a draft
+    whose ids cannot be sliced, ``obj`` not a Draft at all."""
+
+    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        kinds: dict[str, object] = {
+            "ok": Draft((3, 4, 5)),
+            "np": Draft(tuple(np.array([6, 7], dtype=np.int32))),  # type: ignore[arg-type]
+            "junk": Draft(7),  # type: ignore[arg-type]
+            "obj": "not a draft",
+        }
+        return [kinds[rid] for rid in req_ids]  # type: ignore[misc]
+
+
+def test_unreadable_draft_rows_are_dropped_and_the_rest_checked_as_a_whole() -> None:
+    metrics = DrafterMetrics(prometheus=False)
+    session = DraftSession(_MixedDrafts(), k=4, metrics=metrics, vocab_size=100)
+    batch = Batch()
+    for rid in ("ok", "junk", "np", "obj"):
+        batch.add(rid, [1, 2])
+    out = step(session, batch, {"ok": [1], "junk": [1], "np": [1], "obj": [1]})
+    assert out == [[3, 4, 5], [], [6, 7], []]
+    assert all(type(t) is int for row in out for t in row)  # numpy ids handed on as ints
+    assert metrics.snapshot().faults == {"propose:bad_draft": 2}
+    batch.remove("junk")
+    batch.remove("obj")
+    assert step(session, batch, {"ok": [1], "np": [1]}) == [[3, 4, 5], [6, 7]]
+
+
 @pytest.mark.parametrize(
     ("extra", "reason"),
     [

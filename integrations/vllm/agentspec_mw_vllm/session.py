@@ -57,6 +57,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -114,6 +115,24 @@ def _bad_ids(ids: Sequence[Any], vocab_size: int | None) -> str | None:
 
 
 _PLAIN_INT = frozenset({int})
+
+
+def _all_plain_ids(rows: Sequence[Any], vocab_size: int | None) -> bool:
+    """Whether every id of the readable ``rows`` (``None``: unreadable, skipped) is a
+    plain ``int`` in ``[0, vocab_size)``: one pass in C over the whole call instead of a
+    :func:`_bad_ids` per row. ``False`` (the rows are then checked one by one) also where a
+    row cannot be read so."""
+    try:
+        flat = list(chain.from_iterable(r for r in rows if r is not None))
+        if not flat:
+            return True
+        return (
+            set(map(type, flat)) <= _PLAIN_INT
+            and min(flat) >= 0
+            and (vocab_size is None or max(flat) < vocab_size)
+        )
+    except Exception:
+        return False
 
 
 def _rejection_reason(exc: TagError) -> str:
@@ -525,22 +544,38 @@ class DraftSession:
         except Exception as exc:
             self._fault("propose", exc)
             return [[] for _ in out]
-        for rid, row, cap, draft in zip(ask_ids, ask_rows, caps, drafts, strict=True):
+        cut: list[Any] = []  # each row's ids cut to its cap (None: unreadable)
+        for rid, cap, draft in zip(ask_ids, caps, drafts, strict=True):
             try:
                 ids = draft.token_ids[:cap]
-                problem = _bad_ids(ids, self.vocab_size)
+                len(ids)
             except Exception as exc:  # not a Draft, or token_ids not a sequence
-                problem = f"unreadable draft {draft!r}: {exc!r}"
-            if problem is None:
+                self._bad_draft(rid, f"unreadable draft {draft!r}: {exc!r}")
+                ids = None
+            cut.append(ids)
+        # the common call: every id a plain int in range, checked once for all rows
+        checked = _all_plain_ids(cut, self.vocab_size)
+        for rid, row, draft, ids in zip(ask_ids, ask_rows, drafts, cut, strict=True):
+            if ids is None:
+                continue
+            if checked:
+                out[row] = list(ids)
+            else:
+                try:
+                    problem = _bad_ids(ids, self.vocab_size)
+                except Exception as exc:  # e.g. ids that cannot be compared
+                    problem = f"unreadable draft {draft!r}: {exc!r}"
+                if problem is not None:
+                    self._bad_draft(rid, problem)
+                    continue
                 out[row] = list(map(int, ids))
+            if len(ids):
                 state = self._reqs.get(rid)
-                if state is not None and ids:
+                if state is not None:
                     state.probs = draft.probs
                     block = getattr(draft, "block", None)
                     if block and self._block_of is not None:  # else looked up (_keep_blocks)
                         self._next_blocks[rid] = str(block)
-            else:
-                self._bad_draft(rid, problem)
         return out
 
     def _bad_draft(self, req_id: str, problem: str) -> None:

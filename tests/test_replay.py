@@ -319,6 +319,22 @@ def test_order_runs_moves_whole_runs() -> None:
             ReplayConfig(traces=["t"], tokenizer="tok", run_order=bad)
 
 
+def test_a_run_id_in_two_trace_files_is_one_run_and_warned(tiny_tokenizer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import warnings
+
+    from tests.conftest import SAMPLE
+
+    tr = tokenize_trace(SAMPLE, tiny_tokenizer, cache_dir=tmp_path, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one file: nothing to say
+        one = build_calls([tr])
+    with pytest.warns(UserWarning, match=r"run id\(s\) are in more than one trace file"):
+        two = build_calls([tr, tr])
+    for wl, calls in one.items():  # each run twice as long, still one run per id
+        assert len(two[wl]) == 2 * len(calls)
+        assert {c.run_id for c in two[wl]} == {c.run_id for c in calls}
+
+
 def test_build_calls_subsets(sample_calls, tiny_tokenizer, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from tests.conftest import SAMPLE
 

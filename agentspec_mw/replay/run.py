@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -237,11 +238,18 @@ def build_calls(
     """Group the calls of tokenized traces by workload, in file order; ``max_calls``,
     ``max_calls_per_run`` and ``max_runs`` (the first runs of each workload to appear)
     keep a subset. A call kept right after the call before it in its run is marked
-    ``with_previous`` where :func:`issued_together` says so, unless ``serial_runs``."""
+    ``with_previous`` where :func:`issued_together` says so, unless ``serial_runs``.
+
+    A run is its workload's calls with one run id, across files too (a trace split over
+    files stays one run): a run id kept from more than one file gets a ``UserWarning``
+    naming the files, since two recordings that count their runs from 0 would otherwise
+    be merged silently."""
     by_wl: dict[str, list[ReplayCall]] = {}
     last: dict[str, tuple[CallMeta, np.ndarray]] = {}  # run -> its last call kept
     per_run: dict[str, int] = {}
     runs_of: dict[str, set[str]] = {}
+    file_of: dict[tuple[str, str], int] = {}  # (workload, run) -> the first file it is in
+    shared: dict[tuple[str, str], tuple[int, int]] = {}  # ... and a later one
     for t_idx, tr in enumerate(traces):
         for i, meta in enumerate(tr.calls):
             lst = by_wl.setdefault(meta.workload, [])
@@ -258,6 +266,9 @@ def build_calls(
                 if seen >= max_calls_per_run:
                     continue
                 per_run[meta.run_id] = seen + 1
+            first = file_of.setdefault((meta.workload, meta.run_id), t_idx)
+            if first != t_idx:
+                shared.setdefault((meta.workload, meta.run_id), (first, t_idx))
             prompt = tr.prompt(i)
             prev = last.get(meta.run_id)
             together = (
@@ -276,6 +287,16 @@ def build_calls(
                     with_previous=together,
                 )
             )
+    if shared:
+        (wl, run), (a, b) = next(iter(shared.items()))
+        warnings.warn(
+            f"{len(shared)} run id(s) are in more than one trace file, each replayed as one "
+            f"run with its calls in file order (e.g. run {run!r:.60} of {wl!r:.60} in "
+            f"{traces[a].source!r:.80} and {traces[b].source!r:.80}); give different runs "
+            "different run ids",
+            UserWarning,
+            stacklevel=2,
+        )
     return by_wl
 
 

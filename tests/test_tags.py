@@ -189,5 +189,8 @@ def test_repeated_wire_tags_are_decoded_once_and_typed_apart() -> None:
     assert tags_from_wire({**wire, "agentspec_query": 7}).query_id == "7"  # type: ignore[union-attr]
     with pytest.raises(TagError):
         tags_from_wire({**wire, "agentspec_v": True})  # the version 1 is cached, True is refused
+    # equal floats that read differently are different scopes (tenants)
+    assert tags_from_wire({**wire, "agentspec_scope": 0.0}).scope == "0.0"  # type: ignore[union-attr]
+    assert tags_from_wire({**wire, "agentspec_scope": -0.0}).scope == "-0.0"  # type: ignore[union-attr]
     with pytest.raises(TagError):  # an unhashable value is still refused
         tags_from_wire({**wire, "agentspec_blocks": [["<a>", "</a>"]]})

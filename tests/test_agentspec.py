@@ -1149,6 +1149,8 @@ def test_extend_many_is_all_or_nothing(tb) -> None:  # type: ignore[no-untyped-d
     for lens in ([1], [2, 1], [-1, 3], [3, 0]):
         with pytest.raises(ValueError, match="lens"):
             p.extend_many(["a", "a"], [4, 5], lens)
+    with pytest.raises(ValueError, match="the 4 tokens"):  # counted flat, not by rows
+        p.extend_many(["a", "a"], [[4, 5], [6, 7]], [1, 1])
     assert not p._pend_batches and not p._pend_ids  # nothing was queued
     buf = np.array([4, 5], dtype=np.int32)
     p.extend_many(["a"], buf, np.array([2]))

@@ -255,7 +255,9 @@ class AgentSpecProposer:
         sl = np.fromiter(map(self._reqs.__getitem__, req_ids), np.int64, n)
         # checked on a list: a few requests cost less so than in numpy
         counts = lens.tolist() if isinstance(lens, np.ndarray) else list(map(int, lens))
-        n_tok = len(token_ids)
+        # a copy the kernels may keep (and, writable, read without a new compilation)
+        toks = np.array(token_ids, dtype=np.int32).reshape(-1)
+        n_tok = len(toks)
         if len(counts) != n or (n and min(counts) < 0) or sum(counts) != n_tok:
             raise ValueError(
                 f"extend_many: lens must be {n} non-negative counts summing to the "
@@ -267,8 +269,6 @@ class AgentSpecProposer:
             keep = [i for i, c in enumerate(counts) if c]
             sl = sl[keep]
             counts = [counts[i] for i in keep]
-        # copies the kernels may keep (and, writable, read without a new compilation)
-        toks = np.array(token_ids, dtype=np.int32).reshape(-1)
         self._seal_pending()
         self._pend_batches.append((sl, np.array(counts, dtype=np.int64), toks))
 

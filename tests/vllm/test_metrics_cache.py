@@ -122,7 +122,13 @@ def test_a_steps_verified_rows_count_what_each_row_counts_alone(positions: str) 
     assert all(snap.expected[k] == pytest.approx(v) for k, v in expected.items())
     assert [(n, a) for n, _, a in snap.reliability] == [(n, a) for n, _, a in bins]
     assert [x for _, x, _ in snap.reliability] == pytest.approx([x for _, x, _ in bins])
-    for bad in ([0.5], [0.5, float("nan"), 0.2], [0.9, 1.5, 0.1], [-0.1, 0.2, 0.1]):
+    for bad in (
+        [0.5],
+        [0.5, float("nan"), 0.2],
+        [0.9, 1.5, 0.1],
+        [-0.1, 0.2, 0.1],
+        [0.5, "x", 0.1],
+    ):
         with pytest.raises(ValueError, match="survivals"):
             m.record_verified_many(
                 [("b", "text", 2, 1, None, None), ("a", "code", 3, 1, None, bad)]

@@ -159,15 +159,19 @@ cost per call is larger)."""
 def _check_survivals(surv: list[float]) -> list[float] | np.ndarray:
     """``surv`` as :meth:`DrafterMetrics._bin` takes it (an array above :data:`_SMALL_BIN`
     positions); ``ValueError`` unless every value is a number in [0, 1] (NaN fails)."""
-    if len(surv) <= _SMALL_BIN:
-        total = sum(surv)  # a NaN can hide from min and max, never from the sum
-        if surv and not (0.0 <= min(surv) and max(surv) <= 1.0 and total == total):
-            raise ValueError(f"survivals must be numbers in [0, 1]: {surv!r:.120}")
-        return surv
-    s = np.asarray(surv, dtype=np.float64)
-    if not ((s >= 0.0) & (s <= 1.0)).all():
-        raise ValueError(f"survivals must be numbers in [0, 1]: {surv!r:.120}")
-    return s
+    try:
+        if len(surv) <= _SMALL_BIN:
+            total = sum(surv)  # a NaN can hide from min and max, never from the sum
+            ok = not surv or (0.0 <= min(surv) and max(surv) <= 1.0 and total == total)
+            if ok:
+                return surv
+        else:
+            s = np.asarray(surv, dtype=np.float64)
+            if ((s >= 0.0) & (s <= 1.0)).all():
+                return s
+    except (TypeError, ValueError):  # e.g. a string among them
+        pass
+    raise ValueError(f"survivals must be numbers in [0, 1]: {surv!r:.120}")
 
 
 Verified = tuple[str, str, int, int, str | None, Sequence[float] | None]

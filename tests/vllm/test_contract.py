@@ -155,6 +155,49 @@ def test_build_batch_context_reads_rows_in_order() -> None:
     assert ctx.finished_req_ids == {"r0"} and ctx.max_num_batched_tokens == 256
 
 
+class _CountingRequests(dict):  # type: ignore[type-arg]
+    """vLLM's request states, counting the lookups made in them."""
+
+    gets = 0
+
+    def get(self, key, default=None):  # type: ignore[no-untyped-def]
+        type(self).gets += 1
+        return super().get(key, default)
+
+
+def test_build_batch_context_reads_sampling_params_only_when_asked() -> None:
+    """Each row's ``extra_args`` and ``max_tokens`` are read from the request states when
+    the adapter asks for them (a new request), not for every row of every step."""
+    params = {
+        "a": SimpleNamespace(extra_args={"t": 1}, max_tokens=32),
+        "b": SimpleNamespace(extra_args=None, max_tokens=0),  # not a limit
+        "c": SimpleNamespace(extra_args=None, max_tokens=None),
+    }
+    requests = _CountingRequests({r: SimpleNamespace(sampling_params=p) for r, p in params.items()})
+    _CountingRequests.gets = 0
+    batch = SimpleNamespace(
+        num_reqs=4, req_ids=["a", "b", "c", "gone"], num_prompt_tokens=[3, 4, 5, 6]
+    )
+    runner = SimpleNamespace(
+        input_batch=batch,
+        requests=requests,
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=256),
+        max_model_len=1024,
+    )
+    so = SimpleNamespace(
+        scheduled_spec_decode_tokens={}, num_scheduled_tokens={}, finished_req_ids=set()
+    )
+    ctx = build_batch_context(runner, so)
+    assert _CountingRequests.gets == 0
+    assert ctx.num_prompt_tokens == [3, 4, 5, 6]
+    assert ctx.max_tokens[0] == 32 and _CountingRequests.gets == 1
+    assert ctx.max_tokens[-1] is None  # no state for the row: no limit known
+    assert list(ctx.max_tokens) == [32, None, None, None]
+    assert ctx.extra_args[0:2] == [{"t": 1}, None] and len(ctx.extra_args) == 4
+    with pytest.raises(IndexError):
+        ctx.extra_args[4]
+
+
 def test_other_vllm_version_is_refused_naming_both_versions() -> None:
     def f(self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,  # type: ignore[no-untyped-def]  # noqa: E501
           sample_hidden_states, aux_hidden_states, spec_decode_metadata,

@@ -13,7 +13,7 @@ from agentspec_mw.proposer import Draft, StepContext
 from agentspec_mw.tags import MAX_WIRE_CHARS, StructureTags, tags_to_wire
 from agentspec_mw_vllm.context import BatchContext
 from agentspec_mw_vllm.metrics import DrafterMetrics
-from agentspec_mw_vllm.session import DraftSession
+from agentspec_mw_vllm.session import _GATHER_ROWS, DraftSession, _gather
 from tests.vllm.fakes import (
     BadDraftProposer,
     BatchExtendProbe,
@@ -184,6 +184,45 @@ def test_every_row_is_capped_at_its_output_tokens_left_less_one() -> None:
     # two tokens accepted for "a": one output token left, so no draft
     drafts = step(session, batch, {"a": [1, 1], "b": [1], "d": [1]}, max_tokens=limits)
     assert [len(d) for d in drafts] == [0, 0, 0, 5]
+
+
+@pytest.mark.parametrize("rows", [1, 47, 48, 60])
+def test_gathered_tokens_equal_each_rows_slice(rows: int) -> None:
+    """Under and from ``_GATHER_ROWS`` rows (slices, one fancy index): the same tokens."""
+    rng = np.random.default_rng(rows)
+    buf = rng.integers(0, 50_000, size=(64, 32)).astype(np.int32)
+    picked = rng.permutation(64)[:rows].tolist()
+    lo = rng.integers(0, 20, size=rows).tolist()
+    hi = [a + int(n) for a, n in zip(lo, rng.integers(0, 9, size=rows), strict=True)]
+    want = [int(t) for r, a, b in zip(picked, lo, hi, strict=True) for t in buf[r, a:b]]
+    got = _gather(buf, picked, lo, hi, [b - a for a, b in zip(lo, hi, strict=True)])
+    assert got.dtype == np.int32 and got.tolist() == want
+    assert (rows >= _GATHER_ROWS) == (rows in (48, 60))
+
+
+class _CountedReads(list):  # type: ignore[type-arg]
+    """A context's ``max_tokens``, counting the rows read from it."""
+
+    reads = 0
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        type(self).reads += 1
+        return super().__getitem__(i)
+
+
+def test_a_requests_max_tokens_is_read_once_when_it_is_first_seen() -> None:
+    """A request's sampling params do not change, so its limit is read when the session
+    first sees it (vLLM's plugin then looks up no request state for the other rows)."""
+    session = DraftSession(GreedyLongProposer(), k=5, metrics=DrafterMetrics(prometheus=False))
+    batch = Batch()
+    for rid in "ab":
+        batch.add(rid, [1, 2, 3])
+    _CountedReads.reads = 0
+    drafts = step(session, batch, dict.fromkeys("ab", [1]), max_tokens=_CountedReads([4, None]))
+    assert [len(d) for d in drafts] == [2, 5] and _CountedReads.reads == 2
+    # later values are not read: "a" keeps its limit (3 + 4 tokens; 5 held, 1 left to draft)
+    drafts = step(session, batch, dict.fromkeys("ab", [1]), max_tokens=_CountedReads([0, 0]))
+    assert [len(d) for d in drafts] == [1, 5] and _CountedReads.reads == 2
 
 
 @pytest.mark.parametrize("bad", [10**6, 100, -1, 3.5, True, "7", np.int64(100), None])

@@ -31,6 +31,10 @@ class BatchContext:
         max_tokens: ``SamplingParams.max_tokens`` of each row (``None``: no limit known);
             empty when the host does not read it. A request emits at most this many
             output tokens, so draft tokens past it are verified and thrown away.
+
+    ``extra_args`` and ``max_tokens`` are indexed by row; the plugin's read a row's
+    ``SamplingParams`` only when indexed, and the session indexes them once per request,
+    when it first sees it (a request's sampling params do not change).
     """
 
     req_ids: Sequence[str]

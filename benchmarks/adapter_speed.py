@@ -12,8 +12,12 @@ them), each step one row per request in vLLM's condensed row order, the rows' to
 buffer (``token_ids_cpu``) and ``num_tokens_no_spec`` kept as vLLM keeps them, and each
 request's last draft verified against its recorded output (accepted = the common prefix;
 the row samples ``accepted + 1`` tokens; a new request's first row is its prefill's
-token). The :class:`~agentspec_mw_vllm.context.BatchContext` carries the drafts verified
-(``scheduled_spec_decode_tokens``) and the tokens scheduled.
+token). Each call's :class:`~agentspec_mw_vllm.context.BatchContext` is read by the
+plugin's :func:`~agentspec_mw_vllm.plugin.build_batch_context` off a stand-in model runner
+(its input batch, and one request state per row whose ``SamplingParams`` hold the wire tags
+and a ``max_tokens`` of the recorded output + ``k`` + 1, so that no draft is cut by it) and
+a stand-in ``SchedulerOutput`` (the drafts verified and the tokens scheduled), inside the
+timed call, as vLLM's patched runner does before each draft call.
 
 The engine's step time the session measures between draft calls comes from a simulated
 clock advanced by the ``--cost-prior`` preset's step time of each step (the adapter uses
@@ -21,11 +25,14 @@ clock advanced by the ``--cost-prior`` preset's step time of each step (the adap
 drafts, the same from run to run): the ``drafts sha256`` printed per batch size is
 identical for two code versions that draft identically.
 
-Printed per batch size: per step p50 / p90 / mean (microseconds) of the whole
-``DraftSession.step`` call and of ``propose`` inside it (``--mode plain``: nothing else
-wrapped); with ``--mode parts`` every other part is bracketed too (``perf_counter``
-wrappers set on the objects by this script, not in the library): ``start`` (with
-``decode_tags``), ``extend``, ``stop``, ``block_of``,
+Printed per batch size: per step p50 / p90 / mean (microseconds) of the whole draft call
+(the context read, then ``DraftSession.step``) and of ``propose`` inside it (``--mode plain``:
+nothing else wrapped); with ``--mode parts`` every other part is bracketed too (``perf_counter``
+wrappers set on the objects by this script, not in the library): ``context`` (the plugin's
+read of the batch), ``start`` (with
+``decode_tags``), ``feed`` (the session's ``_extend``: the call's new tokens gathered and
+given to the proposer; of which ``extend``, its ``extend`` and ``extend_many`` calls),
+``stop``, ``block_of``,
 ``_time_step`` (of which ``observe``, the fit, and ``record_step_model``),
 ``record_verified_many``, ``record_step``,
 ``_bad_ids``, and ``rest`` = step - all of those (the session's own loop: numpy
@@ -64,6 +71,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -79,13 +87,15 @@ from agentspec_mw.proposer import ProposerEnv  # noqa: E402
 from agentspec_mw.registry import make_proposer  # noqa: E402
 from agentspec_mw.replay.sim import ReplayCall, accepted_length  # noqa: E402
 from agentspec_mw.tags import tags_to_wire  # noqa: E402
-from agentspec_mw_vllm.context import BatchContext  # noqa: E402
 from agentspec_mw_vllm.metrics import DrafterMetrics  # noqa: E402
+from agentspec_mw_vllm.plugin import build_batch_context  # noqa: E402
 from agentspec_mw_vllm.session import DraftSession  # noqa: E402
 
 PARTS = (
+    "context",
     "propose",
     "start",
+    "feed",
     "extend",
     "stop",
     "block_of",
@@ -111,9 +121,11 @@ KERNEL_PARTS = (
     "emit_drafts",
 )
 #: parts timed inside another part (not subtracted again for ``rest``) -> that part
-NESTED = {"observe": "time_step", "record_step_model": "time_step"} | dict.fromkeys(
-    KERNEL_PARTS, "propose"
-)
+NESTED = {
+    "observe": "time_step",
+    "record_step_model": "time_step",
+    "extend": "feed",
+} | dict.fromkeys(KERNEL_PARTS, "propose")
 
 
 class SimClock:
@@ -201,6 +213,9 @@ def instrument(session: DraftSession, timers: Timers) -> None:
     p = session.proposer
     for verb in ("propose", "start", "extend", "stop"):
         setattr(p, verb, timers.wrap(verb, getattr(p, verb)))
+    if getattr(p, "extend_many", None) is not None:
+        p.extend_many = timers.wrap("extend", p.extend_many)
+    session._extend = timers.wrap("feed", session._extend)  # type: ignore[method-assign]
     if session._block_of is not None:
         session._block_of = timers.wrap("block_of", session._block_of)
     session._time_step = timers.wrap("time_step", session._time_step)  # type: ignore[method-assign]
@@ -281,6 +296,8 @@ def drive(
     whole: list[float] = []
     accepted_total = 0
     ready: deque[deque[ReplayCall]] = deque()  # runs whose next call may start
+    # vLLM's request states, as the plugin reads them (one per live request)
+    states: dict[str, SimpleNamespace] = {}
     step_no = 0
     while rows or pending or ready:
         if max_steps is not None and step_no >= max_steps:
@@ -291,6 +308,7 @@ def drive(
             if rows[i].pos >= len(rows[i].call.output):
                 if rows[i].run:
                     ready.append(rows[i].run)
+                del states[rows[i].call.req_id]
                 last = len(rows) - 1
                 if i != last:
                     rows[i] = rows[last]
@@ -320,6 +338,9 @@ def drive(
             run = ready.popleft() if ready else pending.popleft()
             call = run.popleft()
             live = _Live(call, run)
+            limit = len(call.output) + session.k + 1  # never cuts a draft (module doc)
+            params = SimpleNamespace(extra_args=live.wire, max_tokens=limit)
+            states[call.req_id] = SimpleNamespace(sampling_params=params)
             r = len(rows)
             rows.append(live)
             plen = len(call.prompt)
@@ -331,19 +352,28 @@ def drive(
             scheduled[call.req_id] = plen
         if not rows:
             continue
-        ctx = BatchContext(
-            req_ids=[x.call.req_id for x in rows],
-            num_prompt_tokens=[len(x.call.prompt) for x in rows],
-            extra_args=[x.wire for x in rows],
+        runner = SimpleNamespace(
+            input_batch=SimpleNamespace(
+                num_reqs=len(rows),
+                req_ids=[x.call.req_id for x in rows],
+                num_prompt_tokens=np.array([len(x.call.prompt) for x in rows], dtype=np.int32),
+            ),
+            requests=states,
+            scheduler_config=SimpleNamespace(max_num_batched_tokens=max_batched),
+            max_model_len=max_len,
+        )
+        sched = SimpleNamespace(
             scheduled_spec_decode_tokens=spec,
             num_scheduled_tokens=scheduled,
-            max_num_batched_tokens=max_batched,
-            max_model_len=max_len,
+            finished_req_ids=frozenset(),
         )
         clock.now += cost.step_time(float(sum(scheduled.values())), float(np.sum(num[: len(rows)])))
         if thrash is not None:
             thrash += 1.0
         t0 = time.perf_counter()
+        ctx = build_batch_context(runner, sched)
+        if timers is not None:
+            timers.cur["context"] += time.perf_counter() - t0
         drafts = session.step(ctx, sampled, num, buf)
         dt = time.perf_counter() - t0
         whole.append(dt)

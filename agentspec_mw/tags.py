@@ -277,7 +277,7 @@ def _decode_once(key: tuple[tuple[str, type, Any], ...]) -> StructureTags:
     """:func:`_decode` of the wire items ``(key, type, value)``, remembered for the last
     1,024 distinct tag sets (each at most :data:`MAX_WIRE_CHARS`; a refused one is not
     kept). The tags are immutable, so requests may share one."""
-    return _decode({k: float(v) if t is float else v for k, t, v in key})
+    return _decode({k: t(float(v)) if issubclass(t, float) else v for k, t, v in key})
 
 
 def tags_from_wire(extra: Mapping[str, Any] | None) -> StructureTags | None:
@@ -294,9 +294,10 @@ def tags_from_wire(extra: Mapping[str, Any] | None) -> StructureTags | None:
         assert extra is not None
         # a request's tags are mostly those of the agent's calls before it: decoded once.
         # The key holds each value's type (True == 1 == 1.0 would share an entry) and a
-        # float's repr (0.0 == -0.0, decoded "0.0" and "-0.0": two scopes must not share)
+        # float's repr, numpy's float64 too (0.0 == -0.0, decoded "0.0" and "-0.0": two
+        # scopes must not share)
         key = tuple(
-            (str(k), v.__class__, repr(v) if v.__class__ is float else v)
+            (str(k), v.__class__, float.__repr__(v) if isinstance(v, float) else v)
             for k, v in extra.items()
             if str(k).startswith(WIRE_PREFIX)
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from agentspec_mw.errors import ProposerLoadError, TagError
@@ -192,5 +193,8 @@ def test_repeated_wire_tags_are_decoded_once_and_typed_apart() -> None:
     # equal floats that read differently are different scopes (tenants)
     assert tags_from_wire({**wire, "agentspec_scope": 0.0}).scope == "0.0"  # type: ignore[union-attr]
     assert tags_from_wire({**wire, "agentspec_scope": -0.0}).scope == "-0.0"  # type: ignore[union-attr]
+    for value in (np.float64(-0.0), np.float64(0.0)):  # a float subclass: keyed by repr too
+        tags = tags_from_wire({**wire, "agentspec_scope": value})
+        assert tags is not None and tags.scope == str(value)
     with pytest.raises(TagError):  # an unhashable value is still refused
         tags_from_wire({**wire, "agentspec_blocks": [["<a>", "</a>"]]})

@@ -116,8 +116,9 @@ class _RowParams(Sequence[Any]):
     """One sampling parameter of each row (``read`` of its ``SamplingParams``), looked up in
     the runner's request states only when a row's value is asked for: the adapter asks for
     a request's ``extra_args`` and ``max_tokens`` once, when it first sees the request, so
-    a step does not read them for every row (at 256 rows that was ~80 µs a step). Valid
-    for the draft call it was built for (the states do not change during it)."""
+    a step does not read them for every row (the context's read at 256 rows went from ~115
+    to ~27 µs: ``benchmarks/adapter_speed.py --mode parts``, 2026-12-06). Valid for the
+    draft call it was built for (the states do not change during it)."""
 
     __slots__ = ("_ids", "_read", "_requests")
 

@@ -1160,6 +1160,26 @@ def test_extend_many_is_all_or_nothing(tb) -> None:  # type: ignore[no-untyped-d
     assert list(p._slots.ctx[start : start + 5]) == [1, 2, 3, 4, 5]
 
 
+def test_queued_calls_stay_bounded_without_a_propose(tb) -> None:  # type: ignore[no-untyped-def]
+    """A host whose requests never ask for a draft (each at its ``max_tokens``) still
+    frees their rows: the queue is applied once it holds ``_MAX_PENDING`` stops or
+    batches, so neither it nor the slot table grows with the requests served."""
+    from agentspec_mw.agentspec.proposer import _MAX_PENDING
+
+    p = _prop(tb)
+    rng = np.random.default_rng(0)
+    for r in range(4 * _MAX_PENDING):
+        rid = f"r{r}"
+        p.start(rid, rng.integers(0, len(tb), 64))
+        p.extend_many([rid], [int(rng.integers(0, len(tb)))], [1])
+        p.stop(rid)
+        assert len(p._pend_stop) < _MAX_PENDING and len(p._pend_batches) < _MAX_PENDING
+    assert p._slots.si.shape[0] <= 2 * _MAX_PENDING
+    p.start("last", [1, 2, 3])  # and the proposer still works
+    p.extend("last", [1, 2, 3])
+    assert len(p.propose(["last"], 4, StepContext(batch_size=1))) == 1
+
+
 def test_agentspec_caps_distinct_block_grammars(tb, caplog) -> None:  # type: ignore[no-untyped-def]
     from agentspec_mw.agentspec import MAX_GRAMMARS
 

@@ -75,6 +75,11 @@ __all__ = ["AgentSpecProposer", "warm_kernels"]
 logger = logging.getLogger(__name__)
 
 _MIN_BOUND = 1e-12  # a position of survival 0 is never worth scoring
+# Queued calls applied without waiting for a ``propose`` once this many stops or
+# ``extend_many`` batches are pending: a host whose requests never ask for a draft (every one at its
+# ``max_tokens``, say) still frees their rows, and memory stays bounded. About one busy
+# step's worth, so a host that proposes every step never reaches it.
+_MAX_PENDING = 256
 
 _warm = False
 
@@ -271,6 +276,8 @@ class AgentSpecProposer:
             counts = [counts[i] for i in keep]
         self._seal_pending()
         self._pend_batches.append((sl, np.array(counts, dtype=np.int64), toks))
+        if len(self._pend_batches) >= _MAX_PENDING:
+            self._flush()
 
     def _seal_pending(self) -> None:
         """Turn the queued single ``extend`` calls into one batch (keeping call order)."""
@@ -284,10 +291,13 @@ class AgentSpecProposer:
 
     def stop(self, req_id: str) -> None:
         """Release the request (with ``experimental.index_agent_live=False`` its output
-        joins the agent-wide history now)."""
+        joins the agent-wide history now). Queued like ``start`` and ``extend``; the queue
+        is applied at the next ``propose``, or here once it holds ``_MAX_PENDING`` stops."""
         s = self._reqs.pop(req_id, None)
         if s is not None:
             self._pend_stop.append(s)
+            if len(self._pend_stop) >= _MAX_PENDING:
+                self._flush()
 
     def _flush(self) -> None:
         """Apply the queued calls (see :mod:`.kernels`), in the order they were made."""

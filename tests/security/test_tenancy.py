@@ -233,3 +233,22 @@ def test_find_unencodable_and_bind_body_directly() -> None:
     out = bind_body({"vllm_xargs": {"agentspec_v": 2}}, "s", metrics)
     assert out["vllm_xargs"] == {"agentspec_v": 1, "agentspec_scope": "s"}
     assert metrics.snapshot().tag_rejections == {"version": 1}
+
+
+def test_the_generate_endpoints_sampling_params_are_bound_too() -> None:
+    """vLLM's token-in/token-out ``/inference/v1/generate`` (``--tokens-only``,
+    ``--enable-scale-out``) takes ``SamplingParams`` as they are: their ``extra_args`` are
+    bound like ``vllm_xargs``, so a key cannot claim another tenant's scope there."""
+    client, echo = _client(TenancyConfig(scope_keys=KEYS))
+    path = "/inference/v1/generate"
+    theirs = {"agentspec_v": 1, "agentspec_scope": "tenant-b"}
+    body = {"token_ids": [1, 2], "sampling_params": {"max_tokens": 4, "extra_args": theirs}}
+    resp = _post(client, json.dumps(body), key="key-a", path=path)
+    assert resp.status_code == 403 and "sampling_params.extra_args" in resp.text
+    body["sampling_params"] = {"max_tokens": 4}  # untagged: scope-only tags, its own scope
+    assert _post(client, json.dumps(body), key="key-a", path=path).status_code == 200
+    params = echo.bodies[-1]["sampling_params"]
+    assert params["max_tokens"] == 4
+    assert params["extra_args"] == {"agentspec_v": 1, "agentspec_scope": "tenant-a"}
+    body["sampling_params"] = [1]
+    assert _post(client, json.dumps(body), key="key-a", path=path).status_code == 400

@@ -65,6 +65,7 @@ class Batch:
         max_len: int = 64,
         scheduled: dict[str, int] | None = None,
         max_tokens: list[int | None] | None = None,
+        finished: frozenset[str] = frozenset(),
     ) -> BatchContext:
         return BatchContext(
             req_ids=list(self.ids),
@@ -75,6 +76,7 @@ class Batch:
             max_num_batched_tokens=512,
             max_model_len=max_len,
             max_tokens=max_tokens or (),
+            finished_req_ids=finished,
         )
 
 
@@ -156,6 +158,25 @@ def test_readmitted_request_replays_its_whole_history() -> None:
     batch.buf[0], batch.n[0] = saved
     step(session, batch, {"a": [4]})
     assert probe.tokens["a"] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_a_reused_request_id_starts_afresh(told: bool) -> None:
+    """A host that picks its own request ids may reuse a finished one's. Told by vLLM
+    (``finished_req_ids``) or not (the finish fell in a step without a draft call: the
+    row holds fewer tokens than were fed), the session starts the new request with its
+    own prompt and tags, never the old one's (another tenant's, here)."""
+    probe = ProbeProposer(draft_len=2)
+    session = DraftSession(probe, k=4, metrics=DrafterMetrics(prometheus=False))
+    batch = Batch()
+    batch.add("r", list(range(1, 11)), tags_to_wire(StructureTags(scope="tenant-a")))
+    step(session, batch, {"r": [11]})
+    batch.remove("r")
+    batch.add("r", [50, 51, 52], tags_to_wire(StructureTags(scope="tenant-b")))
+    out = step(session, batch, {"r": [53]}, finished=frozenset({"r"}) if told else frozenset())
+    assert probe.tags["r"] == StructureTags(scope="tenant-b")
+    assert probe.tokens["r"] == [50, 51, 52, 53]
+    assert out == [[53, 53]]
 
 
 def test_every_row_is_capped_at_k_and_before_max_model_len() -> None:

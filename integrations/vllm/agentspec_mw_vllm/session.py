@@ -10,7 +10,10 @@
   (read from ``token_ids_cpu`` up to ``num_tokens_no_spec``, so nothing is lost or doubled),
   every request of the call in one ``extend_many`` where the proposer has it (AgentSpec),
   after the call's new requests have started;
-* requests no longer in the batch are ``stop``-ped before anything new starts;
+* requests no longer in the batch are ``stop``-ped before anything new starts, and so is a
+  request vLLM reports finished (``BatchContext.finished_req_ids``) or whose row holds
+  fewer tokens than were fed: its id now names a new request (ids the host chose, reused),
+  which starts afresh with its own prompt and tags;
 * ``propose`` gets the rows that want drafts, and every row is cut to
   ``min(k, max_model_len - num_tokens - 1)`` tokens (more than ``k`` crashes vLLM) and to
   the request's output tokens left less one (``max_tokens``: a step emits at most the
@@ -374,7 +377,11 @@ class DraftSession:
                 self._time_step(ctx, present, counts, emitted, start)
             if len(ctx.req_ids) < n:
                 raise RuntimeError(f"batch context has {len(ctx.req_ids)} rows, call has {n}")
-            leavers = [r for r in self._reqs if r not in present]
+            finished = ctx.finished_req_ids
+            if finished:  # an id vLLM finished may come back as a new request's
+                leavers = [r for r in self._reqs if r not in present or r in finished]
+            else:
+                leavers = [r for r in self._reqs if r not in present]
             for rid in leavers:
                 self._stop(rid)
             stops_queued = bool(leavers)
@@ -405,6 +412,12 @@ class DraftSession:
                 n_decoding += 1
                 kv_decoding += num_tokens
                 state = get_state(rid)
+                if state is not None and num_tokens < state.fed:
+                    # fewer tokens than were fed: a new request under a finished one's id
+                    # (its finish fell in a step without a draft call)
+                    self._stop(rid)
+                    stops_queued = True
+                    state = None
                 if state is None:
                     prompt = np.array(token_ids_cpu[i, : ctx.num_prompt_tokens[i]], dtype=np.int32)
                     limit = limits[i] if i < n_limits else None

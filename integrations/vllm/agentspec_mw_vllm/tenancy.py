@@ -13,13 +13,15 @@ trust domain. A :class:`TenancyConfig` binds scopes on the server side instead, 
   request without it gets HTTP 401). Only for servers that clients cannot reach directly.
 
 With a binding, :func:`bind_body` writes the scope into the request body's
-``vllm_xargs``: scope-only tags (``{"agentspec_v": 1, "agentspec_scope": scope}``) for a
-request without tags, so tag-free requests of different tenants are isolated too; the
-bound scope for tagged requests; a body whose ``agentspec_scope`` names another scope is
-refused (HTTP 403); tags that do not decode are replaced by scope-only tags (the request
-runs tag-free inside its own scope, never in a shared one). :func:`find_unencodable`
-finds text that cannot be encoded as UTF-8 (lone surrogates), which vLLM answers with an
-empty HTTP 500. :mod:`agentspec_mw_vllm.middleware` applies all of this in the server.
+``vllm_xargs``, and into ``sampling_params.extra_args`` where a body carries vLLM's own
+sampling parameters (``/inference/v1/generate``): scope-only tags
+(``{"agentspec_v": 1, "agentspec_scope": scope}``) for a request without tags, so
+tag-free requests of different tenants are isolated too; the bound scope for tagged
+requests; a body whose ``agentspec_scope`` names another scope is refused (HTTP 403);
+tags that do not decode are replaced by scope-only tags (the request runs tag-free inside
+its own scope, never in a shared one). :func:`find_unencodable` finds text that cannot be
+encoded as UTF-8 (lone surrogates), which vLLM answers with an empty HTTP 500.
+:mod:`agentspec_mw_vllm.middleware` applies all of this in the server.
 
 ``agentspec serve`` hands the configuration to the server process in environment
 variables (:data:`SCOPE_KEYS_ENV`, :data:`SCOPE_HEADER_ENV`, :data:`MAX_BODY_ENV`), read
@@ -254,30 +256,48 @@ def _encodable(text: str) -> bool:
 def bind_body(
     body: dict[str, Any], scope: str, metrics: DrafterMetrics | None = None
 ) -> dict[str, Any]:
-    """``body`` with its tags bound to ``scope`` (see the module docstring). Tags that do
-    not decode are counted in ``metrics.tag_rejections`` (and logged) like the engine does.
+    """``body`` with its tags bound to ``scope`` (see the module docstring): in
+    ``vllm_xargs`` (the OpenAI endpoints) and, when the body carries ``sampling_params``
+    (vLLM's token-in/token-out ``/inference/v1/generate``), in its ``extra_args`` too,
+    which that endpoint hands to the engine as they are. Tags that do not decode are
+    counted in ``metrics.tag_rejections`` (and logged) like the engine does.
 
     Raises:
         Refusal: 403 when the body's ``agentspec_scope`` names another scope; 400 when
-            ``vllm_xargs`` is not an object.
+            ``vllm_xargs``, ``sampling_params`` or its ``extra_args`` is not an object.
     """
-    xargs = body.get("vllm_xargs")
-    if xargs is None:
-        xargs = {}
-    if not isinstance(xargs, dict):
-        raise Refusal(400, "vllm_xargs must be a JSON object", param="vllm_xargs")
-    claimed = xargs.get(_SCOPE_KEY)
+    metrics = metrics or DrafterMetrics(prometheus=False)
+    out = {**body, "vllm_xargs": _bound_args(body.get("vllm_xargs"), scope, metrics, "vllm_xargs")}
+    if "sampling_params" in body:
+        params = body["sampling_params"]
+        if not isinstance(params, dict):
+            raise Refusal(400, "sampling_params must be a JSON object", param="sampling_params")
+        where = "sampling_params.extra_args"
+        out["sampling_params"] = {
+            **params,
+            "extra_args": _bound_args(params.get("extra_args"), scope, metrics, where),
+        }
+    return out
+
+
+def _bound_args(args: Any, scope: str, metrics: DrafterMetrics, where: str) -> dict[str, Any]:
+    """One ``extra_args`` object (``where`` names it in the body) bound to ``scope``."""
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise Refusal(400, f"{where} must be a JSON object", param=where)
+    claimed = args.get(_SCOPE_KEY)
     if claimed is not None and claimed != scope:
         raise Refusal(
             403,
-            f"vllm_xargs.{_SCOPE_KEY} names a scope this API key is not bound to; leave it "
+            f"{where}.{_SCOPE_KEY} names a scope this API key is not bound to; leave it "
             "out (the server sets it) or send your own scope",
-            param=f"vllm_xargs.{_SCOPE_KEY}",
+            param=f"{where}.{_SCOPE_KEY}",
         )
-    ours = {k: v for k, v in xargs.items() if str(k).startswith(WIRE_PREFIX)}
-    rest = {k: v for k, v in xargs.items() if not str(k).startswith(WIRE_PREFIX)}
+    ours = {k: v for k, v in args.items() if str(k).startswith(WIRE_PREFIX)}
+    rest = {k: v for k, v in args.items() if not str(k).startswith(WIRE_PREFIX)}
     tags: dict[str, Any] = {f"{WIRE_PREFIX}v": WIRE_VERSION, **ours, _SCOPE_KEY: scope}
-    if decode_tags(tags, metrics or DrafterMetrics(prometheus=False), "(scope binding)") is None:
+    if decode_tags(tags, metrics, "(scope binding)") is None:
         # served tag-free, but inside its own scope
         tags = {f"{WIRE_PREFIX}v": WIRE_VERSION, _SCOPE_KEY: scope}
-    return {**body, "vllm_xargs": {**rest, **tags}}
+    return {**rest, **tags}

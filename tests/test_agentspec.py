@@ -1160,6 +1160,36 @@ def test_extend_many_is_all_or_nothing(tb) -> None:  # type: ignore[no-untyped-d
     assert list(p._slots.ctx[start : start + 5]) == [1, 2, 3, 4, 5]
 
 
+def test_token_ids_are_checked_at_the_door(tb) -> None:  # type: ignore[no-untyped-def]
+    """Ids that cannot be tokens raise ``ValueError`` in the call that gives them and
+    queue nothing (a bad read-only array once made every later ``propose`` raise); ids
+    past the tokenizer's table (a model's vocabulary may be larger) are drafted like any
+    other (they once read past the table: a large one crashed the process)."""
+    p = _prop(tb)
+    big = len(tb) + 10**8
+    text = [big, big + 1, big + 2, big + 3] * 20
+    p.start("a", text)
+    p.extend("a", [big])
+    d = p.propose(["a"], 4, StepContext(batch_size=1))[0]
+    assert d.token_ids and d.token_ids[0] == big + 1
+    bad_float = np.array([1.5, 2.5])
+    bad_float.flags.writeable = False
+    for call in (
+        lambda: p.start("b", [1, -5, 3]),
+        lambda: p.start("b", np.array([1, 2**31], dtype=np.int64)),
+        lambda: p.extend("a", bad_float),
+        lambda: p.extend("a", [3, -1]),
+        lambda: p.extend_many(["a"], np.array([2**40]), [1]),
+        lambda: p.extend_many(["a", "a"], [4, 5, 6], [1.5, 1.5]),
+        lambda: p.extend_many(["a", "a"], [4, 5, 6], np.array([1.5, 1.5])),
+    ):
+        with pytest.raises(ValueError):
+            call()
+    assert "b" not in p._reqs and not p._pend_ids and not p._pend_batches
+    p.extend("a", [big + 1])
+    assert p.propose(["a"], 4, StepContext(batch_size=1))[0].token_ids[:1] == (big + 2,)
+
+
 def test_queued_calls_stay_bounded_without_a_propose(tb) -> None:  # type: ignore[no-untyped-def]
     """A host whose requests never ask for a draft (each at its ``max_tokens``) still
     frees their rows: the queue is applied once it holds ``_MAX_PENDING`` stops or

@@ -565,7 +565,8 @@ def score(
                 crossed = 0
                 for j in range(lens[row]):
                     c = _cell(head, agree if j < ag else 0, j, prob[row, j], n_q)
-                    code = codes[tok[row, j]]
+                    t = tok[row, j]  # an id past the tokenizer's table has no class
+                    code = codes[t] if t < codes.shape[0] else 0
                     f = _fine(c, code, crossed, rec[r])
                     s *= _acceptance(f, tab, fsucc, ftot, strength)
                     cells[a, j] = f

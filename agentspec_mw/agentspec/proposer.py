@@ -45,6 +45,7 @@ per-step Python work is a handful of array operations, not a loop over tokens.
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,6 +83,25 @@ _MIN_BOUND = 1e-12  # a position of survival 0 is never worth scoring
 _MAX_PENDING = 256
 
 _warm = False
+_ID_LIMIT = 2**31  # token ids are kept as int32
+
+
+def _token_ids(ids: TokenIds, what: str) -> np.ndarray:
+    """``ids`` as a new flat int32 array, checked: integers in ``[0, 2**31)`` (an id past
+    the tokenizer's table is fine: a model's vocabulary may be larger; it has no bytes).
+
+    Raises:
+        ValueError: not integers, or an id out of that range (nothing is queued).
+    """
+    arr = np.asarray(ids)
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int32)
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"{what}: token ids must be integers, got dtype {arr.dtype}")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= _ID_LIMIT:
+        raise ValueError(f"{what}: token ids must be in [0, 2**31), got {lo if lo < 0 else hi}")
+    return arr.astype(np.int32).reshape(-1)
 
 
 def warm_kernels() -> None:
@@ -195,11 +215,12 @@ class AgentSpecProposer:
         :func:`.identity.identity`) and block.
 
         Nothing in ``tags`` makes this raise: unusable block delimiters fall back to the
-        default grammar (:mod:`.grammars`).
+        default grammar (:mod:`.grammars`). Prompt ids that are not integers in
+        ``[0, 2**31)`` raise ``ValueError`` (before anything changes).
         """
+        prompt = _token_ids(prompt_ids, f"start({req_id!r})")
         if req_id in self._reqs:
             self.stop(req_id)
-        prompt = np.asarray(prompt_ids, dtype=np.int32).reshape(-1)
         cfg = self.config
         exp = cfg.experimental
         scope, agent, group = identity(
@@ -236,12 +257,19 @@ class AgentSpecProposer:
         """Accepted tokens: queued, applied for the whole batch at the next ``propose``.
 
         A writable array or a list is copied (the caller may reuse its buffer); a
-        read-only array (e.g. a slice of a memory-mapped trace) is kept as is.
+        read-only flat int32 array (e.g. a slice of a memory-mapped trace) is kept as is.
+        Ids that are not integers in ``[0, 2**31)`` raise ``ValueError`` (nothing queued).
         """
         s = self._reqs[req_id]
         if len(token_ids):
-            if not isinstance(token_ids, np.ndarray) or token_ids.flags.writeable:
-                token_ids = np.array(token_ids, dtype=np.int32)
+            if not (
+                isinstance(token_ids, np.ndarray)
+                and not token_ids.flags.writeable
+                and token_ids.dtype == np.int32
+                and token_ids.ndim == 1
+                and token_ids.min() >= 0
+            ):
+                token_ids = _token_ids(token_ids, f"extend({req_id!r})")
             self._pend_slot.append(s)
             self._pend_ids.append(token_ids)
 
@@ -253,15 +281,22 @@ class AgentSpecProposer:
         one ``extend`` per request, without a Python call per request.
 
         All or nothing: an unknown request id raises ``KeyError``, and ``lens`` that are
-        not one non-negative count per request summing to ``len(token_ids)`` raise
-        ``ValueError``, before anything is queued. ``token_ids`` and ``lens`` are copied.
+        not one non-negative integer count per request summing to ``len(token_ids)``, or
+        ids as ``extend`` refuses them, raise ``ValueError``, before anything is queued.
+        ``token_ids`` and ``lens`` are copied.
         """
         n = len(req_ids)
         sl = np.fromiter(map(self._reqs.__getitem__, req_ids), np.int64, n)
         # checked on a list: a few requests cost less so than in numpy
-        counts = lens.tolist() if isinstance(lens, np.ndarray) else list(map(int, lens))
+        if isinstance(lens, np.ndarray) and lens.dtype.kind in "iu":
+            counts = lens.tolist()
+        else:
+            try:  # an integer each (a float count would lose or invent tokens)
+                counts = list(map(operator.index, lens))
+            except TypeError:
+                raise ValueError(f"extend_many: lens must be integers, got {lens!r}") from None
         # a copy the kernels may keep (and, writable, read without a new compilation)
-        toks = np.array(token_ids, dtype=np.int32).reshape(-1)
+        toks = _token_ids(token_ids, "extend_many")
         n_tok = len(toks)
         if len(counts) != n or (n and min(counts) < 0) or sum(counts) != n_tok:
             raise ValueError(

@@ -245,16 +245,25 @@ class MeasuredStepTime:
         min_steps: int = 16,
         outlier_ratio: float = 4.0,
     ) -> None:
-        if (
-            not prior_spread > 0
-            or not noise > 0
-            or half_life_steps <= 0
-            or refit_every < 1
-            or outlier_ratio <= 1
-        ):
+        # prior_spread may be inf (no prior: the unregularised fit); the others must be
+        # finite (a NaN outlier_ratio turned the outlier test off, a NaN half-life made
+        # every sum NaN)
+        bad = [
+            f"{name}={value!r}"
+            for name, value, ok in (
+                ("prior_spread", prior_spread, prior_spread > 0),
+                ("noise", noise, 0 < noise < math.inf),
+                ("half_life_steps", half_life_steps, 0 < half_life_steps < math.inf),
+                ("refit_every", refit_every, refit_every >= 1),
+                ("outlier_ratio", outlier_ratio, 1 < outlier_ratio < math.inf),
+            )
+            if not ok
+        ]
+        if bad:
             raise ValueError(
-                "MeasuredStepTime needs prior_spread > 0, noise > 0, half_life_steps > 0, "
-                "refit_every >= 1 and outlier_ratio > 1"
+                "MeasuredStepTime needs prior_spread > 0, finite noise > 0, finite "
+                "half_life_steps > 0, refit_every >= 1 and finite outlier_ratio > 1; got "
+                + ", ".join(bad)
             )
         prior = prior if prior is not None else PRESETS["llama8b-h100"]
         if prior.form != "linear":
@@ -280,6 +289,11 @@ class MeasuredStepTime:
         self._p = np.array(
             [prior.c_fix + prior.c_oh, prior.c_tok + prior.c_row, prior.c_kv, *draft_prior, 0.0]
         )
+        if not 0.0 < self._p[0] + self._p[1] < math.inf:
+            raise ValueError(
+                f"MeasuredStepTime's prior {prior.name!r} prices a one-token step at "
+                f"{self._p[0] + self._p[1]!r} s; it needs a positive, finite time"
+            )
         self._d = d = len(self._p)
         self._tri = [(i, j) for i in range(d) for j in range(i, d)]  # x x^T's upper triangle
         # decayed sums over the steps, each weighted by 1 / seconds^2, x = (1, N, kv,
@@ -301,7 +315,8 @@ class MeasuredStepTime:
         self.observed = 0
         """Steps used in the fit so far."""
         self.skipped = 0
-        """Steps not used (outliers, non-positive times)."""
+        """Steps not used (outliers, non-positive or non-finite times, negative or
+        non-finite features, steps whose weighted products overflow)."""
         self._emitted_cost = 0.0
         self._model = self._adopt(self._p)
 
@@ -318,16 +333,21 @@ class MeasuredStepTime:
         the requests that carried a draft; ``draft_kv``: Σ over draft tokens of their
         request's KV tokens (:class:`~agentspec_mw.costmodel.StepTimeModel`); ``emitted``:
         the tokens the step emitted (each request's accepted drafts plus its one sampled
-        token)."""
+        token).
+
+        A step with a time that is not positive and finite, a feature that is negative or
+        not finite (NaN, inf), or so large that its weighted products overflow, is not
+        used (counted in :attr:`skipped`): one such step would make the fit's sums NaN or
+        inf for good."""
         with self._lock:
-            if (
-                not (seconds > 0.0 and math.isfinite(seconds))
-                or num_batched < 0
-                or num_kv < 0
-                or spec_kv < 0
-                or draft_kv < 0
-                or emitted < 0
-            ):
+            if not (
+                0.0 < seconds < math.inf
+                and 0.0 <= num_batched < math.inf
+                and 0.0 <= num_kv < math.inf
+                and 0.0 <= spec_kv < math.inf
+                and 0.0 <= draft_kv < math.inf
+                and 0.0 <= emitted < math.inf
+            ) or not self._fits_in_sums(seconds, num_batched, num_kv, spec_kv, draft_kv, emitted):
                 self.skipped += 1
                 return False
             if self.observed >= self.min_steps:
@@ -362,6 +382,24 @@ class MeasuredStepTime:
                 self._model = self._adopt(self._solve())
                 self._since_fit = 0
         return True
+
+    def _fits_in_sums(
+        self,
+        seconds: float,
+        num_batched: float,
+        num_kv: float,
+        spec_kv: float,
+        draft_kv: float,
+        emitted: float,
+    ) -> bool:
+        """Whether a step of finite, non-negative values adds only finite terms to the
+        sums: its weight ``w2 = 1 / seconds^2`` and its largest product ``w2 * x_max^2``
+        are finite (with ``x_max >= 1``, every other term of :meth:`observe` then is)."""
+        square = seconds * seconds
+        if not square > 0.0:  # underflows: 1 / square would divide by zero
+            return False
+        top = max(1.0, num_batched, num_kv, emitted, *self._draft_features(spec_kv, draft_kv))
+        return math.isfinite((1.0 / square) * (top * top))
 
     def _draft_features(self, spec_kv: float, draft_kv: float) -> tuple[float, ...]:
         """The fit's draft features of a step: ``(N_spec_kv, N_draft_kv)``, or with a
@@ -418,7 +456,15 @@ class MeasuredStepTime:
     def _adopt(self, coef: np.ndarray) -> StepTimeModel:
         """Take the fit's coefficients: the emitted-token cost, and the rest as a linear
         :class:`StepTimeModel` (``c_oh`` folded into ``c_fix``; with a draft shape, the draft
-        factor times the prior's two terms), returned."""
+        factor times the prior's two terms), returned.
+
+        A fit that prices a one-token step at no time (``c_fix + c_tok == 0``: every
+        step's time put on its KV and drafts), or that is not finite, is not a model the
+        budget can price by (:class:`StepTimeModel` rejects it): the current model and
+        emitted-token cost are kept instead (the first model, the prior's, qualifies:
+        ``__init__`` checks it)."""
+        if not (0.0 < float(coef[0]) + float(coef[1]) < math.inf and np.isfinite(coef).all()):
+            return self._model
         self._emitted_cost = float(coef[-1])
         if self._shape is not None:
             spec, draft = float(coef[3]) * self._shape[0], float(coef[3]) * self._shape[1]

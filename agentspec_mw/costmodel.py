@@ -187,9 +187,13 @@ class StepTimeModel(BaseModel):
     ``ridge``: ``c_oh + c_kv N_kv + c_row N_rows + max(c_fix, c_tok N)`` — batched tokens
     ride free under the weights' read up to the ridge ``c_fix / c_tok``, while the
     attention's KV read is its own kernels' time and hides nothing (measured on an H200,
-    ``llama8b-h200``)."""
+    ``llama8b-h200``).
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    Every coefficient is a finite number >= 0, and a one-token step at no context takes
+    a positive time (``c_fix + c_tok + c_row + c_oh > 0``, whatever the form): a budget
+    divides by the time of a step's decodes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = "custom"
     form: Literal["linear", "roofline", "ridge"] = "linear"
@@ -219,9 +223,17 @@ class StepTimeModel(BaseModel):
     """The token budget, sequence limit, KV capacity and block size of the hardware."""
 
     @model_validator(mode="after")
-    def _draft_terms_linear(self) -> StepTimeModel:
+    def _check_terms(self) -> StepTimeModel:
         if self.form != "linear" and (self.c_spec_kv or self.c_draft_kv):
             raise ValueError("c_spec_kv and c_draft_kv are terms of the linear form only")
+        # step_time(1, 0) of every form: c_oh + c_row + (c_fix + c_tok, or their max)
+        one_token = self.c_fix + self.c_tok + self.c_row + self.c_oh
+        if not 0.0 < one_token < float("inf"):
+            raise ValueError(
+                f"c_fix + c_tok + c_row + c_oh = {one_token!r} (c_fix={self.c_fix!r}, "
+                f"c_tok={self.c_tok!r}, c_row={self.c_row!r}, c_oh={self.c_oh!r}): a "
+                "one-token step must take a positive, finite time"
+            )
         return self
 
     def step_time(

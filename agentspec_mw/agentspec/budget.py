@@ -189,10 +189,23 @@ def admission_bound(cost: StepTimeFn, shape: StepShape) -> float:
         # whether it takes a free slot or displaces a prefill token (module docstring);
         # the same number as the general path below, without its arrays (every step)
         t_dec = _decode_time(coef, shape.batch_size, shape.num_kv)
-        return max(0.0, shape.batch_size / t_dec * float(coef[1]))
+        return max(0.0, _decode_goodput(shape.batch_size, t_dec) * float(coef[1]))
     t0, t1 = step_times(cost, shape, np.array([0.0, 1.0])).tolist()
     t_dec = t0 - prefill_time(cost, shape)
-    return max(0.0, shape.batch_size / t_dec * (t1 - t0))
+    return max(0.0, _decode_goodput(shape.batch_size, t_dec) * (t1 - t0))
+
+
+def _decode_goodput(batch_size: int, t_dec: float) -> float:
+    """``b / t(b, kv)``, the step's goodput without drafts; raises ``ValueError`` unless
+    ``t_dec`` is positive and finite (a :class:`~agentspec_mw.costmodel.StepTimeModel`
+    guarantees that for a step with a decode; a model pricing the step at no time
+    cannot say what a draft is worth)."""
+    if not 0.0 < t_dec < math.inf:
+        raise ValueError(
+            f"the step-time model gives {t_dec!r} s for a step of {batch_size} decodes; "
+            "the draft budget needs a positive, finite step time"
+        )
+    return batch_size / t_dec
 
 
 def _decode_time(coef: np.ndarray, batch_size: int, num_kv: float) -> float:
@@ -238,7 +251,7 @@ def admission_bounds(cost: StepTimeFn, shape: StepShape, context_lens: np.ndarra
         return np.full(n, bound)
     coef = cost.linear_coefficients()  # type: ignore[attr-defined]  # draft_costs found it
     t_dec = _decode_time(coef, shape.batch_size, shape.num_kv)
-    return shape.batch_size / t_dec * costs[1]
+    return _decode_goodput(shape.batch_size, t_dec) * costs[1]
 
 
 class Allocation:

@@ -24,7 +24,8 @@ class _ExperimentalConfig(BaseModel):
     of :class:`AgentSpecConfig`; ``--set agentspec.experimental.OPTION=VALUE`` in the
     replay). The defaults are the design; each switch turns one part of it off."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # every number finite: `--set ...=Infinity` or NaN is an error, not a silent no-draft
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     sources: tuple[Literal["iso", "agent", "scope", "local"], ...] = (
         "iso",
@@ -97,7 +98,7 @@ class AgentSpecConfig(BaseModel):
     agentspec.experimental.OPTION=VALUE`` gives) sets that experimental option.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     blocks: tuple[tuple[str, str, str], ...] = tuple(
         (b.name, b.start, b.end) for b in DEFAULT_BLOCKS
@@ -157,9 +158,12 @@ class AgentSpecConfig(BaseModel):
         dotted = [k for k in data if isinstance(k, str) and k.startswith("experimental.")]
         if not moved and not dotted:
             return data
-        data = dict(data)
         exp = data.get("experimental", {})
-        exp = dict(exp.model_dump() if isinstance(exp, BaseModel) else exp)
+        try:
+            exp = dict(exp.model_dump() if isinstance(exp, BaseModel) else exp)
+        except (TypeError, ValueError):
+            return data  # not options (None, a number...): the field's validation says so
+        data = dict(data)
         for k in dotted:
             exp[k.removeprefix("experimental.")] = data.pop(k)
         if moved:

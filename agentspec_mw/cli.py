@@ -153,6 +153,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         ReplayConfig,
         ReplayReport,
         build_calls,
+        check_proposers,
         fewer_in_flight,
         load_summary,
         more_in_flight,
@@ -164,29 +165,44 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from agentspec_mw.traces.loader import LoadStats
     from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
 
-    config = ReplayConfig(
-        traces=list(args.traces),
-        tokenizer=args.tokenizer,
-        proposers=args.proposers,
-        batch=args.batch,
-        k=args.k,
-        cost_model=args.cost_model,
-        add_proposer_time=args.add_proposer_time,
-        tags=args.tags,
-        proposer_options=_parse_set(args.set),
-        max_calls=args.max_calls,
-        max_calls_per_run=args.max_calls_per_run,
-        max_runs=args.max_runs,
-        skip_malformed=args.skip_malformed,
-        run_order=args.run_order,
-        serial_runs=args.serial_runs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        kv_capacity_tokens=args.kv_capacity,
-    )
+    try:
+        config = ReplayConfig(
+            traces=list(args.traces),
+            tokenizer=args.tokenizer,
+            proposers=args.proposers,
+            batch=args.batch,
+            k=args.k,
+            cost_model=args.cost_model,
+            add_proposer_time=args.add_proposer_time,
+            tags=args.tags,
+            proposer_options=_parse_set(args.set),
+            max_calls=args.max_calls,
+            max_calls_per_run=args.max_calls_per_run,
+            max_runs=args.max_runs,
+            skip_malformed=args.skip_malformed,
+            run_order=args.run_order,
+            serial_runs=args.serial_runs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            kv_capacity_tokens=args.kv_capacity,
+        )
+    except ValidationError as exc:  # one line per problem, without pydantic's input dump
+        raise ValueError(
+            "; ".join(
+                "".join(f"{part}: " for part in e["loc"][:1])
+                + str(e["msg"]).removeprefix("Value error, ")
+                for e in exc.errors()
+            )
+        ) from None
     for name in config.proposers:  # fail before any slow work
         resolve_proposer_class(name)
     progress = not args.no_progress
     tokenizer = load_tokenizer(config.tokenizer)
+    env = ProposerEnv(
+        token_bytes=token_bytes_table(tokenizer),
+        cost_model=get_cost_model(config.cost_model),
+        max_k=max(config.k),
+    )
+    check_proposers(config, env)  # bad options fail before tokenizing
     cache = Path(args.cache_dir) if args.cache_dir else None
     stats = {p: LoadStats() for p in config.traces}
     traces = [
@@ -212,11 +228,13 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         serial_runs=config.serial_runs,
     )
     workloads = {wl: order_runs(calls, config.run_order) for wl, calls in workloads.items()}
-    env = ProposerEnv(
-        token_bytes=token_bytes_table(tokenizer),
-        cost_model=get_cost_model(config.cost_model),
-        max_k=max(config.k),
-    )
+    if not any(workloads.values()):
+        skipped = sum(s.skipped for s in stats.values())
+        why = f" ({skipped} malformed record(s) skipped)" if skipped else ""
+        raise ValueError(
+            f"no calls to replay in {', '.join(config.traces)}: the traces hold no (valid) "
+            f"records{why}; pass trace files that hold records"
+        )
     if args.replicas:
         return _replica_replay(args, config, workloads, env)
     rows = run_replay(config, workloads, env, progress=progress)
@@ -290,7 +308,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (AgentSpecError, ValidationError, FileNotFoundError, ValueError) as exc:
+    except (
+        AgentSpecError,
+        ValidationError,
+        FileNotFoundError,
+        ValueError,
+        argparse.ArgumentTypeError,  # a malformed --set, parsed in the command
+    ) as exc:
         print(f"agentspec {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

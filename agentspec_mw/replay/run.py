@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from tqdm import tqdm
 
 from agentspec_mw.costmodel import PRESETS, ServingLimits, get_cost_model
@@ -25,6 +25,7 @@ __all__ = [
     "ReplayReport",
     "ResultRow",
     "build_calls",
+    "check_proposers",
     "fewer_in_flight",
     "issued_together",
     "more_in_flight",
@@ -110,6 +111,17 @@ class ReplayConfig(BaseModel):
         if v not in PRESETS:
             raise ValueError(f"cost_model={v!r} is not a preset; choose one of {sorted(PRESETS)}")
         return v
+
+    @model_validator(mode="after")
+    def _options_of_replayed_proposers(self) -> ReplayConfig:
+        unknown = [name for name in self.proposer_options if name not in self.proposers]
+        if unknown:
+            raise ValueError(
+                f"proposer_options (--set) name {', '.join(map(repr, unknown))}, not among the "
+                f"proposers replayed ({', '.join(self.proposers)}): they would be ignored; "
+                "fix the proposer name or add it to the proposers (--proposers)"
+            )
+        return self
 
 
 class ResultRow(BaseModel):
@@ -404,6 +416,17 @@ def serving_limits(config: ReplayConfig) -> ServingLimits:
     return get_cost_model(config.cost_model).limits.model_copy(update=update)
 
 
+def check_proposers(config: ReplayConfig, env: ProposerEnv | None = None) -> None:
+    """Build each of ``config``'s proposers once with its options, so that a bad name or
+    option fails before the slow work (tokenizing, the baseline replay).
+
+    Raises:
+        ProposerLoadError: a proposer that cannot be resolved or built with its options.
+    """
+    for name in dict.fromkeys(config.proposers):
+        make_proposer(name, env, **config.proposer_options.get(name, {}))
+
+
 def run_replay(
     config: ReplayConfig,
     workloads: dict[str, list[ReplayCall]],
@@ -411,10 +434,12 @@ def run_replay(
     *,
     progress: bool = True,
 ) -> list[ResultRow]:
-    """Replay every combination; speedups are ratios to ``none`` at the same batch size."""
+    """Replay every combination; speedups are ratios to ``none`` at the same batch size.
+    The proposers are checked first (:func:`check_proposers`)."""
     cost = get_cost_model(config.cost_model)
     limits = serving_limits(config)
     env = env or ProposerEnv(cost_model=cost, max_k=max(config.k))
+    check_proposers(config, env)
     names = list(dict.fromkeys(config.proposers))
     spec_names = [p for p in names if p != "none"]
     wl_tokens = {w: int(sum(len(c.output) for c in cs)) for w, cs in workloads.items()}

@@ -2,12 +2,14 @@
 
 Tokenizing the shared traces naively takes ~15 minutes; the cache makes a second replay
 skip it. The key is ``sha256(trace file bytes)`` + a fingerprint of the tokenizer
-(vocabulary, merges, chat template) + :data:`RENDER_VERSION`. An entry is a folder with
-``calls.json`` (per-call metadata), ``steps.json`` (each call's ``meta.step``; added to
-an entry written before it existed, from the trace file, without tokenizing again),
-``tokens.bin`` (int32, prompt then output per call) and ``offsets.npy``; it is written to
-a temporary folder and renamed into place, so an interrupted run never leaves a half
-entry. Tokens are memory-mapped, not loaded.
+(vocabulary, merges, chat template) + :data:`RENDER_VERSION` + :data:`CACHE_VERSION`. An
+entry is a folder with ``calls.json`` (per-call metadata), ``steps.json`` (each call's
+``meta.step``), ``load.json`` (the loader's counts: records, skipped malformed ones and
+their first messages, which a cache hit reports again), ``tokens.bin`` (int32, prompt then
+output per call) and ``offsets.npy``; an entry lacking ``steps.json`` or ``load.json``
+gets them from the trace file, without tokenizing again. It is written to a temporary
+folder and renamed into place, so an interrupted run never leaves a half entry. Tokens are
+memory-mapped, not loaded.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from agentspec_mw.errors import MissingDependencyError
-from agentspec_mw.traces.loader import LoadStats, iter_records
+from agentspec_mw.errors import MissingDependencyError, ModelNotFoundError
+from agentspec_mw.traces.loader import MAX_ERRORS, LoadStats, iter_records
 from agentspec_mw.traces.render import RENDER_VERSION, render_prompt_text
 from agentspec_mw.traces.schema import TraceRecord
 
 __all__ = [
+    "CACHE_VERSION",
     "CallMeta",
     "TokenizedTrace",
     "default_cache_dir",
@@ -41,6 +44,11 @@ __all__ = [
 ]
 
 _CHUNK = 128
+
+#: Bump when what the loader accepts or what an entry holds changes: it is part of the
+#: cache key, so older entries are not used (3: ``load.json``; records the loader now
+#: rejects — a repeated call, a lone surrogate, malformed ``tool_calls``, an over-long id).
+CACHE_VERSION = 3
 
 
 def default_cache_dir() -> Path:
@@ -56,6 +64,9 @@ def load_tokenizer(name_or_path: str) -> Any:
     """Load a Hugging Face tokenizer (offline paths work; no hub access is needed).
 
     ``"default"`` is the embedded default model's tokenizer (see ``agentspec_mw.default_model``).
+
+    Raises:
+        ModelNotFoundError: ``name_or_path`` is no tokenizer that can be loaded here.
     """
     if name_or_path == "default":
         from agentspec_mw.default_model import default_model_dir
@@ -67,7 +78,16 @@ def load_tokenizer(name_or_path: str) -> Any:
         raise MissingDependencyError(
             "transformers", "tokenizing traces", "pip install 'agentspec-mw[tokenizers]'"
         ) from None
-    return AutoTokenizer.from_pretrained(name_or_path)
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as exc:  # no such folder or id; a folder without one
+        reason = " ".join(str(exc).split())[:240] or type(exc).__name__
+        raise ModelNotFoundError(
+            f"tokenizer {name_or_path!r} cannot be loaded ({reason}): pass a local tokenizer "
+            "folder (with tokenizer.json or tokenizer_config.json), a Hugging Face model id "
+            "already in the local cache (or reachable, without HF_HUB_OFFLINE), or `default` "
+            "for the embedded default model's tokenizer"
+        ) from None
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -206,22 +226,56 @@ def _write_entry(
     )
 
 
-def _add_steps(entry: Path, path: Path, skip_malformed: bool) -> None:
-    """Write ``steps.json`` into an older cache entry, from the trace file (no tokenizing).
-    A cache that cannot be written to keeps the entry as it is, with a warning: its calls
-    then have no steps (only the samples of one request are issued together)."""
-    steps = [_step_of(rec) for rec in iter_records(path, skip_malformed=skip_malformed)]
+def _load_json(path: Path, stats: LoadStats) -> dict[str, Any]:
+    """``stats`` as kept in ``load.json``: its messages without the trace path (the same
+    content may be read from another path later)."""
+    prefix = f"{path}:"
+    return {
+        "records": stats.records,
+        "skipped": stats.skipped,
+        "errors": [e.removeprefix(prefix) for e in stats.errors],
+    }
+
+
+def _read_load(entry: Path, path: Path) -> LoadStats | None:
+    """The loader's counts kept in ``entry`` (messages naming ``path``), or ``None``."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".steps-", dir=entry)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(steps, fh)
-        os.replace(tmp, entry / "steps.json")
-    except OSError as exc:
-        warnings.warn(
-            f"{entry}: could not add the calls' steps to this cache entry ({exc}); "
-            "delete the entry to tokenize the trace again",
-            stacklevel=3,
+        raw = json.loads((entry / "load.json").read_text())
+        return LoadStats(
+            int(raw["records"]), int(raw["skipped"]), [f"{path}:{e}" for e in raw["errors"]]
         )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _add_missing(entry: Path, path: Path, skip_malformed: bool) -> LoadStats:
+    """Write ``steps.json`` and ``load.json`` into a cache entry lacking them, from the trace
+    file (no tokenizing); return the loader's counts. A cache that cannot be written to
+    keeps the entry as it is, with a warning: without steps its calls have none (only the
+    samples of one request are issued together)."""
+    stats = LoadStats()
+    steps = [
+        _step_of(rec) for rec in iter_records(path, skip_malformed=skip_malformed, stats=stats)
+    ]
+    missing = {
+        "steps.json": ("the calls' steps", steps),
+        "load.json": ("the load counts", _load_json(path, stats)),
+    }
+    for name, (what, value) in missing.items():
+        if (entry / name).is_file():
+            continue
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}-", dir=entry)
+            with os.fdopen(fd, "w") as fh:
+                json.dump(value, fh)
+            os.replace(tmp, entry / name)
+        except OSError as exc:
+            warnings.warn(
+                f"{entry}: could not add {what} to this cache entry ({exc}); "
+                "delete the entry to tokenize the trace again",
+                stacklevel=3,
+            )
+    return stats
 
 
 def tokenize_trace(
@@ -233,22 +287,28 @@ def tokenize_trace(
     stats: LoadStats | None = None,
     progress: bool = True,
 ) -> TokenizedTrace:
-    """Tokenize one trace file, or load it from the cache when its content was seen."""
+    """Tokenize one trace file, or load it from the cache when its content was seen;
+    ``stats`` gets the loader's counts either way."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"trace file not found: {p}")
     cache = cache_dir if cache_dir is not None else default_cache_dir()
-    key = f"{_file_hash(p)}-{tokenizer_fingerprint(tokenizer)}-{'s' if skip_malformed else 'x'}"
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    key = f"{_file_hash(p)}-{fingerprint}-c{CACHE_VERSION}-{'s' if skip_malformed else 'x'}"
     entry = cache / "tokens" / key
     if (entry / "calls.json").is_file():
-        if not (entry / "steps.json").is_file():  # an entry from before steps were kept
-            _add_steps(entry, p, skip_malformed)
+        loaded = _read_load(entry, p)
+        if loaded is None or not (entry / "steps.json").is_file():
+            loaded = _add_missing(entry, p, skip_malformed)
+        _add_counts(stats, loaded)
         return TokenizedTrace(entry)
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=entry.parent))
+    own = LoadStats()
     try:
-        recs = iter_records(p, skip_malformed=skip_malformed, stats=stats)
+        recs = iter_records(p, skip_malformed=skip_malformed, stats=own)
         _write_entry(recs, tokenizer, tmp, str(p), progress)
+        (tmp / "load.json").write_text(json.dumps(_load_json(p, own)))
         try:
             tmp.rename(entry)
         except OSError:  # another process won the race: use its entry
@@ -256,4 +316,14 @@ def tokenize_trace(
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    _add_counts(stats, own)
     return TokenizedTrace(entry)
+
+
+def _add_counts(stats: LoadStats | None, add: LoadStats) -> None:
+    """Add ``add``'s counts to the caller's ``stats`` (where given), as the loader would."""
+    if stats is None:
+        return
+    stats.records += add.records
+    stats.skipped += add.skipped
+    stats.errors.extend(add.errors[: max(0, MAX_ERRORS - len(stats.errors))])

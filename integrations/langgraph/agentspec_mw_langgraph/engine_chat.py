@@ -1,8 +1,9 @@
 """``ChatAgentSpecVLLM``: a LangChain chat model on the embedded vLLM engine.
 
-Each request carries the structure tags of the call in progress (set by the inline
-handler of :func:`~agentspec_mw_langgraph.with_agentspec`) as ``SamplingParams.
-extra_args``. Tool calling goes through the model's chat template in the Hermes
+Each request carries the structure tags of its call (set by the inline handler of
+:func:`~agentspec_mw_langgraph.with_agentspec`, read by the call's run id, else from the
+per-call ContextVar) as ``SamplingParams.extra_args``, so each prompt of a ``generate``
+batch sends its own. Tool calling goes through the model's chat template in the Hermes
 ``<tool_call>`` format (:mod:`~agentspec_mw_langgraph.toolformat`); ``bind_tools`` takes
 LangChain tools, functions or OpenAI tool dicts, so the model works in ``create_agent``
 and ``create_react_agent``. ``tool_choice`` other than ``"none"`` is not enforced (the
@@ -12,7 +13,9 @@ tools are offered; the model decides); ``"none"`` withholds them.
 (:class:`~.async_backend.AsyncVLLMBackend`) or any :class:`~.backend.EngineBackend`.
 Sync and async calls, streaming or not, work on both, from any thread or event loop.
 Streaming yields text as the engine produces it, token by token (a possible
-``<tool_call>`` start is held back; tool calls arrive in the last chunk). Concurrent calls
+``<tool_call>`` start, and a line break before one, is held back; tool calls and the text
+after the first block arrive in the last chunk, so the chunks join to the ``invoke``
+message, but for edge whitespace). Concurrent calls
 from parallel branches share engine steps: ``AsyncLLM`` batches them itself; a
 ``vllm.LLM`` is stepped by one engine loop thread (:mod:`~.batching`) that adds each
 request at the next step. All model objects on one engine object share its backend.
@@ -39,6 +42,7 @@ from langchain_core.callbacks import (
     AsyncCallbackManagerForLLMRun,
     CallbackManagerForLLMRun,
 )
+from langchain_core.callbacks.manager import BaseRunManager
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.tool import tool_call_chunk
@@ -49,12 +53,14 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from agentspec_mw.default_model import check_model
 from agentspec_mw.errors import MissingDependencyError
+from agentspec_mw.tags import tags_to_wire
 from agentspec_mw_langgraph.backend import (
     EngineBackend,
     GenerationRequest,
     GenerationResult,
 )
 from agentspec_mw_langgraph.context import deliver_wire_tags
+from agentspec_mw_langgraph.handler import AgentSpecCallbackHandler
 from agentspec_mw_langgraph.messages import to_openai_messages
 from agentspec_mw_langgraph.shared import backend_for, shared_engine
 from agentspec_mw_langgraph.toolformat import (
@@ -64,6 +70,23 @@ from agentspec_mw_langgraph.toolformat import (
 )
 
 __all__ = ["ChatAgentSpecVLLM"]
+
+
+def _call_wire_tags(run_manager: BaseRunManager | None) -> dict[str, str | int | float] | None:
+    """The wire tags of the call ``run_manager`` runs, for a request about to be sent
+    (records the delivery): an AgentSpec handler's tags for its run id, else the per-call
+    ContextVar's (a call of a ``generate`` batch is only found by its run id)."""
+    if run_manager is not None:
+        run_id = run_manager.run_id
+        for handler in run_manager.handlers:
+            if isinstance(handler, AgentSpecCallbackHandler):
+                tags = handler.tags_for_call(run_id)
+                if tags is not None:
+                    ticket = handler.ticket_for_call(run_id)
+                    if ticket is not None:
+                        ticket.mark_delivered()
+                    return tags_to_wire(tags)
+    return deliver_wire_tags()
 
 
 class ChatAgentSpecVLLM(BaseChatModel):
@@ -178,7 +201,11 @@ class ChatAgentSpecVLLM(BaseChatModel):
         return self.bind(tools=formatted, **kwargs)
 
     def _request(
-        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+        run_manager: BaseRunManager | None = None,
     ) -> GenerationRequest:
         backend = self.backend
         tools = kwargs.get("tools") or None
@@ -194,7 +221,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
             top_p=float(kwargs.get("top_p", self.top_p)),
             seed=kwargs.get("seed", self.seed),
             stop=tuple([*(self.stop or []), *(stop or [])]),
-            extra_args=deliver_wire_tags(),
+            extra_args=_call_wire_tags(run_manager),
         )
 
     def _message(self, result: GenerationResult, prompt_tokens: int) -> AIMessage:
@@ -227,7 +254,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        request = self._request(messages, stop, kwargs)
+        request = self._request(messages, stop, kwargs, run_manager)
         (result,) = self.backend.generate([request])
         message = self._message(result, len(request.prompt_token_ids))
         return ChatResult(generations=[ChatGeneration(message=message)])
@@ -242,7 +269,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
         agenerate = getattr(await self._abackend(), "agenerate", None)
         if agenerate is None:  # a sync-only backend: a worker thread, with this context
             return await super()._agenerate(messages, stop, run_manager, **kwargs)
-        request = self._request(messages, stop, kwargs)
+        request = self._request(messages, stop, kwargs, run_manager)
         result = await agenerate(request)
         message = self._message(result, len(request.prompt_token_ids))
         return ChatResult(generations=[ChatGeneration(message=message)])
@@ -259,7 +286,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
             async for chunk in super()._astream(messages, stop, run_manager, **kwargs):
                 yield chunk
             return
-        request = self._request(messages, stop, kwargs)
+        request = self._request(messages, stop, kwargs, run_manager)
         chunker = _DeltaChunker(self, len(request.prompt_token_ids))
         async for kind, value in astream(request):
             for chunk in chunker.feed(kind, value):
@@ -272,7 +299,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        request = self._request(messages, stop, kwargs)
+        request = self._request(messages, stop, kwargs, run_manager)
         stream = getattr(self.backend, "stream", None)
         if stream is not None:  # the engine streams: pass its deltas on as they come
             chunker = _DeltaChunker(self, len(request.prompt_token_ids))
@@ -335,8 +362,12 @@ class _DeltaChunker:
     """Engine text deltas -> message chunks.
 
     Content is passed on as it arrives until a ``<tool_call>`` block starts (a tail that
-    could be the start of one is held back until it is not); at the end, an output with
-    tool calls gets one chunk carrying them, and the content after the last streamed piece.
+    could be the start of one, and trailing whitespace with a line break, which the parse
+    strips when a block ends the output, are held back until more text comes); at the
+    end, one chunk carries the tool calls and the content after the last streamed piece,
+    so the chunks join to the ``invoke`` message's content -- except for whitespace the
+    parse strips from an output with tool calls that had been streamed: leading
+    whitespace, or spaces without a line break right before a final block.
     """
 
     def __init__(self, model: ChatAgentSpecVLLM, prompt_tokens: int) -> None:
@@ -362,6 +393,11 @@ class _DeltaChunker:
                 if self.text.endswith(_TAG[:n]):
                     safe -= n
                     break
+        end = safe
+        while end > self.emitted and self.text[end - 1].isspace():
+            end -= 1
+        if "\n" in self.text[end:safe]:  # a line break, as before a block: held back, the
+            safe = end  # parse strips it when no text follows the block
         if safe <= self.emitted:
             return []
         piece, self.emitted = self.text[self.emitted : safe], safe
@@ -378,7 +414,16 @@ class _DeltaChunker:
             tool_call_chunk(name=c["name"], args=c["args"], id=c["id"], index=i)
             for i, c in enumerate(message.invalid_tool_calls, start=len(message.tool_calls))
         ]
-        rest = "" if calls else result.text[self.emitted :]
+        rest = result.text[self.emitted :]
+        if calls:  # the content is the text outside the blocks, stripped
+            content = str(message.content)
+            sent = result.text[: self.emitted]
+            # whitespace at an edge the parse stripped, streamed already: cannot be undone
+            if not content.startswith(sent):
+                sent = sent.lstrip()
+            if not content.startswith(sent):
+                sent = sent.rstrip()
+            rest = content[len(sent) :] if content.startswith(sent) else ""
         return ChatGenerationChunk(
             message=AIMessageChunk(
                 content=rest,

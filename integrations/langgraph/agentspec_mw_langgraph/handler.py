@@ -11,6 +11,17 @@ Events seen twice (the same handler passed again at call time) are ignored by ru
 Any failure inside the adapter means "no tags" for that call, a logged warning and
 ``stats.adapter_errors += 1`` -- unless ``raise_error`` is set (tests), then it raises.
 
+A call outside any graph run whose start another handler rejected (``raise_error``:
+LangChain then sends no end event) is dropped as failed at the next call started in the
+same context, and such open calls are bounded (the oldest are dropped first); a rejected
+call of a graph run is released with its root run.
+
+Batches (``generate``/``agenerate`` with several prompts) start every call before any of
+them runs, so their tags are not published in the ContextVar (one variable cannot hold
+several calls' tags): a request layer with the call's run manager reads them by run id
+(:meth:`AgentSpecCallbackHandler.tags_for_call`, as ``ChatAgentSpecVLLM`` does); others
+send those requests untagged.
+
 Derived is not delivered: ``stats.tags_derived`` counts calls that got tags,
 ``stats.tags_delivered`` those whose tags a request layer attached to an outgoing request
 (the OpenAI hook, the tagging transports, the engine-backed chat model; see
@@ -33,6 +44,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 from uuid import UUID
@@ -64,6 +76,13 @@ _log = logging.getLogger(__name__)
 _TRACE_SOURCE = "agentspec-mw-langgraph"
 _MAX_OBSERVATIONS = 256  # tool results remembered per query, to link the call reading them
 _OPENAI_API = "https://api.openai.com:"
+_MAX_OPEN_CALLS = 1024  # LLM calls outside any graph run held open at most (oldest dropped)
+# handler id -> the run id of the LLM call this context started last and has not ended
+_IN_FLIGHT: ContextVar[dict[int, UUID] | None] = ContextVar("agentspec_in_flight", default=None)
+
+
+class _Abandoned(Exception):
+    """The error an LLM call is ended with when no end event will come for it."""
 
 
 @dataclass
@@ -170,8 +189,9 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
     """Derives structure tags for every LLM call and publishes them (see the module doc).
 
     The tags of the call in progress are set in a ContextVar
-    (:func:`~agentspec_mw_langgraph.context.current_tags`) for the request layer, and are
-    also available by run id (:meth:`tags_for_call`).
+    (:func:`~agentspec_mw_langgraph.context.current_tags`) for the request layer (not for
+    a call of a batch), and are also available by run id (:meth:`tags_for_call`,
+    :meth:`ticket_for_call`).
     """
 
     run_inline = True
@@ -193,6 +213,8 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         self._live: dict[UUID, _Live] = {}
         self._queries: dict[str, _Query] = {}
         self._finished: OrderedDict[str, _Query] = OrderedDict()
+        self._open_calls: OrderedDict[UUID, None] = OrderedDict()  # calls outside a graph
+        self._warned_open = False
 
     # ------------------------------------------------------------------ public
     @property
@@ -220,6 +242,13 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         with self._lock:
             live = self._live.get(run_id)
             return None if live is None else live.tags
+
+    def ticket_for_call(self, run_id: UUID) -> CallTicket | None:
+        """The :class:`~agentspec_mw_langgraph.context.CallTicket` of a live LLM call by
+        its run id (a layer that sends :meth:`tags_for_call` marks it delivered)."""
+        with self._lock:
+            live = self._live.get(run_id)
+            return None if live is None else live.ticket
 
     def live_state(self) -> dict[str, int]:
         """Sizes of the per-run state (all zero when no run is in flight)."""
@@ -281,6 +310,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
 
     def _release(self, run_id: UUID) -> None:
         """Drop a root's state when the root run ends. Caller holds the lock."""
+        self._open_calls.pop(run_id, None)
         root = self._roots.pop(run_id, None)
         if root is None:
             return
@@ -374,6 +404,13 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                 self._stats.duplicate_events += 1
             return
         set_current_tags(None)
+        try:
+            self._drop_unfinished(parent_run_id)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("dropping an unfinished LLM call", exc)
+        batch_size = kwargs.get("batch_size")
+        # a batch starts all its calls before any runs: one ContextVar cannot carry them
+        batched = isinstance(batch_size, int) and batch_size > 1
         with self._lock:
             self._stats.llm_calls += 1
         try:
@@ -391,9 +428,61 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             live = self._live.get(run_id)
             if live is not None:
                 live.ticket = ticket
-        set_current_tags(tags, ticket)
+            overflow = []
+            while len(self._open_calls) > _MAX_OPEN_CALLS:  # oldest first
+                overflow.append(self._open_calls.popitem(last=False)[0])
+        try:
+            for stale in overflow:
+                self._abandon(stale, f"more than {_MAX_OPEN_CALLS} LLM calls outside a graph open")
+        except Exception as exc:  # noqa: BLE001
+            self._failed("dropping an unfinished LLM call", exc)
+        if not batched:
+            set_current_tags(tags, ticket)
+            self._set_in_flight(run_id)
         if isinstance(metadata, dict):  # the run's own dict: tracers read the same object
             metadata.update(tags_to_wire(tags))
+
+    def _set_in_flight(self, run_id: UUID | None) -> None:
+        """Record (``None``: forget) the LLM call this handler started in this context."""
+        calls = dict(_IN_FLIGHT.get() or {})
+        if run_id is None:
+            calls.pop(id(self), None)
+        else:
+            calls[id(self)] = run_id
+        _IN_FLIGHT.set(calls or None)
+
+    def _drop_unfinished(self, parent_run_id: UUID | None) -> None:
+        """End, as failed, the call outside any graph run started last in this context if
+        it is still open and the new call is not made inside it: its start was rejected by
+        another handler, so LangChain will send it no end event. (A call of a graph run is
+        released with its root run; a model calling another model in its generation, under
+        the node's config, must not lose its call.)"""
+        previous = (_IN_FLIGHT.get() or {}).get(id(self))
+        if previous is None:
+            return
+        with self._lock:
+            live = self._live.get(previous)
+            if live is None or live.root != previous:
+                return
+            cursor = parent_run_id
+            while cursor is not None:
+                if cursor == previous:  # a call made inside the open call: it is running
+                    return
+                parent = self._runs.get(cursor)
+                cursor = parent.parent if parent is not None else None
+        self._set_in_flight(None)
+        self._abandon(previous, "an LLM call started before in this context never ended")
+
+    def _abandon(self, run_id: UUID, why: str) -> None:
+        """End a call no end event will come for (recorded as failed)."""
+        if not self._warned_open:
+            self._warned_open = True
+            _log.warning(
+                "agentspec: %s; dropping it as failed (a call whose start another "
+                "callback handler rejected gets no end event)",
+                why,
+            )
+        self._end_llm(run_id, None, _Abandoned(why))
 
     def _count_delivered(self) -> None:
         with self._lock:
@@ -439,8 +528,12 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         )
         trailing = trailing_tool_call_ids(prompt) if not isinstance(prompt, str) else []
         with self._lock:
-            run = self._register(run_id, parent_run_id, None, {})
+            # only the thread of the metadata: a call is no node run, even when the
+            # handler was given to the model alone (its metadata names the node)
+            run = self._register(run_id, parent_run_id, None, {"thread_id": md.get("thread_id")})
             assert run is not None  # duplicates were filtered by the caller
+            if run.root == run_id:  # outside any graph run: bounded, see _start_llm
+                self._open_calls[run_id] = None
             root = self._roots[run.root]
             query = self._queries[root.query_id]
             # the step template: node runs from the outermost graph to this call
@@ -614,6 +707,8 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
     def _end_llm(
         self, run_id: UUID, response: LLMResult | None, error: BaseException | None
     ) -> None:
+        if (_IN_FLIGHT.get() or {}).get(id(self)) == run_id:
+            self._set_in_flight(None)
         with self._lock:
             live = self._live.pop(run_id, None)
             if live is None:
@@ -643,8 +738,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             self._warn_missed(live.ticket)
             if response is not None and error is None:
                 _attach_spec_decoding(response, live.ticket)
-        if record is not None and self.recorder is not None:
-            self.recorder.record(record)
+        if record is not None and self.recorder is not None and self.recorder.record(record):
             with self._lock:
                 self._stats.traces_recorded += 1
 
@@ -744,3 +838,37 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             self._end_tool(run_id, None, "error")
         except Exception as exc:  # noqa: BLE001
             self._failed("on_tool_error", exc)
+
+    # ------------------------------------------------------------ retrievers
+    def on_retriever_start(
+        self,
+        serialized: dict[str, Any] | None,
+        query: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """A retriever run: LLM calls made inside it belong to its graph run's query (one
+        outside any graph run is a root of its own until it ends)."""
+        try:
+            with self._lock:
+                self._register(run_id, parent_run_id, None, metadata or {})
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_retriever_start", exc)
+
+    def on_retriever_end(self, documents: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        try:
+            with self._lock:
+                self._release(run_id)  # a no-op unless the retriever is its own root
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_retriever_end", exc)
+
+    def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        try:
+            with self._lock:
+                self._release(run_id)
+        except Exception as exc:  # noqa: BLE001
+            self._failed("on_retriever_error", exc)

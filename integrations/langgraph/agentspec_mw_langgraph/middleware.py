@@ -14,7 +14,8 @@ agent's state and runtime and attach them to the request:
   (``model``; ``researcher/model`` when the agent runs as node ``researcher`` of a parent
   graph), as :func:`~agentspec_mw_langgraph.with_agentspec` derives it;
 * **query_id** -- ``thread:<thread_id>`` when the run has one (and
-  ``TaggingConfig.tags_query_from_thread``), else ``run:<id>`` of this invocation;
+  ``TaggingConfig.tags_query_from_thread``), else ``run:<id>`` of this invocation (set
+  when it starts and checkpointed, so an interrupted and resumed invocation keeps it);
 * **segment** -- the rule of :mod:`~agentspec_mw_langgraph.derive` from the request's
   tools, ``tool_choice`` and last message; after a tool result, what the agent's last
   answer to a tool result was;
@@ -53,7 +54,6 @@ from typing import Annotated, Any, NotRequired
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables.config import var_child_runnable_config
-from langgraph.channels.untracked_value import UntrackedValue
 
 from agentspec_mw.errors import MissingDependencyError
 from agentspec_mw.tags import Segment, StructureTags, tags_to_wire
@@ -83,9 +83,10 @@ _MODEL_NODE = "model"  # create_agent's model node
 
 
 class AgentSpecState(AgentState[Any]):
-    """The agent state plus this invocation's query id (private, not checkpointed)."""
+    """The agent state plus this invocation's query id (private; checkpointed, so a resumed
+    invocation keeps it)."""
 
-    agentspec_query: NotRequired[Annotated[str, UntrackedValue, PrivateStateAttr]]
+    agentspec_query: NotRequired[Annotated[str, PrivateStateAttr]]
 
 
 @dataclass
@@ -125,7 +126,12 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
     Args:
         config: scope, blocks, segment overrides and the thread rule
             (``TaggingConfig``; its graph/trace fields are not used here).
-        agent: the agent id for every call (default: derived from the graph position).
+        agent: the agent id for every call, a non-empty ``str`` (default: derived from the
+            graph position).
+
+    Raises:
+        TypeError: ``config`` is not a :class:`TaggingConfig`, or ``agent`` is not a
+            non-empty ``str``.
     """
 
     state_schema = AgentSpecState
@@ -136,6 +142,11 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
             raise TypeError(
                 f"config= must be a TaggingConfig, got {type(config).__name__}: "
                 "AgentSpecMiddleware(TaggingConfig(tags_scope=...))"
+            )
+        if agent is not None and (not isinstance(agent, str) or not agent):
+            raise TypeError(
+                "agent= must be a non-empty str, e.g. AgentSpecMiddleware(agent='planner'), "
+                f"got {type(agent).__name__}: {agent!r:.40}"
             )
         self.config = config or TaggingConfig()
         self.agent = agent
@@ -154,7 +165,9 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
 
     # ------------------------------------------------------------ the query id
     def before_agent(self, state: AgentSpecState, runtime: Any) -> dict[str, Any] | None:
-        """A fresh query id for this invocation (used when the run has no thread)."""
+        """A fresh query id for this invocation (used when the run has no thread, or with
+        ``tags_query_from_thread=False``). A resumed invocation does not run this hook
+        again and keeps the id from its checkpoint."""
         return {"agentspec_query": f"run:{uuid.uuid4()}"}
 
     async def abefore_agent(self, state: AgentSpecState, runtime: Any) -> dict[str, Any] | None:
@@ -163,15 +176,27 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
 
     # ---------------------------------------------------------------- the tags
     def tags_for(self, request: ModelRequest[Any]) -> StructureTags:
-        """The tags of one model request."""
+        """The tags of one model request.
+
+        Raises:
+            ValueError: the state has no query id of the invocation (:meth:`before_agent`
+                did not run) and the run has no thread to use instead.
+        """
         info = getattr(request.runtime, "execution_info", None)
         namespace = str(getattr(info, "checkpoint_ns", "") or "")
         agent = self.agent or derive.agent_from_namespace(namespace, _MODEL_NODE, _MODEL_NODE)
         thread = getattr(info, "thread_id", None)
+        has_thread = thread is not None and bool(str(thread))
         state: Mapping[str, Any] = request.state or {}
-        run = str(state.get("agentspec_query") or f"run:{uuid.uuid4()}")
-        use_thread = self.config.tags_query_from_thread and thread is not None and str(thread)
-        query = f"thread:{thread}" if use_thread else run
+        run = state.get("agentspec_query")
+        if self.config.tags_query_from_thread and has_thread:
+            query = f"thread:{thread}"
+        elif run:
+            query = str(run)
+        elif has_thread:  # e.g. resumed from a checkpoint written without the query id
+            query = f"thread:{thread}"
+        else:
+            raise ValueError("the agent state has no agentspec_query: before_agent did not run")
         messages = list(request.messages)
         last = messages[-1] if messages else None
         after_tool = isinstance(last, ToolMessage)

@@ -3,7 +3,9 @@
 Records are queued and written by one background thread, so the callback that produces
 them (which may run on the event loop) never waits for the disk. :meth:`close` (also run
 at interpreter exit) drains the queue. The file is appended to, so several runs can share
-it; ``agentspec replay --traces FILE`` reads it.
+it; ``agentspec replay --traces FILE`` reads it. A file that cannot be opened (a folder,
+no permission) is logged once; its records are then counted in :attr:`TraceRecorder.
+failed` and dropped, never queued up.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ __all__ = ["TraceRecorder"]
 
 _log = logging.getLogger(__name__)
 _STOP = object()
+_FLUSH_POLL_S = 0.5  # how often a waiting flush() checks that the writer is alive
 
 
 class TraceRecorder:
@@ -30,34 +33,44 @@ class TraceRecorder:
         self.written = 0
         """Records written so far."""
         self.failed = 0
-        """Records that could not be written (logged)."""
+        """Records that could not be written or were dropped (logged; a file that does not
+        open, once)."""
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._broken = False  # the file could not be opened: records are dropped
 
-    def record(self, rec: TraceRecord) -> None:
-        """Queue one record (never blocks on I/O)."""
+    def record(self, rec: TraceRecord) -> bool:
+        """Queue one record (never blocks on I/O); ``False``: dropped and counted as
+        failed, the file having been found not to open."""
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"trace recorder for {self.path} is closed")
+            if self._broken:
+                self.failed += 1
+                return False
             if self._thread is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._thread = threading.Thread(
                     target=self._run, name="agentspec-trace-writer", daemon=True
                 )
                 self._thread.start()
                 atexit.register(self.close)
         self._queue.put(rec.model_dump_json(exclude_none=False) + "\n")
+        return True
 
     def flush(self) -> None:
-        """Block until every record queued so far is on disk."""
+        """Block until every record queued so far is on disk (or counted as failed);
+        returns at once when the writer thread is not running."""
         done = threading.Event()
         with self._lock:
-            if self._thread is None:
-                return
+            thread = self._thread
+        if thread is None or not thread.is_alive():
+            return
         self._queue.put(done)
-        done.wait()
+        while not done.wait(_FLUSH_POLL_S):
+            if not thread.is_alive():
+                return
 
     def close(self) -> None:
         """Drain the queue and stop the writer thread (idempotent)."""
@@ -71,7 +84,16 @@ class TraceRecorder:
             thread.join()
 
     def _run(self) -> None:
-        with self.path.open("a", encoding="utf-8") as fh:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fh = self.path.open("a", encoding="utf-8")
+        except OSError as exc:
+            _log.warning("agentspec: cannot open the trace file, records are dropped: %s", exc)
+            with self._lock:
+                self._broken = True
+            self._drain()
+            return
+        with fh:
             while True:
                 item = self._queue.get()
                 if item is _STOP:
@@ -86,3 +108,15 @@ class TraceRecorder:
                 except OSError as exc:
                     self.failed += 1
                     _log.warning("agentspec: could not write a trace record: %s", exc)
+
+    def _drain(self) -> None:
+        """The queue of a file that could not be opened: records fail, flushes return."""
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            with self._lock:
+                self.failed += 1

@@ -265,3 +265,21 @@ def test_cpu_kernel_rebind_fix_still_targets_vllms_scan() -> None:
     finally:
         del sys.modules[module.__name__]
     assert module.kernel_ref is wrapper  # type: ignore[attr-defined]
+
+
+def test_a_failing_batch_read_costs_the_steps_drafts_not_the_engine(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The wrapped runner method still runs vLLM's own when the plugin cannot read the
+    batch: the drafter gets no context (a counted fault, no drafts), vLLM no exception."""
+    got: list[object] = []
+
+    class Drafter:
+        def set_batch_context(self, ctx: object) -> None:
+            got.append(ctx)
+
+    runner = SimpleNamespace(drafter=Drafter())  # no input_batch: the read raises
+    wrapped = plugin._wrap(lambda self, so, sampled: "drafts")
+    with caplog.at_level(logging.ERROR, logger="agentspec_mw_vllm.plugin"):
+        assert wrapped(runner, SimpleNamespace(), [[1]]) == "drafts"
+    assert got == [None, None]

@@ -163,6 +163,9 @@ def build_batch_context(runner: Any, scheduler_output: Any) -> BatchContext:
     )
 
 
+_context_failed: list[bool] = []  # logged once per process
+
+
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def propose_draft_token_ids(
@@ -171,7 +174,14 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         sink = getattr(getattr(self, "drafter", None), "set_batch_context", None)
         if sink is None:
             return original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
-        sink(build_batch_context(self, scheduler_output))
+        try:
+            ctx = build_batch_context(self, scheduler_output)
+        except Exception:  # the adapter's fault costs this step's drafts, never the engine
+            if not _context_failed:
+                _context_failed.append(True)
+                logger.exception("agentspec: building the batch context failed; no drafts")
+            ctx = None  # the drafter counts a step without context as a fault
+        sink(ctx)
         try:
             return original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
         finally:

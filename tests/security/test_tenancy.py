@@ -216,6 +216,7 @@ def test_config_from_env_and_key_table_checks(tmp_path: Path) -> None:
         ("{}", "empty"),
         ('{"k": "sp ace"}', "printable ASCII"),
         ('{"": "s"}', "non-empty"),
+        ('{"kéy": "s"}', "printable ASCII"),  # a header could never carry it as written
     ]:
         table.write_text(bad)
         with pytest.raises(ValueError, match=match):

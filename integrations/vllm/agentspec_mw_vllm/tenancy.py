@@ -126,9 +126,12 @@ class TenancyConfig(BaseModel):
         if not v:
             raise ValueError("scope_keys is empty: give at least one {api_key: scope}")
         for key, scope in v.items():
-            if not key or any(c.isspace() for c in key) or not key.isprintable():
+            # ASCII: an HTTP header carries bytes, which the server reads as latin-1, so a
+            # key of other characters could never match the one a client sends
+            printable = key.isascii() and key.isprintable()
+            if not key or not printable or any(c.isspace() for c in key):
                 raise ValueError(
-                    "scope_keys: API keys must be non-empty printable text without spaces"
+                    "scope_keys: API keys must be non-empty printable ASCII without spaces"
                 )
             _check_scope(scope, "scope_keys")
         return v

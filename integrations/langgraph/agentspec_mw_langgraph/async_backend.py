@@ -13,14 +13,21 @@ call directly. The tags are read by the caller (in its context) and travel in th
 request's ``extra_args``.
 
 Refused, with :class:`AsyncEngineLoopError` naming the fix: a sync call from the home
-loop's own thread (it would block the loop the answer needs), and any call once the home
+loop's own thread (it would block the loop the answer needs), any call once the home
 loop has stopped or closed (e.g. the ``AsyncLLM`` was built inside an ``asyncio.run`` that
-has returned).
+has returned), and any call after :meth:`AsyncVLLMBackend.close`. A call on an engine
+that died (its engine core failed: vLLM's output handler ended) raises
+:class:`AsyncEngineDeadError`, chained to the cause where vLLM kept one.
+
+:meth:`AsyncVLLMBackend.close` (``agentspec_mw_vllm.engine.shutdown`` calls it) ends the
+requests in flight: their callers get :class:`AsyncEngineLoopError` ("backend closed")
+at once; then it cancels what still runs on the private loop, stops and closes it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import uuid
@@ -36,13 +43,53 @@ from agentspec_mw_langgraph.backend import (
     sampling_params,
 )
 
-__all__ = ["AsyncEngineLoopError", "AsyncVLLMBackend"]
+__all__ = ["AsyncEngineDeadError", "AsyncEngineLoopError", "AsyncVLLMBackend"]
+
+logger = logging.getLogger("agentspec_mw_langgraph.async_backend")
 
 _END = object()
 
 
 class AsyncEngineLoopError(AgentSpecError, RuntimeError):
     """The ``AsyncLLM``'s event loop cannot serve this call (see the module doc)."""
+
+
+class AsyncEngineDeadError(AgentSpecError, RuntimeError):
+    """The ``AsyncLLM``'s engine died: no request can run on it any more."""
+
+
+class _Pump:
+    """One request in flight on the home loop: its consumer's ``put``, its future, and
+    whether the consumer got its end marker (after which ``put`` drops items)."""
+
+    def __init__(self, put: Callable[[Any], Any]) -> None:
+        self._put = put
+        self._lock = threading.Lock()
+        self._ended = False
+        self.future: Future[None] | None = None
+
+    def put(self, item: Any) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            if item is _END:
+                self._ended = True
+        try:
+            self._put(item)
+        except RuntimeError:  # the consumer's event loop has closed: nobody waits
+            logger.debug("dropped an item of a request whose consumer is gone", exc_info=True)
+
+    def fail(self, exc: BaseException) -> None:
+        """Hand the consumer ``exc`` and the end marker (unless it got its end already)."""
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+        for item in (("error", exc), _END):
+            try:
+                self._put(item)
+            except RuntimeError:
+                logger.debug("could not fail a request whose consumer is gone", exc_info=True)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -55,11 +102,21 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 class AsyncVLLMBackend:
     """Drive an ``AsyncLLM`` on the event loop that owns it (see the module doc)."""
 
+    close_timeout_s: float = 5.0
+    """How long :meth:`close` waits for the cancelled requests and for the loop thread."""
+
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self._lock = threading.Lock()
         self._private: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._pumps: set[_Pump] = set()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (no more requests are taken)."""
+        return self._closed
 
     @property
     def model_name(self) -> str:
@@ -79,12 +136,54 @@ class AsyncVLLMBackend:
                 self._thread.start()
             return self._private
 
+    def engine_death(self) -> tuple[str, BaseException | None] | None:
+        """Why the engine can run no more requests -- a description and the cause, if
+        vLLM kept one -- or ``None`` while it can (as far as this process can tell).
+
+        vLLM marks a dead engine core (``engine_core.resources.engine_dead``), and its
+        output handler task ends only when the engine fails (it catches the error and
+        returns) or is shut down (cancelled), whereas a stopped event loop leaves it
+        pending.
+        """
+        handler = getattr(self.engine, "output_handler", None)
+        resources = getattr(getattr(self.engine, "engine_core", None), "resources", None)
+        dead_error = getattr(self.engine, "dead_error", None)
+        if handler is not None and handler.done() and not handler.cancelled():
+            cause = handler.exception()
+            if cause is not None:
+                return "its output handler failed", cause
+        if getattr(resources, "engine_dead", False) is True:
+            return "its engine core died", dead_error
+        if handler is not None and handler.done():
+            loop = handler.get_loop()
+            if not loop.is_closed() and loop.is_running():
+                how = "was shut down" if handler.cancelled() else "stopped"
+                return f"its output handler {how}", dead_error
+        return None
+
     def home_loop(self) -> asyncio.AbstractEventLoop:
         """The event loop the engine's requests must run on.
 
         Raises:
-            AsyncEngineLoopError: that loop has stopped or closed.
+            AsyncEngineLoopError: this backend was closed, or that loop has stopped or
+                closed.
+            AsyncEngineDeadError: the engine died (see :meth:`engine_death`).
         """
+        if self._closed:
+            raise AsyncEngineLoopError(
+                "this AsyncLLM backend was closed (agentspec_mw_vllm.engine.shutdown or "
+                "close()); build a new engine and a new model object on it"
+            )
+        death = self.engine_death()
+        if death is not None:
+            what, cause = death
+            raise AsyncEngineDeadError(
+                f"the AsyncLLM engine died ({what}"
+                + (f": {cause!r}" if cause is not None else "")
+                + "); no request can run on it. Build a new engine "
+                "(agentspec_mw_vllm.engine.build_async_llm) and a new model object on it; "
+                "the engine's log says why it died."
+            ) from cause
         handler = getattr(self.engine, "output_handler", None)
         if handler is None:  # not bound yet: the first request binds it to our loop
             return self._private_loop()
@@ -118,16 +217,34 @@ class AsyncVLLMBackend:
     def _pump(
         self, home: asyncio.AbstractEventLoop, request: GenerationRequest, put: Callable[..., Any]
     ) -> Future[None]:
+        """Run ``request`` on ``home``, handing its items to ``put`` (tracked until it
+        ends, so that :meth:`close` can end it).
+
+        Raises:
+            AsyncEngineLoopError: the backend was closed.
+        """
+        pump = _Pump(put)
+
         async def run() -> None:
             try:
                 async for item in self._deltas(request):
-                    put(item)
+                    pump.put(item)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
-                put(("error", exc))
+                pump.put(("error", exc))
             finally:
-                put(_END)
+                pump.put(_END)
+                with self._lock:
+                    self._pumps.discard(pump)
 
-        return asyncio.run_coroutine_threadsafe(run(), home)
+        with self._lock:
+            if self._closed:
+                raise AsyncEngineLoopError(
+                    "this AsyncLLM backend was closed; build a new engine and a new model "
+                    "object on it"
+                )
+            pump.future = asyncio.run_coroutine_threadsafe(run(), home)
+            self._pumps.add(pump)
+        return pump.future
 
     def stream(self, request: GenerationRequest) -> Iterator[tuple[str, Any]]:
         """Sync stream of ``("delta", text)`` items ending with ``("final", result)``.
@@ -187,13 +304,60 @@ class AsyncVLLMBackend:
             future.cancel()
 
     def close(self) -> None:
-        """Stop the private loop, if any (the engine itself is shut down by its owner)."""
+        """End the requests in flight, then stop and close the private loop, if any (the
+        engine itself is shut down by its owner; idempotent).
+
+        Every caller waiting on a request gets :class:`AsyncEngineLoopError` ("backend
+        closed") at once; the requests are cancelled (vLLM aborts them), and on the
+        private loop every task left is cancelled and awaited (up to
+        :attr:`close_timeout_s` seconds) before the loop stops, its thread is joined and
+        the loop is closed. Later calls raise :class:`AsyncEngineLoopError`.
+        """
         with self._lock:
+            self._closed = True
             loop, thread = self._private, self._thread
             self._private = self._thread = None
-        if loop is not None and thread is not None:
+            pumps = list(self._pumps)
+            self._pumps.clear()
+        error = AsyncEngineLoopError(
+            "the AsyncLLM backend was closed (agentspec_mw_vllm.engine.shutdown or close()) "
+            "while this request ran; build a new engine and a new model object on it"
+        )
+        for pump in pumps:
+            pump.fail(error)
+            if pump.future is not None:
+                pump.future.cancel()
+        if loop is None or thread is None:
+            return
+        if loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(_wind_down(self.close_timeout_s), loop).result(
+                    self.close_timeout_s + 1
+                )
+            except Exception:  # noqa: BLE001 - stop the loop regardless
+                logger.warning("the AsyncLLM loop did not wind down cleanly", exc_info=True)
             loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=5)
+        thread.join(self.close_timeout_s)
+        if thread.is_alive():
+            logger.warning(
+                "the AsyncLLM backend's event-loop thread still runs %g s after close(); "
+                "its loop is left open",
+                self.close_timeout_s,
+            )
+            return
+        loop.close()
+
+
+async def _wind_down(timeout: float) -> None:
+    """Cancel every other task on the running loop and wait up to ``timeout`` s for them;
+    then finish its async generators (what ``asyncio.run`` does before closing a loop)."""
+    current = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not current]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)
+    await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 def _final(stream: Iterator[tuple[str, Any]]) -> GenerationResult:

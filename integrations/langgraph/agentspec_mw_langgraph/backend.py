@@ -12,12 +12,13 @@ request's structure tags travel as ``SamplingParams(extra_args=...)``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from agentspec_mw_langgraph.batching import EngineLoop
+from agentspec_mw_langgraph.batching import EngineLoop, EngineLoopError
 
 __all__ = [
     "BACKEND_ATTR",
@@ -33,6 +34,8 @@ __all__ = [
 
 #: The engine attribute that holds the backend driving it (see :class:`VLLMBackend`).
 BACKEND_ATTR = "_agentspec_backend"
+
+logger = logging.getLogger("agentspec_mw_langgraph.backend")
 
 
 @dataclass(frozen=True)
@@ -167,18 +170,35 @@ class VLLMBackend:
     registers itself on the engine (attribute ``_agentspec_backend``, which
     :func:`~agentspec_mw_langgraph.shared.backend_for` returns and
     ``agentspec_mw_vllm.engine.shutdown`` closes); a second one on the same engine raises.
+    It unregisters only once its loop thread has exited: a new backend on an engine whose
+    closed backend's loop still finishes its requests waits up to
+    :attr:`previous_loop_wait_s` seconds for that loop to stop, then raises.
 
     Raises:
         ValueError: ``llm`` already has an open backend.
+        EngineLoopError: ``llm``'s closed backend's loop still steps it after
+            :attr:`previous_loop_wait_s` seconds.
     """
+
+    previous_loop_wait_s: float = 10.0
+    """How long a new backend waits for a closed backend's loop on the same engine to stop."""
 
     def __init__(self, llm: Any) -> None:
         existing = getattr(llm, BACKEND_ATTR, None)
-        if existing is not None and not existing.loop.closed:
+        loop = getattr(existing, "loop", None)
+        if existing is not None and not getattr(loop, "closed", True):
             raise ValueError(
                 f"this engine already has a backend ({type(existing).__name__}); share it "
                 "(agentspec_mw_langgraph.shared.backend_for(engine), or pass it as engine=) "
                 "or close it first: two engine loops on one engine would step it at once"
+            )
+        if isinstance(loop, EngineLoop) and not loop.wait_stopped(self.previous_loop_wait_s):
+            raise EngineLoopError(
+                "this engine's previous backend was closed, but its engine loop still steps "
+                f"the engine after waiting {self.previous_loop_wait_s:g} s (it finishes the "
+                "requests in flight before it stops); retry once they are done, or shut the "
+                "engine down (agentspec_mw_vllm.engine.shutdown) and build a new one: two "
+                "engine loops on one engine would step it at once"
             )
         self.llm = llm
         self.loop = EngineLoop(_LLMEngineInputs(llm))
@@ -258,9 +278,21 @@ class VLLMBackend:
                 return value  # type: ignore[no-any-return]
         raise AssertionError("unreachable: a stream always ends with a final item")
 
-    def close(self) -> None:
-        """Stop the engine loop and unregister from the engine (which its owner shuts down)."""
-        self.loop.close()
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the engine loop and unregister from the engine (which its owner shuts down).
+
+        The loop finishes the requests in flight first; when its thread has not exited
+        within ``timeout`` seconds the backend stays registered (closed), so that no second
+        loop starts on the engine while this one still steps it (a new backend waits for
+        it, see the class doc).
+        """
+        if not self.loop.close(timeout):
+            logger.warning(
+                "the engine loop still runs %g s after close() (requests in flight): the "
+                "backend stays on the engine until the loop stops",
+                timeout,
+            )
+            return
         if getattr(self.llm, BACKEND_ATTR, None) is self:
             delattr(self.llm, BACKEND_ATTR)
 

@@ -118,18 +118,42 @@ class EngineLoop:
         """Whether :meth:`close` was called (no more requests are taken)."""
         return self._closed
 
+    @property
+    def failure(self) -> BaseException | None:
+        """The exception that stopped the loop (the engine failed), or ``None``."""
+        return self._failure
+
+    @property
+    def running(self) -> bool:
+        """Whether the loop thread is alive (it may step the engine)."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def wait_stopped(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the loop thread to exit; whether it has (or
+        never started)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return not self.running
+
     def abort(self, request_id: str) -> None:
         """Stop a request (its sink gets nothing more); unknown or finished ids are ignored."""
         self._inbox.put(_Abort(request_id))
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Stop the loop thread once the requests in flight are done (idempotent)."""
+    def close(self, timeout: float = 10.0) -> bool:
+        """Stop the loop thread once the requests in flight are done (idempotent).
+
+        Waits up to ``timeout`` seconds for the thread to exit. Returns whether it has
+        (``False``: it is still finishing the requests in flight and steps the engine
+        until they are done; see :meth:`wait_stopped`).
+        """
         with self._lock:
             self._closed = True
             thread = self._thread
         if thread is not None and thread.is_alive():
             self._inbox.put(_Stop())
-            thread.join(timeout)
+        return self.wait_stopped(timeout)
 
     def _take_commands(self, block: bool) -> bool:
         """Apply queued commands (waiting for one when ``block``); ``False`` on stop."""

@@ -11,6 +11,12 @@
   warning naming the difference (two engines hold twice the memory and split the
   proposer's history).
 * :func:`release_shared_engines` shuts the shared engines down (tests, or to free memory).
+
+A registered engine is handed out only while it can serve: one that was shut down
+(``agentspec_mw_vllm.engine.shutdown`` marks it with the attribute
+``_agentspec_shut_down``) or whose backend reports it dead (its engine loop failed, its
+``AsyncLLM`` died or its backend was closed) is dropped from the registry -- shut down
+first, if it was not -- and :func:`shared_engine` builds a new one.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ __all__ = ["backend_for", "release_shared_engines", "shared_engine", "shared_eng
 logger = logging.getLogger("agentspec_mw_langgraph.shared")
 
 _ATTR = BACKEND_ATTR
+#: Set (``True``) on an engine by ``agentspec_mw_vllm.engine.shutdown`` (the vLLM
+#: integration does not import this package, so the name is shared, not imported).
+_SHUT_DOWN_ATTR = "_agentspec_shut_down"
 _lock = threading.RLock()
 _engines: list[tuple[dict[str, Any], Any]] = []
 _unattached: dict[int, tuple[Any, EngineBackend]] = {}  # engines that refuse attributes
@@ -76,10 +85,77 @@ def _difference(a: dict[str, Any], b: dict[str, Any]) -> str:
     return ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in keys if a.get(k) != b.get(k))
 
 
+def _registered_backend(engine: Any) -> Any:
+    """The backend :func:`backend_for` made for ``engine`` (``None``: none yet)."""
+    if isinstance(engine, EngineBackend):
+        return engine
+    backend = getattr(engine, _ATTR, None)
+    if backend is None:
+        entry = _unattached.get(id(engine))
+        if entry is not None and entry[0] is engine:
+            backend = entry[1]
+    return backend
+
+
+def _why_unusable(engine: Any) -> str | None:
+    """Why a registered engine can serve no more requests, or ``None`` while it can."""
+    if getattr(engine, _SHUT_DOWN_ATTR, False) is True:
+        return "it was shut down"
+    backend = _registered_backend(engine)
+    if backend is None:
+        return None
+    loop = getattr(backend, "loop", None)
+    failure = getattr(loop, "failure", None)
+    if failure is not None:
+        return f"its engine failed ({failure!r})"
+    death = getattr(backend, "engine_death", None)  # an AsyncLLM's backend
+    if callable(death):
+        if getattr(backend, "closed", False) is True:
+            return "its backend was closed"
+        found = death()
+        if found is not None:
+            return f"its engine died ({found[0]})"
+    return None
+
+
+def _shutdown(engine: Any) -> None:
+    """``agentspec_mw_vllm.engine.shutdown(engine)``, or close its backend without vLLM."""
+    try:
+        from agentspec_mw_vllm.engine import shutdown
+    except ImportError:  # a fake engine in tests without vLLM
+        close = getattr(_registered_backend(engine), "close", None)
+        if close is not None:
+            close()
+        return
+    shutdown(engine)
+
+
+def _drop_unusable() -> None:
+    """Forget (and shut down, unless they were) the registered engines that can no
+    longer serve (call with ``_lock`` held)."""
+    for entry in list(_engines):
+        why = _why_unusable(entry[1])
+        if why is None:
+            continue
+        _engines.remove(entry)
+        logger.warning(
+            "dropped a shared embedded engine of ChatAgentSpecVLLM: %s; model objects "
+            "created from now on get a new engine (make new model objects to leave it)",
+            why,
+        )
+        if getattr(entry[1], _SHUT_DOWN_ATTR, False) is not True:
+            try:
+                _shutdown(entry[1])
+            except Exception:  # noqa: BLE001 - a dead engine may fail to shut down
+                logger.warning("shutting the dropped engine down failed", exc_info=True)
+
+
 def shared_engine(settings: dict[str, Any], build: Callable[[], Any]) -> Any:
     """The engine built here with ``settings``, or ``build()``'s (remembered), with a
-    warning when engines with other settings exist already."""
+    warning when engines with other settings exist already. Registered engines that can
+    no longer serve (shut down, failed, died) are dropped first (see the module doc)."""
     with _lock:  # one build at a time: a second caller with the same settings waits for it
+        _drop_unusable()
         for known, engine in _engines:
             if known == settings:
                 return engine
@@ -99,8 +175,10 @@ def shared_engine(settings: dict[str, Any], build: Callable[[], Any]) -> Any:
 
 
 def shared_engines() -> list[Any]:
-    """The embedded engines built through :func:`shared_engine` so far (still registered)."""
+    """The embedded engines built through :func:`shared_engine` so far that are still
+    registered (the ones that can no longer serve are dropped first)."""
     with _lock:
+        _drop_unusable()
         return [engine for _, engine in _engines]
 
 
@@ -111,11 +189,4 @@ def release_shared_engines() -> None:
         engines = [engine for _, engine in _engines]
         _engines.clear()
     for engine in engines:
-        try:
-            from agentspec_mw_vllm.engine import shutdown
-        except ImportError:  # a fake engine in tests without vLLM
-            close = getattr(getattr(engine, _ATTR, None), "close", None)
-            if close is not None:
-                close()
-            continue
-        shutdown(engine)
+        _shutdown(engine)

@@ -91,7 +91,7 @@ def serve_config_from_args(args: argparse.Namespace) -> Any:
         scope_keys=args.scope_keys,
         scope_header=args.scope_header,
         metrics_labels=args.metrics_labels,
-        **({"max_body_bytes": args.max_body_bytes} if args.max_body_bytes else {}),
+        **({"max_body_bytes": args.max_body_bytes} if args.max_body_bytes is not None else {}),
     )
 
 

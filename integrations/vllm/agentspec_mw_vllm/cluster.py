@@ -12,10 +12,17 @@ starts replicas on ports 8001 and 8002 (``agentspec serve --port P`` plus the ar
 after the first ``--``) and the router on 8000, all on 127.0.0.1 unless ``--host`` says
 otherwise, and stops them all on Ctrl-C or SIGTERM. :func:`running_replicas` and
 :func:`running_router` are the same as context managers (tests, benchmarks).
+
+Each port must be free before its process starts (``ClusterError`` "port P ... is in
+use" otherwise: a stale server answering ``/health`` there would pass for the replica). A
+process is healthy only while it runs and its ``/health`` answers HTTP 200; the running
+cluster stops, with the log tail of the process, as soon as any of its processes exits.
 """
 
 from __future__ import annotations
 
+import errno
+import http.client
 import os
 import shutil
 import signal
@@ -117,11 +124,36 @@ def _free_port(host: str) -> int:
 
 
 def _healthy(url: str) -> bool:
+    """Whether ``url`` answers HTTP 200 (no answer, an error status or a reply that is not
+    HTTP -- another service on the port -- all read as not healthy)."""
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
             return int(resp.status) == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
+    except (urllib.error.URLError, http.client.HTTPException, OSError):
         return False
+
+
+def _check_ports_free(host: str, ports: Sequence[tuple[int, str]]) -> None:
+    """Raise :class:`ClusterError` if one of ``ports`` (port, what) is taken on ``host``.
+
+    Binds each (with ``SO_REUSEADDR``, as the servers do, so a port in ``TIME_WAIT``
+    passes): a server already listening there would answer the health checks in place of
+    the process about to start.
+    """
+    for port, what in ports:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError as exc:
+                reason = (
+                    "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
+                )
+                raise ClusterError(
+                    f"port {port} on {host} {reason}, needed by {what}; stop what listens "
+                    "there, or choose another --port (the router takes PORT, replica i "
+                    "PORT+1+i)"
+                ) from None
 
 
 def _stop(proc: subprocess.Popen[bytes], grace_s: float = 60) -> None:
@@ -140,40 +172,63 @@ def _stop(proc: subprocess.Popen[bytes], grace_s: float = 60) -> None:
         pass
 
 
+#: A started process: the process, its health URL, its log file, what it is.
+_Proc = tuple[subprocess.Popen[bytes], str, Path, str]
+
+
 @contextmanager
 def _process(
     argv: Sequence[str], log: Path, health: str, ready_s: float, what: str
-) -> Iterator[subprocess.Popen[bytes]]:
+) -> Iterator[_Proc]:
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             list(argv), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
-        _wait_healthy([(proc, health, log, what)], ready_s)
-        yield proc
+        item = (proc, health, log, what)
+        _wait_healthy([item], ready_s)
+        yield item
     finally:
         _stop(proc)
 
 
-def _wait_healthy(
-    procs: Sequence[tuple[subprocess.Popen[bytes], str, Path, str]], ready_s: float
-) -> None:
+def _exited(procs: Sequence[_Proc]) -> str | None:
+    """A report on the first of ``procs`` that has exited (its log's tail), or ``None``."""
+    for proc, _, log, what in procs:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:]
+            return f"{what} exited with {proc.returncode}; log {log}:\n{tail}"
+    return None
+
+
+def _wait_healthy(procs: Sequence[_Proc], ready_s: float) -> None:
+    """Wait until every process answers its health check, each while still running.
+
+    Raises:
+        ClusterError: a process exited, or was not healthy within ``ready_s``.
+    """
     deadline = time.monotonic() + ready_s
     pending = list(procs)
     while pending:
         for item in list(pending):
-            proc, health, log, what = item
-            if proc.poll() is not None:
-                tail = log.read_text(errors="replace")[-3000:]
-                raise ClusterError(f"{what} exited with {proc.returncode}; log {log}:\n{tail}")
-            if _healthy(health):
+            if _healthy(item[1]):
                 pending.remove(item)
+        exited = _exited(procs)  # all of them: a healthy one may have died since
+        if exited is not None:
+            raise ClusterError(exited)
         if pending and time.monotonic() > deadline:
             names = ", ".join(what for _, _, _, what in pending)
-            raise ClusterError(f"{names} not healthy in {ready_s:.0f} s (logs in {log.parent})")
+            log_dir = pending[0][2].parent
+            raise ClusterError(f"{names} not healthy in {ready_s:.0f} s (logs in {log_dir})")
         if pending:
             time.sleep(1)
+
+
+def _serve_argv(cfg: ClusterConfig, port: int) -> list[str]:
+    """The argv of the ``agentspec serve`` replica on ``port``."""
+    argv = [sys.executable, "-m", "agentspec_mw.cli", "serve", "--host", cfg.host]
+    return [*argv, "--port", str(port), *cfg.serve_args]
 
 
 @contextmanager
@@ -185,27 +240,40 @@ def running_replicas(
     ``ports`` overrides :meth:`ClusterConfig.replica_ports` (one per replica).
 
     Raises:
-        ClusterError: a replica exited or was not healthy within ``cfg.ready_s``.
+        ClusterError: a replica's port is in use, or a replica exited or was not healthy
+            within ``cfg.ready_s``.
     """
+    with _replicas(cfg, log_dir, ports) as procs:
+        yield [health.removesuffix("/health") for _, health, _, _ in procs]
+
+
+@contextmanager
+def _replicas(
+    cfg: ClusterConfig, log_dir: Path, ports: Sequence[int] | None
+) -> Iterator[list[_Proc]]:
+    """:func:`running_replicas`, yielding the processes."""
     log_dir.mkdir(parents=True, exist_ok=True)
     ports = list(ports) if ports is not None else cfg.replica_ports()
     if len(ports) != cfg.replicas:
         raise ValueError(f"{len(ports)} ports given for {cfg.replicas} replicas")
-    urls = [f"http://{cfg.host}:{p}" for p in ports]
+    names = [f"replica {i} (port {port})" for i, port in enumerate(ports)]
+    _check_ports_free(cfg.host, list(zip(ports, names, strict=True)))
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    procs: list[tuple[subprocess.Popen[bytes], str, Path, str]] = []
+    procs: list[_Proc] = []
     try:
         for i, port in enumerate(ports):
-            argv = [sys.executable, "-m", "agentspec_mw.cli", "serve", "--host", cfg.host]
-            argv += ["--port", str(port), *cfg.serve_args]
             log = log_dir / f"replica{i}.log"
             with open(log, "wb") as out:
                 proc = subprocess.Popen(
-                    argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                    _serve_argv(cfg, port),
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
-            procs.append((proc, urls[i] + "/health", log, f"replica {i} (port {port})"))
+            procs.append((proc, f"http://{cfg.host}:{port}/health", log, names[i]))
         _wait_healthy(procs, cfg.ready_s)
-        yield urls
+        yield procs
     finally:
         for proc, *_ in procs:
             if proc.poll() is None:
@@ -230,20 +298,40 @@ def running_router(
 
     Raises:
         MissingDependencyError: ``vllm-router`` is not installed.
-        ClusterError: it exited or was not healthy within ``ready_s``.
+        ClusterError: ``port`` is in use, or the router exited or was not healthy within
+            ``ready_s``.
     """
+    with _router(worker_urls, log, host, port, policy, extra, ready_s) as item:
+        yield item[1].removesuffix("/health")
+
+
+@contextmanager
+def _router(
+    worker_urls: Sequence[str],
+    log: Path,
+    host: str,
+    port: int,
+    policy: RouterPolicy,
+    extra: Sequence[str],
+    ready_s: float,
+) -> Iterator[_Proc]:
+    """:func:`running_router`, yielding the process."""
+    what = f"vllm-router ({policy}, port {port})"
+    _check_ports_free(host, [(port, what)])
     metrics = _free_port(host)
     argv = router_command(
         worker_urls, host=host, port=port, policy=policy, metrics_port=metrics, extra=extra
     )
-    base = f"http://{host}:{port}"
-    with _process(argv, log, base + "/health", ready_s, f"vllm-router ({policy})"):
-        yield base
+    with _process(argv, log, f"http://{host}:{port}/health", ready_s, what) as item:
+        yield item
 
 
-def run_cluster(cfg: ClusterConfig, log_dir: Path) -> int:
+def run_cluster(cfg: ClusterConfig, log_dir: Path, *, check_s: float = 5.0) -> int:
     """Start the replicas and the router, print where they are, and wait for Ctrl-C or
-    SIGTERM; then stop everything. Returns 0, or 1 when a process died."""
+    SIGTERM; then stop everything. Every ``check_s`` seconds each process must still run
+    (else the cluster stops at once, printing the log tail of the one that exited) and
+    answer its health check (three misses in a row stop it: a busy replica may miss one).
+    Returns 0, or 1 when a process died or stayed unhealthy."""
 
     def _interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -252,23 +340,34 @@ def run_cluster(cfg: ClusterConfig, log_dir: Path) -> int:
     try:
         with ExitStack() as stack:
             print(f"agentspec cluster: starting {cfg.replicas} replicas, logs in {log_dir}")
-            urls = stack.enter_context(running_replicas(cfg, log_dir))
-            base = stack.enter_context(
-                running_router(
+            # the router's port first: a taken one fails before the replicas load
+            what = f"vllm-router ({cfg.policy}, port {cfg.port})"
+            _check_ports_free(cfg.host, [(cfg.port, what)])
+            replicas = stack.enter_context(_replicas(cfg, log_dir, None))
+            urls = [health.removesuffix("/health") for _, health, _, _ in replicas]
+            router = stack.enter_context(
+                _router(
                     urls,
                     log_dir / "router.log",
-                    host=cfg.host,
-                    port=cfg.port,
-                    policy=cfg.policy,
-                    extra=cfg.router_args,
+                    cfg.host,
+                    cfg.port,
+                    cfg.policy,
+                    cfg.router_args,
+                    120,
                 )
             )
+            base = router[1].removesuffix("/health")
             print(f"agentspec cluster: router ({cfg.policy}) at {base}/v1 -> {' '.join(urls)}")
             print("agentspec cluster: Ctrl-C stops it", flush=True)
+            procs = [*replicas, router]
             failures = 0
             while failures < 3:  # a busy replica may miss one health check
-                time.sleep(5)
-                healthy = all(_healthy(u + "/health") for u in [*urls, base])
+                time.sleep(check_s)
+                exited = _exited(procs)
+                if exited is not None:
+                    print(f"agentspec cluster: {exited}\nstopping", file=sys.stderr, flush=True)
+                    return 1
+                healthy = all(_healthy(health) for _, health, _, _ in procs)
                 failures = 0 if healthy else failures + 1
             print("agentspec cluster: a process is not healthy; stopping", file=sys.stderr)
             return 1

@@ -20,7 +20,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentspec_mw.costmodel import PRESETS
-from agentspec_mw.registry import resolve_proposer_class
+from agentspec_mw.proposer import ProposerEnv
+from agentspec_mw.registry import make_proposer, resolve_proposer_class
 
 __all__ = ["ADDITIONAL_CONFIG_KEY", "MEASURED", "DrafterConfig", "drafter_section"]
 
@@ -71,6 +72,17 @@ class DrafterConfig(BaseModel):
         """Raise :class:`~agentspec_mw.errors.ProposerLoadError` if the class can't load."""
         resolve_proposer_class(self.proposer)
 
+    def check_options(self) -> None:
+        """Build the proposer once with :attr:`options` in a minimal
+        :class:`~agentspec_mw.proposer.ProposerEnv` (a byte-level vocabulary), as the
+        replay's ``check_proposers`` does, so that an option it does not take fails here
+        rather than in the engine core after the model loaded.
+
+        Raises:
+            ProposerLoadError: the proposer cannot be loaded or built with these options.
+        """
+        make_proposer(self.proposer, _CHECK_ENV, **self.options)
+
     @classmethod
     def from_sources(
         cls, additional_config: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
@@ -100,19 +112,33 @@ class DrafterConfig(BaseModel):
         return cls(**merged)
 
 
+#: The proposer environment :meth:`DrafterConfig.check_options` builds with.
+_CHECK_ENV = ProposerEnv(token_bytes=[bytes([i]) for i in range(256)])
+
+
 def drafter_section(
-    proposer: str, options: Mapping[str, Any] | None = None, cost_model: str | None = None
+    proposer: str,
+    options: Mapping[str, Any] | None = None,
+    cost_model: str | None = None,
+    *,
+    check_options: bool = False,
 ) -> dict[str, Any]:
     """Our ``additional_config`` section for an engine that ``build_llm`` or ``agentspec
     serve`` starts: the proposer, and the options and cost model only when the caller
     chose them, so the environment (``AGENTSPEC_PROPOSER_OPTIONS``,
     ``AGENTSPEC_COST_MODEL``) still applies to the rest — a section holding every default
     would silently override it. Validated (and the proposer's class loaded) here, so a bad
-    choice fails before an engine starts.
+    choice fails before an engine starts. With ``check_options`` (``agentspec serve``
+    sets it) the configuration the engine will read -- this section over this process's
+    environment -- is read here too and its proposer built once with its options
+    (:meth:`DrafterConfig.check_options`), so an option the proposer does not take fails
+    here rather than in the engine core after the model loaded.
 
     Raises:
-        ValueError: an unknown cost model.
-        ProposerLoadError: the proposer's class cannot be loaded.
+        ValueError: an unknown cost model, or (``check_options``) a malformed
+            ``AGENTSPEC_PROPOSER_OPTIONS``.
+        ProposerLoadError: the proposer's class cannot be loaded, or (``check_options``)
+            it refuses its options.
     """
     chosen: dict[str, Any] = {"proposer": proposer}
     if options:
@@ -121,4 +147,6 @@ def drafter_section(
         chosen["cost_model"] = cost_model
     config = DrafterConfig(**chosen)
     config.check_proposer()
+    if check_options:
+        DrafterConfig.from_sources({ADDITIONAL_CONFIG_KEY: chosen}).check_options()
     return config.model_dump(exclude_unset=True)

@@ -294,10 +294,16 @@ def build_async_llm(
 def shutdown(engine: Any) -> None:
     """Shut an engine from :func:`build_llm` or :func:`build_async_llm` down (idempotent).
 
-    Stops what drives it in this process (the LangGraph adapter's engine loop, kept on
-    the engine as ``_agentspec_backend``), then the engine core (and its process, if any),
-    so that a later engine can start in the same process.
+    Marks the engine shut down (attribute ``_agentspec_shut_down``: the LangGraph
+    adapter's registry of shared engines then drops it instead of handing it out), stops
+    what drives it in this process (the LangGraph adapter's engine loop, kept on the
+    engine as ``_agentspec_backend``), then the engine core (and its process, if any), so
+    that a later engine can start in the same process.
     """
+    try:
+        engine._agentspec_shut_down = True
+    except (AttributeError, TypeError):  # an engine that takes no attributes
+        pass
     close = getattr(getattr(engine, "_agentspec_backend", None), "close", None)
     if close is not None:
         close()

@@ -58,6 +58,7 @@ Which request identities label the counters is the operator's choice,
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections import Counter, defaultdict
@@ -81,6 +82,8 @@ __all__ = [
     "get_metrics",
     "parse_labels",
 ]
+
+logger = logging.getLogger("agentspec_mw_vllm.metrics")
 
 MAX_AGENT_LABELS = 64
 MAX_BLOCK_LABELS = 32
@@ -118,6 +121,23 @@ def parse_labels(spec: str | Iterable[str]) -> frozenset[str]:
             "(comma-separated) or none"
         )
     return frozenset(out)
+
+
+def _labels_from_env() -> str:
+    """:data:`LABELS_ENV`, or ``"agent"`` when it is unset or invalid (with a warning)."""
+    value = os.environ.get(LABELS_ENV, "agent")
+    try:
+        parse_labels(value)
+    except ValueError as exc:
+        logger.warning(
+            "ignoring %s=%r (%s); the agentspec_* counters are labelled by agent. Fix or "
+            "unset the variable (or pass agentspec serve --metrics-labels).",
+            LABELS_ENV,
+            value,
+            exc,
+        )
+        return "agent"
+    return value
 
 
 class _Capped:
@@ -300,7 +320,12 @@ class DrafterMetrics:
     """Thread-safe counters of one process (see the module docstring).
 
     ``labels``: which of :data:`METRIC_LABELS` label the counters (default: the
-    :data:`LABELS_ENV` environment variable, else ``{"agent"}``).
+    :data:`LABELS_ENV` environment variable, else ``{"agent"}``; an invalid environment
+    value is logged as a warning and ``{"agent"}`` used: these counters are made inside
+    the engine, which must not fail over its metrics).
+
+    Raises:
+        ValueError: ``labels`` (given) names an unknown label.
     """
 
     def __init__(
@@ -313,7 +338,7 @@ class DrafterMetrics:
         self._agents = _Capped(MAX_AGENT_LABELS)
         self._blocks = _Capped(MAX_BLOCK_LABELS, _FIXED_BLOCKS)
         self._scopes = _Capped(MAX_SCOPE_LABELS)
-        self.set_labels(os.environ.get(LABELS_ENV, "agent") if labels is None else labels)
+        self.set_labels(_labels_from_env() if labels is None else labels)
         self.reset()
 
     def set_labels(self, labels: str | Iterable[str]) -> None:

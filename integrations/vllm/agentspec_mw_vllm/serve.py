@@ -103,7 +103,8 @@ class ServeConfig(BaseModel):
     """Largest request body the server accepts (HTTP 413 above)."""
     metrics_labels: str | None = None
     """Request identities labelling the ``agentspec_*`` counters: ``agent``, ``scope``
-    (comma-separated) or ``none``; default ``agent``, or ``none`` with a scope binding."""
+    (comma-separated) or ``none``; default: ``AGENTSPEC_METRICS_LABELS`` from the
+    environment (checked here), else ``agent``; ``none`` with a scope binding."""
 
     @model_validator(mode="after")
     def _check_tenancy(self) -> ServeConfig:
@@ -119,6 +120,15 @@ class ServeConfig(BaseModel):
         TenancyConfig(scope_header=self.scope_header, max_body_bytes=self.max_body_bytes)
         if self.metrics_labels is not None:
             parse_labels(self.metrics_labels)
+        elif not self.bound and LABELS_ENV in os.environ:  # passed on to the server as is
+            try:
+                parse_labels(os.environ[LABELS_ENV])
+            except ValueError as exc:
+                raise ValueError(
+                    f"the environment variable {LABELS_ENV}={os.environ[LABELS_ENV]!r} "
+                    f"(which the server reads, since --metrics-labels is not given) is "
+                    f"invalid: {exc}; fix or unset it, or pass --metrics-labels"
+                ) from None
         return self
 
     @property
@@ -128,7 +138,12 @@ class ServeConfig(BaseModel):
 
 
 def server_command(cfg: ServeConfig) -> list[str]:
-    """The argv of the server process."""
+    """The argv of the server process.
+
+    Raises:
+        ProposerLoadError: the proposer cannot be loaded or built with its options (see
+            :func:`~agentspec_mw_vllm.config.drafter_section`'s ``check_options``).
+    """
     from agentspec_mw.default_model import DEFAULT_MODEL_NAME, resolve_model
 
     model = resolve_model(cfg.model)
@@ -142,7 +157,9 @@ def server_command(cfg: ServeConfig) -> list[str]:
         if cfg.speculative in VLLM_METHODS:
             spec["method"] = cfg.speculative
         else:
-            section = drafter_section(cfg.speculative, cfg.proposer_options, cfg.cost_model)
+            section = drafter_section(
+                cfg.speculative, cfg.proposer_options, cfg.cost_model, check_options=True
+            )
             spec.update(method="custom_class", model=ADAPTER_PATH)
             additional = {ADDITIONAL_CONFIG_KEY: section}
             argv += ["--additional-config", json.dumps(additional)]

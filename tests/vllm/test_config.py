@@ -69,9 +69,10 @@ def test_the_environment_applies_to_what_the_engine_factory_leaves_unset() -> No
     assert section == {"agentspec": {"proposer": "agentspec"}}
     cfg = DrafterConfig.from_sources(section, env)
     assert (cfg.proposer, cfg.cost_model, cfg.options) == ("agentspec", "cpu-smollm2", {"k": 1})
-    chosen = engine_kwargs("m", cost_model="llama8b-h100", proposer_options={"k": 2})
+    opts = {"index_max_tokens": 1024}  # an option AgentSpec takes: engine_kwargs builds it
+    chosen = engine_kwargs("m", cost_model="llama8b-h100", proposer_options=opts)
     cfg = DrafterConfig.from_sources(chosen["additional_config"], env)
-    assert (cfg.cost_model, cfg.options) == ("llama8b-h100", {"k": 2})
+    assert (cfg.cost_model, cfg.options) == ("llama8b-h100", opts)
     with pytest.raises(ValueError, match="cost_model='x'"):
         engine_kwargs("m", cost_model="x")
 
@@ -79,6 +80,8 @@ def test_the_environment_applies_to_what_the_engine_factory_leaves_unset() -> No
 def test_engine_kwargs_fail_early() -> None:
     with pytest.raises(ProposerLoadError):
         engine_kwargs("m", speculative="no.such.Proposer")
+    with pytest.raises(ProposerLoadError, match="no_such_option"):  # not in the engine core
+        engine_kwargs("m", proposer_options={"no_such_option": 1})
     with pytest.raises(ValueError, match="k=0"):
         engine_kwargs("m", k=0)
     with pytest.raises(ValueError, match="max_model_len"):

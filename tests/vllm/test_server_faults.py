@@ -166,7 +166,7 @@ def test_a_proposer_option_it_does_not_take_fails_before_the_server_starts(
     with pytest.raises(ProposerLoadError, match="no_such_option"):
         server_command(cfg)  # also what --dry-run prints: nothing starts
     with pytest.raises(ProposerLoadError, match="no_such_option"):
-        drafter_section("agentspec", {"no_such_option": 1}, check_options=True)
+        drafter_section("agentspec", {"no_such_option": 1})
     # the environment's options apply where the caller chose none: they are checked too
     monkeypatch.setenv("AGENTSPEC_PROPOSER_OPTIONS", '{"bogus": 2}')
     with pytest.raises(ProposerLoadError, match="bogus"):

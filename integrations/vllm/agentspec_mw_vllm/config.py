@@ -120,25 +120,21 @@ def drafter_section(
     proposer: str,
     options: Mapping[str, Any] | None = None,
     cost_model: str | None = None,
-    *,
-    check_options: bool = False,
 ) -> dict[str, Any]:
     """Our ``additional_config`` section for an engine that ``build_llm`` or ``agentspec
     serve`` starts: the proposer, and the options and cost model only when the caller
     chose them, so the environment (``AGENTSPEC_PROPOSER_OPTIONS``,
     ``AGENTSPEC_COST_MODEL``) still applies to the rest — a section holding every default
-    would silently override it. Validated (and the proposer's class loaded) here, so a bad
-    choice fails before an engine starts. With ``check_options`` (``agentspec serve``
-    sets it) the configuration the engine will read -- this section over this process's
-    environment -- is read here too and its proposer built once with its options
-    (:meth:`DrafterConfig.check_options`), so an option the proposer does not take fails
-    here rather than in the engine core after the model loaded.
+    would silently override it. Validated here, so a bad choice fails before an engine
+    starts: the proposer's class is loaded, and when the configuration the engine will
+    read (this section over this process's environment) has options, the proposer is
+    built once with them (:meth:`DrafterConfig.check_options`) — an option it does not
+    take would otherwise fail in the engine core after the model loaded.
 
     Raises:
-        ValueError: an unknown cost model, or (``check_options``) a malformed
-            ``AGENTSPEC_PROPOSER_OPTIONS``.
-        ProposerLoadError: the proposer's class cannot be loaded, or (``check_options``)
-            it refuses its options.
+        ValueError: an unknown cost model, or a malformed ``AGENTSPEC_PROPOSER_OPTIONS``.
+        ProposerLoadError: the proposer's class cannot be loaded, or it refuses its
+            options.
     """
     chosen: dict[str, Any] = {"proposer": proposer}
     if options:
@@ -147,6 +143,7 @@ def drafter_section(
         chosen["cost_model"] = cost_model
     config = DrafterConfig(**chosen)
     config.check_proposer()
-    if check_options:
-        DrafterConfig.from_sources({ADDITIONAL_CONFIG_KEY: chosen}).check_options()
+    engine_reads = DrafterConfig.from_sources({ADDITIONAL_CONFIG_KEY: chosen})
+    if engine_reads.options:
+        engine_reads.check_options()
     return config.model_dump(exclude_unset=True)

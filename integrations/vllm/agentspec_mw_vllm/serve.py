@@ -142,7 +142,7 @@ def server_command(cfg: ServeConfig) -> list[str]:
 
     Raises:
         ProposerLoadError: the proposer cannot be loaded or built with its options (see
-            :func:`~agentspec_mw_vllm.config.drafter_section`'s ``check_options``).
+            :func:`~agentspec_mw_vllm.config.drafter_section`).
     """
     from agentspec_mw.default_model import DEFAULT_MODEL_NAME, resolve_model
 
@@ -157,9 +157,7 @@ def server_command(cfg: ServeConfig) -> list[str]:
         if cfg.speculative in VLLM_METHODS:
             spec["method"] = cfg.speculative
         else:
-            section = drafter_section(
-                cfg.speculative, cfg.proposer_options, cfg.cost_model, check_options=True
-            )
+            section = drafter_section(cfg.speculative, cfg.proposer_options, cfg.cost_model)
             spec.update(method="custom_class", model=ADAPTER_PATH)
             additional = {ADDITIONAL_CONFIG_KEY: section}
             argv += ["--additional-config", json.dumps(additional)]

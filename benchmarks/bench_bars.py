@@ -70,7 +70,18 @@ class Pool:
 
 
 def _per_repeat(a: BenchRow, b: BenchRow) -> list[float]:
-    return repeat_ratios(a, b) or [paired_ratio(a, b)]  # an older row: its one ratio
+    """Per-repeat ratios; an older row: its one ratio; none where ``b`` had no throughput."""
+    per = repeat_ratios(a, b)
+    if per:
+        return per
+    rel = paired_ratio(a, b)
+    return [] if rel is None else [rel]
+
+
+def _ratio(a: BenchRow, b: BenchRow) -> str:
+    """:func:`paired_ratio` as ``"1.234x"``, ``"-x"`` where ``b`` had no throughput."""
+    rel = paired_ratio(a, b)
+    return "-x" if rel is None else f"{rel:.3f}x"
 
 
 def load(path: Path) -> BenchReport:
@@ -102,16 +113,16 @@ def analyse(
             parts = [f"{name} {app} N={n} ({max_tokens} tok, {max(n, least)} wf/run):"]
             per = _per_repeat(ours, none)
             pool.vs_none += per
-            parts.append(f"{paired_ratio(ours, none):.3f}x none")
+            parts.append(f"{_ratio(ours, none)} none")
             peers = [by[p] for p in PEERS if p in by]
             if peers:
                 best = max(peers, key=lambda r: r.tokens_per_s)
                 pool.vs_peer += _per_repeat(ours, best)
-                parts.append(f"{paired_ratio(ours, best):.3f}x {best.label}")
+                parts.append(f"{_ratio(ours, best)} {best.label}")
             untagged = by.get("agentspec-untagged")
             if untagged is not None:
                 pool.vs_untagged += _per_repeat(ours, untagged)
-                parts.append(f"{paired_ratio(ours, untagged):.3f}x untagged")
+                parts.append(f"{_ratio(ours, untagged)} untagged")
                 if ours.acceptance is not None and untagged.acceptance is not None:
                     pool.acceptance.append((ours.acceptance, untagged.acceptance))
                     parts.append(f"accepted {ours.acceptance:.1%} vs {untagged.acceptance:.1%}")
@@ -133,6 +144,8 @@ def bar_lines(pools: dict[Config, Pool]) -> list[str]:
     out = []
 
     def verdict(values: list[float], bar: float) -> str:
+        if not values:  # no repeat with a throughput to divide by
+            return "-"
         return "met" if statistics.median(values) >= bar else "MISS"
 
     for cfg in sorted(pools, key=lambda c: (c.app, c.max_tokens, c.workflows, c.n)):

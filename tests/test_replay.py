@@ -351,3 +351,37 @@ def test_build_calls_subsets(sample_calls, tiny_tokenizer, tmp_path) -> None:  #
     tagged = build_calls([tr])["sample_tool_agent"][0].tags
     assert tagged is not None and tagged.agent_id == "travel_agent" and tagged.segment is None
     assert build_calls([tr], tags="none")["sample_react"][0].tags is None
+
+
+def test_run_ids_are_a_workloads_own(tiny_tokenizer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two workloads that number their runs alike keep their own runs: a per-run subset
+    of the second once counted the first's calls (and lost its own)."""
+    import json
+
+    from tests.conftest import SAMPLE
+
+    path = tmp_path / "alike.jsonl"
+    with open(SAMPLE) as src, open(path, "w") as dst:
+        for line in src:
+            rec = json.loads(line)
+            rec["run_id"] = rec["run_id"].replace("react-", "tool-")
+            dst.write(json.dumps(rec) + "\n")
+    tr = tokenize_trace(path, tiny_tokenizer, cache_dir=tmp_path, progress=False)
+    by_wl = build_calls([tr], max_calls_per_run=2)
+    assert len(by_wl["sample_tool_agent"]) == 6 and len(by_wl["sample_react"]) == 4
+
+
+def test_the_ngram_kernel_compiles_before_the_first_timed_propose() -> None:
+    """vLLM's n-gram kernel is jit-compiled without a disk cache: the peer compiles it
+    when built (as vLLM's NgramProposer does), not inside its first timed ``propose``
+    (0.4-0.8 s there cut the peer's speedup with proposer time). A fresh process, so an
+    earlier test's compilation cannot hide it."""
+    import subprocess
+    import sys
+
+    code = (
+        "from agentspec_mw.peers.ngram import NgramProposer; "
+        "print(len(NgramProposer()._kernel.signatures))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout.split()[-1]) >= 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentspec_mw.errors import MissingDependencyError
@@ -59,6 +60,8 @@ class NgramProposer:
                 f"prompt_lookup_max={self.config.prompt_lookup_max}"
             )
         self._kernel = _load_kernel()
+        # compiled here, as vLLM's NgramProposer does, not inside the first timed propose
+        self._kernel(np.zeros(8, dtype=np.int32), 1, 1, _MAX_MODEL_LEN, 1)
         self._ctx: dict[str, TokenBuffer] = {}
 
     def start(self, req_id: str, prompt_ids: TokenIds, tags: StructureTags | None = None) -> None:

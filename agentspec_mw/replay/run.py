@@ -229,7 +229,7 @@ def issued_together(
     (the samples of one request). A group without a step whose prompts differ
     (Reflexion's attempts at one question) stays sequential. The prompts are compared
     only when the rest leaves it open."""
-    if prev.run_id != meta.run_id or meta.parent_group is None:
+    if (prev.workload, prev.run_id) != (meta.workload, meta.run_id) or meta.parent_group is None:
         return False
     if prev.parent_group != meta.parent_group:
         return False
@@ -257,8 +257,9 @@ def build_calls(
     naming the files, since two recordings that count their runs from 0 would otherwise
     be merged silently."""
     by_wl: dict[str, list[ReplayCall]] = {}
-    last: dict[str, tuple[CallMeta, np.ndarray]] = {}  # run -> its last call kept
-    per_run: dict[str, int] = {}
+    # (workload, run) -> its last call kept / its calls kept: run ids are a workload's own
+    last: dict[tuple[str, str], tuple[CallMeta, np.ndarray]] = {}
+    per_run: dict[tuple[str, str], int] = {}
     runs_of: dict[str, set[str]] = {}
     file_of: dict[tuple[str, str], int] = {}  # (workload, run) -> the first file it is in
     shared: dict[tuple[str, str], tuple[int, int]] = {}  # ... and a later one
@@ -273,22 +274,23 @@ def build_calls(
                     if len(runs) >= max_runs:
                         continue
                     runs.add(meta.run_id)
+            run_key = (meta.workload, meta.run_id)
             if max_calls_per_run is not None:
-                seen = per_run.get(meta.run_id, 0)
+                seen = per_run.get(run_key, 0)
                 if seen >= max_calls_per_run:
                     continue
-                per_run[meta.run_id] = seen + 1
-            first = file_of.setdefault((meta.workload, meta.run_id), t_idx)
+                per_run[run_key] = seen + 1
+            first = file_of.setdefault(run_key, t_idx)
             if first != t_idx:
-                shared.setdefault((meta.workload, meta.run_id), (first, t_idx))
+                shared.setdefault(run_key, (first, t_idx))
             prompt = tr.prompt(i)
-            prev = last.get(meta.run_id)
+            prev = last.get(run_key)
             together = (
                 not serial_runs
                 and prev is not None
                 and issued_together(prev[0], meta, prev[1], prompt)
             )
-            last[meta.run_id] = (meta, prompt)
+            last[run_key] = (meta, prompt)
             lst.append(
                 ReplayCall(
                     req_id=f"{t_idx}:{meta.run_id}#{meta.call_index}#{i}",

@@ -1190,6 +1190,44 @@ def test_token_ids_are_checked_at_the_door(tb) -> None:  # type: ignore[no-untyp
     assert p.propose(["a"], 4, StepContext(batch_size=1))[0].token_ids[:1] == (big + 2,)
 
 
+def test_a_queued_stop_frees_its_grammar_row_for_the_next_start(tb) -> None:  # type: ignore[no-untyped-def]
+    """A newcomer with delimiters of its own gets the grammar row a request just stopped
+    left, whether or not a ``propose`` came between (it once fell back to the default
+    blocks without one)."""
+    prompt = list(b"Thought: hello\n")
+    step = StepContext(batch_size=1, num_kv_tokens=16)
+    for between in (False, True):
+        p = _prop(tb, blocks_max_per_scope=1)
+        p.start("a", prompt, StructureTags(scope="t", blocks=(("<a>", "</a>"),)))
+        p.propose(["a"], 4, step)
+        p.stop("a")
+        if between:
+            p.propose([], 4, step)
+        p.start("b", prompt, StructureTags(scope="t", blocks=(("<b>", "</b>"),)))
+        p.propose(["b"], 4, step)
+        assert p.grammar_fallbacks == 0, between
+
+
+def test_step_buffers_grow_with_rows_not_with_each_new_width() -> None:
+    """A caller alternating ``k`` reallocates the step's buffers at the same size (they
+    once doubled every step: 2.7 GiB after 16 steps), and a full cache of views keeps
+    them."""
+    from agentspec_mw.agentspec.workspace import _MAX_VIEWS, Workspaces
+
+    ws = Workspaces()
+    for step in range(20):
+        ws.get(1, 4 + step % 2)
+    assert ws._cap == 64
+    ws.get(_MAX_VIEWS + 76, 8)
+    cap = ws._cap
+    for _ in range(2):  # more shapes than the cache holds, each within the buffers
+        for n in range(1, _MAX_VIEWS + 77):
+            ws.get(n, 8)
+    assert ws._cap == cap
+    ws.get(cap + 1, 8)
+    assert ws._cap == 2 * cap
+
+
 def test_queued_calls_stay_bounded_without_a_propose(tb) -> None:  # type: ignore[no-untyped-def]
     """A host whose requests never ask for a draft (each at its ``max_tokens``) still
     frees their rows: the queue is applied once it holds ``_MAX_PENDING`` stops or

@@ -226,10 +226,11 @@ class AgentSpecProposer:
         scope, agent, group = identity(
             prompt, tags, cfg.tagfree_agent_tokens, cfg.tagfree_query_tokens
         )
-        if self._pend_stop and scope not in self._scopes:
-            # a new scope may take the row of one whose last request just stopped: apply
-            # the queued calls first (in order, so that request's last counts go to its
-            # own scope), else the row looks live and the newcomer gets the frozen prior
+        if self._pend_stop and (scope not in self._scopes or (tags is not None and tags.blocks)):
+            # a new scope (or a grammar) may take the row of one whose last request just
+            # stopped: apply the queued calls first (in order, so that request's last
+            # counts go to its own scope), else the row looks live and the newcomer gets
+            # the frozen prior (or the default blocks)
             self._flush()
         gid, glabel = self._grammars.acquire(None if tags is None else tags.blocks, scope)
         cal = self._scopes.acquire(scope)

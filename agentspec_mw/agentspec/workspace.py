@@ -90,7 +90,8 @@ def _buffers(cap: int, kk: int) -> StepWorkspace:
 
 class Workspaces:
     """Step workspaces by ``(requests, candidate width)``, sharing one set of buffers
-    (reallocated, twice as large, when a step needs more rows or another width)."""
+    (reallocated with twice the rows when a step needs more, with as many for another
+    width: a caller alternating ``k`` once doubled them every step)."""
 
     def __init__(self) -> None:
         self._views: dict[tuple[int, int], StepWorkspace] = {}
@@ -105,10 +106,13 @@ class Workspaces:
         if ws is not None:
             return ws
         base = self._base
-        if base is None or kk != self._kk or n_req > self._cap or len(self._views) >= _MAX_VIEWS:
-            self._cap = max(n_req, 2 * self._cap, 64)
+        if base is None or kk != self._kk or n_req > self._cap:
+            if n_req > self._cap:  # more rows: twice as many; another width: as many
+                self._cap = max(n_req, 2 * self._cap, 64)
             base = self._base = _buffers(self._cap, kk)
             self._kk = kk
+            self._views = {}
+        elif len(self._views) >= _MAX_VIEWS:  # the views' cache is full, not the buffers
             self._views = {}
         nh = N_HIST * n_req
         cand = base.cand.head(nh + n_req)

@@ -40,27 +40,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _result(label: str, n: int, wall: float, **kw: Any) -> RunResult:
-    """One run of ``label``: 100 output tokens in ``wall`` seconds unless told."""
-    base: dict[str, Any] = {
-        "label": label,
-        "app": "demo",
-        "n": n,
-        "wall_s": wall,
-        "output_tokens": 100,
-        "requests": 2,
-        "workflow_latency_s": [wall, wall / 2],
-        "tpot_s": [0.01, 0.02],
-        "ttft_s": [0.2, 0.4],
-        "drafted": 10,
-        "accepted": 5,
-        "proposer_s": 0.0,
-        "proposer_calls": 0,
-        "per_agent": {"writer": [2, 100, 10, 5]},
-        "views": [{"answer": "a"}],
-        "token_hashes": ["h1", "h2"],
-    }
-    base.update(kw)
-    return RunResult(**base)
+    """One run of ``label``: 100 output tokens in ``wall`` seconds, 5 of 10 drafted
+    tokens accepted, unless told (``tests/test_bench.py``'s run, with drafts)."""
+    from tests.test_bench import _result as run
+
+    return run(label, n, wall, **{"drafted": 10, "accepted": 5, **kw})
 
 
 def _rows(walls: dict[str, list[float]], **per_label: dict[str, Any]) -> list[BenchRow]:

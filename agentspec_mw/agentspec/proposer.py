@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -86,22 +86,36 @@ _warm = False
 _ID_LIMIT = 2**31  # token ids are kept as int32
 
 
-def _token_ids(ids: TokenIds, what: str) -> np.ndarray:
-    """``ids`` as a new flat int32 array, checked: integers in ``[0, 2**31)`` (an id past
-    the tokenizer's table is fine: a model's vocabulary may be larger; it has no bytes).
+def _token_ids(
+    ids: TokenIds, verb: str, req_id: str | None = None, copy: bool = True
+) -> np.ndarray:
+    """``ids`` as a flat int32 array (a copy unless ``copy`` is false and ``ids`` already
+    is one), checked: integers in ``[0, 2**31)`` (an id past the tokenizer's table is
+    fine: a model's vocabulary may be larger; it has no bytes). An int32 array, what the
+    hosts pass every step, costs one pass (no id of it can be 2**31 or more).
 
     Raises:
         ValueError: not integers, or an id out of that range (nothing is queued).
     """
+    if isinstance(ids, np.ndarray) and ids.dtype == np.int32:
+        arr = ids.reshape(-1)
+        if arr.size and arr.min() < 0:
+            _bad_ids(verb, req_id, f"got {int(arr.min())}")
+        return arr.copy() if copy else arr
     arr = np.asarray(ids)
     if arr.size == 0:
         return np.zeros(0, dtype=np.int32)
     if arr.dtype.kind not in "iu":
-        raise ValueError(f"{what}: token ids must be integers, got dtype {arr.dtype}")
+        _bad_ids(verb, req_id, f"integers, got dtype {arr.dtype}")
     lo, hi = int(arr.min()), int(arr.max())
     if lo < 0 or hi >= _ID_LIMIT:
-        raise ValueError(f"{what}: token ids must be in [0, 2**31), got {lo if lo < 0 else hi}")
+        _bad_ids(verb, req_id, f"got {lo if lo < 0 else hi}")
     return arr.astype(np.int32).reshape(-1)
+
+
+def _bad_ids(verb: str, req_id: str | None, what: str) -> NoReturn:
+    where = verb if req_id is None else f"{verb}({req_id!r})"
+    raise ValueError(f"{where}: token ids must be integers in [0, 2**31): {what}")
 
 
 def warm_kernels() -> None:
@@ -218,7 +232,7 @@ class AgentSpecProposer:
         default grammar (:mod:`.grammars`). Prompt ids that are not integers in
         ``[0, 2**31)`` raise ``ValueError`` (before anything changes).
         """
-        prompt = _token_ids(prompt_ids, f"start({req_id!r})")
+        prompt = _token_ids(prompt_ids, "start", req_id, copy=False)
         if req_id in self._reqs:
             self.stop(req_id)
         cfg = self.config
@@ -270,7 +284,7 @@ class AgentSpecProposer:
                 and token_ids.ndim == 1
                 and token_ids.min() >= 0
             ):
-                token_ids = _token_ids(token_ids, f"extend({req_id!r})")
+                token_ids = _token_ids(token_ids, "extend", req_id)
             self._pend_slot.append(s)
             self._pend_ids.append(token_ids)
 

@@ -35,6 +35,8 @@ from agentspec_mw_langgraph.bench_report import BenchReport
 from agentspec_mw_langgraph.bench_worker import RunResult, WorkerSpec
 
 from ..helpers import script
+from ..test_bench import _report
+from ..test_bench import _result as _bench_result
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,9 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _result(label: str, n: int, wall: float, **kw: Any) -> RunResult:
     """One run of ``label``: 100 output tokens in ``wall`` seconds, 5 of 10 drafted
     tokens accepted, unless told (``tests/test_bench.py``'s run, with drafts)."""
-    from tests.test_bench import _result as run
-
-    return run(label, n, wall, **{"drafted": 10, "accepted": 5, **kw})
+    return _bench_result(label, n, wall, **{"drafted": 10, "accepted": 5, **kw})
 
 
 def _rows(walls: dict[str, list[float]], **per_label: dict[str, Any]) -> list[BenchRow]:
@@ -240,16 +240,7 @@ def test_no_throughput_gives_no_ratio_and_no_crash() -> None:
     assert none.ratio_to_none is None and suffix.ratio_to_none is None
     assert paired_ratio(suffix, none) is None
     config = BenchConfig(ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=1)
-    report = BenchReport(
-        config=config,
-        date="d",
-        cpus=2,
-        load_before=[1.0],
-        load_after=[1.0],
-        engine_start_s={},
-        rows=rows,
-        mismatches=[],
-    )
+    report = _report(config, rows, [])
     text = format_report(report)
     assert "demo        4 suffix                     100.0      - " in text
     assert "demo N=4: fastest is suffix (100 tok/s, - none); no throughput: none" in text
@@ -285,16 +276,7 @@ def test_bench_bars_reads_a_report_without_throughput(
 ) -> None:
     rows = _rows({"none": [1.0], "agentspec": [1.0]}, none={"output_tokens": 0})
     config = BenchConfig(ns=(4,), methods=("none", "agentspec"), apps=("demo",), repeats=1)
-    report = BenchReport(
-        config=config,
-        date="d",
-        cpus=2,
-        load_before=[1.0],
-        load_after=[1.0],
-        engine_start_s={},
-        rows=rows,
-        mismatches=[],
-    )
+    report = _report(config, rows, [])
     path = tmp_path / "zero.json"
     path.write_text(report.model_dump_json())
     assert script("bench_bars").main([str(path)]) == 0

@@ -77,9 +77,9 @@ logger = logging.getLogger(__name__)
 
 _MIN_BOUND = 1e-12  # a position of survival 0 is never worth scoring
 # Queued calls applied without waiting for a ``propose`` once this many stops or
-# ``extend_many`` batches are pending: a host whose requests never ask for a draft (every one at its
-# ``max_tokens``, say) still frees their rows, and memory stays bounded. About one busy
-# step's worth, so a host that proposes every step never reaches it.
+# ``extend_many`` batches are pending: a host whose requests never ask for a draft (every
+# one at its ``max_tokens``, say) still frees their rows, and memory stays bounded. About
+# one busy step's worth, so a host that proposes every step never reaches it.
 _MAX_PENDING = 256
 
 _warm = False
@@ -277,14 +277,8 @@ class AgentSpecProposer:
         """
         s = self._reqs[req_id]
         if len(token_ids):
-            if not (
-                isinstance(token_ids, np.ndarray)
-                and not token_ids.flags.writeable
-                and token_ids.dtype == np.int32
-                and token_ids.ndim == 1
-                and token_ids.min() >= 0
-            ):
-                token_ids = _token_ids(token_ids, "extend", req_id)
+            keep = isinstance(token_ids, np.ndarray) and not token_ids.flags.writeable
+            token_ids = _token_ids(token_ids, "extend", req_id, copy=not keep)
             self._pend_slot.append(s)
             self._pend_ids.append(token_ids)
 

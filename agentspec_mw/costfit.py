@@ -289,11 +289,6 @@ class MeasuredStepTime:
         self._p = np.array(
             [prior.c_fix + prior.c_oh, prior.c_tok + prior.c_row, prior.c_kv, *draft_prior, 0.0]
         )
-        if not 0.0 < self._p[0] + self._p[1] < math.inf:
-            raise ValueError(
-                f"MeasuredStepTime's prior {prior.name!r} prices a one-token step at "
-                f"{self._p[0] + self._p[1]!r} s; it needs a positive, finite time"
-            )
         self._d = d = len(self._p)
         self._tri = [(i, j) for i in range(d) for j in range(i, d)]  # x x^T's upper triangle
         # decayed sums over the steps, each weighted by 1 / seconds^2, x = (1, N, kv,
@@ -461,8 +456,8 @@ class MeasuredStepTime:
         A fit that prices a one-token step at no time (``c_fix + c_tok == 0``: every
         step's time put on its KV and drafts), or that is not finite, is not a model the
         budget can price by (:class:`StepTimeModel` rejects it): the current model and
-        emitted-token cost are kept instead (the first model, the prior's, qualifies:
-        ``__init__`` checks it)."""
+        emitted-token cost are kept instead (the first model, the prior's, qualifies: a
+        :class:`StepTimeModel` prices a one-token step above zero)."""
         if not (0.0 < float(coef[0]) + float(coef[1]) < math.inf and np.isfinite(coef).all()):
             return self._model
         self._emitted_cost = float(coef[-1])

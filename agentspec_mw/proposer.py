@@ -80,8 +80,8 @@ class StepContext:
             or queued, less what the prefix cache holds as far as known). vLLM schedules
             decodes and drafts first: every draft token at a step whose budget is full
             displaces one of these. ``None`` when the host cannot see the queue (the vLLM
-            adapter: the model runner does not see waiting requests); AgentSpec's budget
-            then prices drafts as if prompts filled the step
+            adapter without the scheduler's count, :mod:`agentspec_mw_vllm.queue`);
+            AgentSpec's budget then prices drafts as if prompts filled the step
             (:func:`agentspec_mw.agentspec.budget.step_shape`).
         kv_capacity_tokens: KV-cache tokens the engine holds in all, if known.
         num_free_kv_tokens: KV-cache tokens not held by running requests (cached blocks

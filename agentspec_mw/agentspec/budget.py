@@ -116,9 +116,10 @@ def step_shape(step: StepContext) -> StepShape:
     (``num_decode_tokens``, else ``batch_size``).
 
     A host that cannot see the waiting prompts (``num_prefill_tokens is None``: vLLM's
-    model runner) gets the step priced as if prompts waited to fill that share: each draft
-    then costs what it costs a full step — under a convex model its highest price, under
-    the linear form the same as without a queue (nothing changes there). Under-pricing is
+    model runner without the plugin's count from the scheduler) gets the step priced as if
+    prompts waited to fill that share: each draft then costs what it costs a full step —
+    under a convex model its highest price, under the linear form the same as without a
+    queue (nothing changes there). Under-pricing is
     the costly error: in the replay under the ridge-form ``llama8b-h200``, a budget blind
     to the queue that took every draft under the ridge as free was 2.8-5.2 % slower at batch
     32 than one that saw it, while a price 1.5-2x too high costs at most 1.1 %

@@ -157,3 +157,19 @@ def test_metrics_are_exported_with_the_agentspec_prefix(probe_llm: Any) -> None:
     ):
         assert name in text
     assert 'agentspec_drafted_tokens_total{agent="agent0",block="plan"}' in text
+
+
+def test_the_drafter_sees_the_schedulers_waiting_prompts(probe_llm: Any) -> None:
+    """With more requests than ``max_num_seqs`` (16), the rest wait: the first draft call
+    is told their prompt tokens (the scheduler's count, passed through the plugin), and
+    once every prompt is in, nothing waits."""
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(20)]
+    tok = probe_llm.get_tokenizer()
+    lens = [len(tok(p).input_ids) for p in prompts]
+    assert max(lens) < 128  # under one CPU block: no prefix-cache hit to subtract
+    fakes.PROBE_LOG.clear()
+    generate_ids(probe_llm, prompts, greedy(8))
+    steps = [payload[2] for event, payload in fakes.PROBE_LOG if event == "propose"]
+    assert steps and all(s.num_prefill_tokens is not None for s in steps)
+    assert steps[0].batch_size == 16 and steps[0].num_prefill_tokens == sum(lens[16:])
+    assert steps[-1].num_prefill_tokens == 0

@@ -33,7 +33,7 @@ def test_step_context_carries_the_budget_and_the_decode_tokens() -> None:
     ctx = probe.contexts[-1]
     assert ctx.max_num_batched_tokens == 512 and ctx.num_decode_tokens == 2
     assert ctx.batch_size == 2 and ctx.num_kv_tokens == 7
-    assert ctx.num_prefill_tokens is None  # the runner does not see the waiting queue
+    assert ctx.num_prefill_tokens is None  # no count from the scheduler in this batch
 
 
 def test_batch_size_counts_decoding_rows_not_asked_for_a_draft() -> None:

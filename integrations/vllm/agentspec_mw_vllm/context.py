@@ -31,6 +31,10 @@ class BatchContext:
         max_tokens: ``SamplingParams.max_tokens`` of each row (``None``: no limit known);
             empty when the host does not read it. A request emits at most this many
             output tokens, so draft tokens past it are verified and thrown away.
+        num_waiting_prompt_tokens: prompt tokens the scheduler still had to compute after
+            scheduling the step (waiting requests less their prefix-cache hits, and the
+            rest of partly prefilled ones: :mod:`agentspec_mw_vllm.queue`); ``None`` when
+            the scheduler did not count them.
 
     ``extra_args`` and ``max_tokens`` are indexed by row; the plugin's read a row's
     ``SamplingParams`` only when indexed, and the session indexes them once per request,
@@ -46,3 +50,4 @@ class BatchContext:
     max_num_batched_tokens: int | None = None
     max_model_len: int = 1 << 30
     max_tokens: Sequence[int | None] = ()
+    num_waiting_prompt_tokens: int | None = None

@@ -19,6 +19,11 @@ and the adapter refuses to start with :class:`VLLMVersionError` — it never dra
 ``custom_class`` hook (left unset, vLLM 0.32/0.33 fall back to the V1 runner for
 ``custom_class`` by themselves): :func:`register` warns, and the adapter refuses to start.
 
+The scheduler's waiting prompts: :func:`register` also wraps ``Scheduler.schedule`` so that,
+when the engine's drafter is a ``custom_class`` one, each ``SchedulerOutput`` carries the
+prompt tokens still to compute (:mod:`agentspec_mw_vllm.queue`), which the context passes on
+(``BatchContext.num_waiting_prompt_tokens``): the runner alone cannot see them.
+
 A second, smaller fix lives here too: on CPU, vLLM 0.32 rebinds its Triton kernels to CPU
 implementations by scanning every module in ``sys.modules``, and the scan crashes
 (``AttributeError: '_lib_fn_wrapper' object has no attribute 'get'``) once numba's
@@ -38,6 +43,7 @@ from typing import Any, overload
 
 from agentspec_mw.errors import AgentSpecError
 from agentspec_mw_vllm.context import BatchContext
+from agentspec_mw_vllm.queue import WAITING_ATTR, QueueReader
 
 __all__ = [
     "SUPPORTED_VLLM",
@@ -160,6 +166,7 @@ def build_batch_context(runner: Any, scheduler_output: Any) -> BatchContext:
         max_num_batched_tokens=int(runner.scheduler_config.max_num_batched_tokens),
         max_model_len=int(runner.max_model_len),
         max_tokens=_RowParams(runner.requests, req_ids, _max_tokens),
+        num_waiting_prompt_tokens=getattr(scheduler_output, WAITING_ATTR, None),
     )
 
 
@@ -189,6 +196,36 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
 
     setattr(propose_draft_token_ids, _MARK, True)
     return propose_draft_token_ids
+
+
+_READER = "_agentspec_queue_reader"
+
+
+def _queue_reader(scheduler: Any) -> QueueReader | None:
+    """The scheduler's :class:`QueueReader`, made at its first step: ``None`` (no count)
+    unless its engine drafts with a ``custom_class`` drafter."""
+    state = scheduler.__dict__
+    if _READER not in state:
+        spec = getattr(getattr(scheduler, "vllm_config", None), "speculative_config", None)
+        custom = getattr(spec, "method", None) == "custom_class"
+        state[_READER] = QueueReader() if custom else None
+    reader: QueueReader | None = state[_READER]
+    return reader
+
+
+def _wrap_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        reader = _queue_reader(self)
+        if reader is not None:
+            waiting = reader.read(self)
+            if waiting is not None:
+                setattr(out, WAITING_ATTR, waiting)
+        return out
+
+    setattr(schedule, _MARK, True)
+    return schedule
 
 
 def _safe_rebind_kernels(overrides: list[tuple[Callable[..., Any], Any]]) -> None:
@@ -239,6 +276,12 @@ def _runner_class() -> Any:
     return GPUModelRunner
 
 
+def _scheduler_class() -> Any:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    return Scheduler
+
+
 def is_installed() -> bool:
     """True when the runner's draft call is wrapped in this process."""
     target = getattr(_runner_class(), "propose_draft_token_ids", None)
@@ -246,7 +289,8 @@ def is_installed() -> bool:
 
 
 def register() -> None:
-    """The ``vllm.general_plugins`` entry point: wrap the draft call (idempotent).
+    """The ``vllm.general_plugins`` entry point: wrap the draft call and the scheduler's
+    ``schedule`` (idempotent).
 
     On an unsupported vLLM this logs an error and patches nothing (vLLM keeps working for
     other drafters); :func:`ensure_installed` then raises in the adapter. Logs a warning
@@ -271,6 +315,9 @@ def register() -> None:
     _install_dispatcher_fix()
     assert target is not None
     runner.propose_draft_token_ids = _wrap(target)
+    scheduler = _scheduler_class()
+    if not getattr(scheduler.schedule, _MARK, False):
+        scheduler.schedule = _wrap_schedule(scheduler.schedule)
 
 
 def ensure_installed() -> None:

@@ -466,7 +466,9 @@ class DraftSession:
                     batch_size=n_decoding,
                     num_kv_tokens=kv_decoding,
                     max_num_batched_tokens=ctx.max_num_batched_tokens,
-                    num_decode_tokens=n_decoding,  # the queue of prefills is not visible here
+                    num_decode_tokens=n_decoding,
+                    # the scheduler's count, when the plugin's scheduler wrap made it
+                    num_prefill_tokens=ctx.num_waiting_prompt_tokens,
                 )
                 out = self._propose(ask_ids, ask_rows, caps, context, out)
                 self._keep_blocks(ask_ids, ask_rows, out)

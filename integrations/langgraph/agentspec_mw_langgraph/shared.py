@@ -9,7 +9,8 @@
   on two ``ChatAgentSpecVLLM`` objects share one engine's steps and one proposer history.
   Settings that differ from an engine already built here build a second engine, with a
   warning naming the difference (two engines hold twice the memory and split the
-  proposer's history).
+  proposer's history). Builds are per settings: while one runs, callers with equal
+  settings wait for it (one build per settings), callers with other settings do not.
 * :func:`release_shared_engines` shuts the shared engines down (tests, or to free memory).
 
 A registered engine is handed out only while it can serve: one that was shut down
@@ -17,6 +18,13 @@ A registered engine is handed out only while it can serve: one that was shut dow
 ``_agentspec_shut_down``) or whose backend reports it dead (its engine loop failed, its
 ``AsyncLLM`` died or its backend was closed) is dropped from the registry -- shut down
 first, if it was not -- and :func:`shared_engine` builds a new one.
+
+An engine that refuses attributes cannot carry its backend: the registry keeps the
+backend (and the engine) until the backend is closed and no longer drives the engine
+(its engine loop stopped), then forgets both at its next call; :func:`backend_for` makes
+a new backend for such an engine after that. Shutting such an engine down here
+(:func:`release_shared_engines`, or dropping a dead shared engine) closes its backend
+too (``agentspec_mw_vllm.engine.shutdown`` alone cannot find it).
 """
 
 from __future__ import annotations
@@ -36,9 +44,29 @@ _ATTR = BACKEND_ATTR
 #: Set (``True``) on an engine by ``agentspec_mw_vllm.engine.shutdown`` (the vLLM
 #: integration does not import this package, so the name is shared, not imported).
 _SHUT_DOWN_ATTR = "_agentspec_shut_down"
-_lock = threading.RLock()
+_lock = threading.RLock()  # guards the state below; never held through an engine build
 _engines: list[tuple[dict[str, Any], Any]] = []
-_unattached: dict[int, tuple[Any, EngineBackend]] = {}  # engines that refuse attributes
+#: The backends of engines that refuse attributes, by ``id(engine)`` (the engine is kept
+#: so that the id is not reused while the entry lives); see the module doc.
+_unattached: dict[int, tuple[Any, EngineBackend]] = {}
+
+
+class _Build:
+    """An engine being built for ``settings``: callers with equal settings wait for it."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.settings = settings
+        self.thread = threading.get_ident()
+        self._done = threading.Event()
+
+    def finish(self) -> None:
+        self._done.set()
+
+    def wait(self) -> None:
+        self._done.wait()
+
+
+_building: list[_Build] = []  # the builds in flight (settings are not hashable: a list)
 
 
 def _make_backend(engine: Any) -> EngineBackend:
@@ -66,6 +94,7 @@ def backend_for(engine: Any) -> EngineBackend:
     if isinstance(engine, EngineBackend):
         return engine
     with _lock:
+        _prune_unattached()
         backend = getattr(engine, _ATTR, None)
         if backend is not None and not getattr(getattr(backend, "loop", None), "closed", False):
             return backend  # type: ignore[no-any-return]
@@ -78,6 +107,23 @@ def backend_for(engine: Any) -> EngineBackend:
         except (AttributeError, TypeError):
             _unattached[id(engine)] = (engine, backend)
         return backend
+
+
+def _stopped(backend: Any) -> bool:
+    """Whether ``backend`` was closed and no longer drives its engine (its engine loop,
+    if it has one, has stopped: never two loops on one engine)."""
+    loop = getattr(backend, "loop", None)
+    if loop is not None:
+        return getattr(loop, "closed", False) is True and not getattr(loop, "running", False)
+    return getattr(backend, "closed", False) is True
+
+
+def _prune_unattached() -> None:
+    """Forget the backends of attribute-refusing engines that are closed (or that their
+    engine carries after all) (call with ``_lock`` held)."""
+    for key, (engine, backend) in list(_unattached.items()):
+        if _stopped(backend) or getattr(engine, _ATTR, None) is backend:
+            del _unattached[key]
 
 
 def _difference(a: dict[str, Any], b: dict[str, Any]) -> str:
@@ -119,15 +165,27 @@ def _why_unusable(engine: Any) -> str | None:
 
 
 def _shutdown(engine: Any) -> None:
-    """``agentspec_mw_vllm.engine.shutdown(engine)``, or close its backend without vLLM."""
+    """``agentspec_mw_vllm.engine.shutdown(engine)``, or close its backend without vLLM;
+    the backend of an engine that refuses attributes (which ``shutdown`` cannot find) is
+    closed first, and forgotten."""
+    with _lock:
+        entry = _unattached.get(id(engine))
     try:
-        from agentspec_mw_vllm.engine import shutdown
-    except ImportError:  # a fake engine in tests without vLLM
-        close = getattr(_registered_backend(engine), "close", None)
-        if close is not None:
-            close()
-        return
-    shutdown(engine)
+        if entry is not None and entry[0] is engine:
+            close = getattr(entry[1], "close", None)
+            if close is not None:
+                close()
+    finally:
+        try:
+            from agentspec_mw_vllm.engine import shutdown
+        except ImportError:  # a fake engine in tests without vLLM
+            close_carried = getattr(_registered_backend(engine), "close", None)
+            if close_carried is not None:
+                close_carried()
+        else:
+            shutdown(engine)
+        with _lock:
+            _prune_unattached()
 
 
 def _drop_unusable() -> None:
@@ -148,30 +206,67 @@ def _drop_unusable() -> None:
                 _shutdown(entry[1])
             except Exception:  # noqa: BLE001 - a dead engine may fail to shut down
                 logger.warning("shutting the dropped engine down failed", exc_info=True)
+    _prune_unattached()
 
 
 def shared_engine(settings: dict[str, Any], build: Callable[[], Any]) -> Any:
     """The engine built here with ``settings``, or ``build()``'s (remembered), with a
-    warning when engines with other settings exist already. Registered engines that can
-    no longer serve (shut down, failed, died) are dropped first (see the module doc)."""
-    with _lock:  # one build at a time: a second caller with the same settings waits for it
-        _drop_unusable()
-        for known, engine in _engines:
-            if known == settings:
-                return engine
-        if _engines:
-            logger.warning(
-                "ChatAgentSpecVLLM builds embedded engine #%d in this process: its settings "
-                "differ from the existing engine's (%s). Each engine holds its own memory "
-                "and proposer history; give the model objects the same settings (k, "
-                "max_model_len, engine_options, model, speculative) or one engine= to share "
-                "one engine.",
-                len(_engines) + 1,
-                _difference(settings, _engines[0][0]),
-            )
+    warning when engines with other settings exist (or are being built) already.
+    Registered engines that can no longer serve (shut down, failed, died) are dropped
+    first (see the module doc).
+
+    Builds are per settings, outside the registry's lock: a caller whose settings equal
+    those of a build in flight waits for it and gets its engine (one build per
+    settings); callers with other settings, or whose engine exists, go on meanwhile. A
+    build that raises registers nothing and raises in its own caller; the callers that
+    waited for it then go on as if it had never started (one of them builds with its
+    ``build``, the others wait for that build), and so does any later caller.
+
+    Raises:
+        RuntimeError: called from the build of an engine with equal settings (it would
+            wait for itself).
+    """
+    settings = dict(settings)
+    while True:
+        with _lock:
+            _drop_unusable()
+            for known, engine in _engines:
+                if known == settings:
+                    return engine
+            pending = next((b for b in _building if b.settings == settings), None)
+            if pending is None:
+                existing = [known for known, _ in _engines] + [b.settings for b in _building]
+                if existing:
+                    logger.warning(
+                        "ChatAgentSpecVLLM builds embedded engine #%d in this process: its "
+                        "settings differ from the existing engine's (%s). Each engine holds "
+                        "its own memory and proposer history; give the model objects the "
+                        "same settings (k, max_model_len, engine_options, model, "
+                        "speculative) or one engine= to share one engine.",
+                        len(existing) + 1,
+                        _difference(settings, existing[0]),
+                    )
+                mine = _Build(settings)
+                _building.append(mine)
+                break
+            if pending.thread == threading.get_ident():
+                raise RuntimeError(
+                    "shared_engine was called from its own build for the same settings "
+                    "(the build would wait for itself)"
+                )
+        pending.wait()  # then look again: its engine, or (it failed) no build in flight
+    try:
         engine = build()
-        _engines.append((dict(settings), engine))
-        return engine
+    except BaseException:
+        with _lock:
+            _building.remove(mine)
+        mine.finish()
+        raise
+    with _lock:
+        _building.remove(mine)
+        _engines.append((settings, engine))
+    mine.finish()
+    return engine
 
 
 def shared_engines() -> list[Any]:
@@ -184,7 +279,13 @@ def shared_engines() -> list[Any]:
 
 def release_shared_engines() -> None:
     """Shut down and forget the shared embedded engines (model objects that hold one keep
-    a dead engine: make new model objects afterwards)."""
+    a dead engine: make new model objects afterwards). Builds in flight when it is called
+    are waited for first, and their engines shut down too."""
+    me = threading.get_ident()
+    with _lock:
+        builds = [b for b in _building if b.thread != me]
+    for pending in builds:
+        pending.wait()
     with _lock:
         engines = [engine for _, engine in _engines]
         _engines.clear()

@@ -35,6 +35,10 @@ class BatchContext:
             scheduling the step (waiting requests less their prefix-cache hits, and the
             rest of partly prefilled ones: :mod:`agentspec_mw_vllm.queue`); ``None`` when
             the scheduler did not count them.
+        num_spec_tokens: the draft length vLLM asks for next (``SchedulerOutput.
+            num_spec_tokens_to_schedule``: the configured ``k``, or less where vLLM's
+            dynamic speculative decoding picks it by batch size; it passes the same to its
+            own n-gram drafter); ``None`` when not known (the drafter's ``k`` applies).
 
     ``extra_args`` and ``max_tokens`` are indexed by row; the plugin's read a row's
     ``SamplingParams`` only when indexed, and the session indexes them once per request,
@@ -51,3 +55,4 @@ class BatchContext:
     max_model_len: int = 1 << 30
     max_tokens: Sequence[int | None] = ()
     num_waiting_prompt_tokens: int | None = None
+    num_spec_tokens: int | None = None

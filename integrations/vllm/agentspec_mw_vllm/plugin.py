@@ -167,6 +167,7 @@ def build_batch_context(runner: Any, scheduler_output: Any) -> BatchContext:
         max_model_len=int(runner.max_model_len),
         max_tokens=_RowParams(runner.requests, req_ids, _max_tokens),
         num_waiting_prompt_tokens=getattr(scheduler_output, WAITING_ATTR, None),
+        num_spec_tokens=getattr(scheduler_output, "num_spec_tokens_to_schedule", None),
     )
 
 

@@ -353,7 +353,8 @@ class DraftSession:
         num_tokens_no_spec: np.ndarray,
         token_ids_cpu: np.ndarray,
     ) -> list[list[int]]:
-        """One vLLM draft call: returns one draft (at most ``k`` ids) per row."""
+        """One vLLM draft call: returns one draft (at most ``k`` ids, or the step's
+        ``ctx.num_spec_tokens`` where vLLM asks for fewer) per row."""
         t0 = self._clock()
         n = len(sampled_token_ids)
         timed = self.step_timer is not None and ctx is not None
@@ -392,7 +393,7 @@ class DraftSession:
             limits = ctx.max_tokens
             n_limits = len(limits)
             get_state = self._reqs.get
-            k = self.k
+            k = self.k if ctx.num_spec_tokens is None else max(0, min(self.k, ctx.num_spec_tokens))
             ask_ids: list[str] = []
             ask_rows: list[int] = []
             caps: list[int] = []
@@ -470,7 +471,7 @@ class DraftSession:
                     # the scheduler's count, when the plugin's scheduler wrap made it
                     num_prefill_tokens=ctx.num_waiting_prompt_tokens,
                 )
-                out = self._propose(ask_ids, ask_rows, caps, context, out)
+                out = self._propose(ask_ids, ask_rows, caps, k, context, out)
                 self._keep_blocks(ask_ids, ask_rows, out)
         except Exception as exc:
             self._fault("adapter", exc)
@@ -584,11 +585,12 @@ class DraftSession:
         ask_ids: list[str],
         ask_rows: list[int],
         caps: list[int],
+        k: int,
         context: StepContext,
         out: list[list[int]],
     ) -> list[list[int]]:
         try:
-            drafts = self.proposer.propose(ask_ids, self.k, context)
+            drafts = self.proposer.propose(ask_ids, k, context)
             if len(drafts) != len(ask_ids):
                 raise ValueError(f"propose returned {len(drafts)} drafts for {len(ask_ids)} rows")
         except Exception as exc:

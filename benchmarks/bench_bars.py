@@ -1,8 +1,9 @@
 """Issue 29's bars over several ``agentspec bench --json`` reports, per run and pooled.
 
 Per report, per (app, N): AgentSpec (tagged) over no speculation, over the better peer
-(n-gram or SuffixDecoding, whichever has the higher median tok/s in that run) and over
-untagged AgentSpec, each the median of the per-repeat ratios
+(n-gram or SuffixDecoding, whichever AgentSpec beats by least in that run, by the paired
+ratio: :func:`~agentspec_mw_langgraph.bench_report.better_peer`, the verdict's rule) and
+over untagged AgentSpec, each the median of the per-repeat ratios
 (:func:`~agentspec_mw_langgraph.bench.paired_ratio`; every method of a repeat ran back to
 back), and both AgentSpec engines' acceptance. Then the same ratios pooled: every repeat of
 every report of one configuration — the app, N, tokens per call and workflows per run (a
@@ -35,6 +36,7 @@ from agentspec_mw_langgraph.bench import (
     repeat_ratios,
 )
 from agentspec_mw_langgraph.bench_config import PEERS
+from agentspec_mw_langgraph.bench_report import better_peer
 
 VS_NONE = 1.0
 """AgentSpec / no speculation at every N."""
@@ -115,10 +117,13 @@ def analyse(
             pool.vs_none += per
             parts.append(f"{_ratio(ours, none)} none")
             peers = [by[p] for p in PEERS if p in by]
-            if peers:
-                best = max(peers, key=lambda r: r.tokens_per_s)
-                pool.vs_peer += _per_repeat(ours, best)
-                parts.append(f"{_ratio(ours, best)} {best.label}")
+            best = better_peer(ours, peers)
+            if best is not None:
+                _, peer = best
+                pool.vs_peer += _per_repeat(ours, peer)
+                parts.append(f"{_ratio(ours, peer)} {peer.label}")
+            elif peers:
+                parts.append("no peer with throughput")
             untagged = by.get("agentspec-untagged")
             if untagged is not None:
                 pool.vs_untagged += _per_repeat(ours, untagged)

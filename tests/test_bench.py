@@ -348,7 +348,10 @@ def test_summary_medians_ratios_and_mismatches() -> None:
     assert suffix.ttft_p50_ms == pytest.approx(300.0)  # pooled over the repeats' requests
     assert suffix.per_agent_acceptance == {"writer": 0.25}
     assert not suffix.identical_to_none and none.identical_to_none
-    assert mismatches == ["suffix demo N=4 repeat 2: outputs differ"]
+    assert mismatches == [
+        "suffix demo N=4 repeat 2: outputs differ: workflow 0 of 1: final state differs at "
+        "answer, character 0"
+    ]
     report = _report(config, rows, mismatches)
     text = format_report(report)
     assert "outputs identical to none in every run: NO" in text

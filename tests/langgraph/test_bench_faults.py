@@ -1,7 +1,9 @@
 """``agentspec bench`` faults: repeated sweep values, unwritable outputs, apps that build no
-graph, methods without throughput, verdicts that must respect the noise rule, and
-``scripts/bootstrap.sh``'s stamps. No engine starts: :class:`FakeEngine` stands in for the
-engine processes."""
+graph, methods without throughput, verdicts that must respect the noise rule,
+``scripts/bootstrap.sh``'s stamps, a hung engine process (the run timeout), what a
+mismatch names, ``bench_bars``' better peer and ``--out`` stems with a dot. No engine
+starts: :class:`FakeEngine` stands in for the engine processes (a stuck stand-in worker
+script for the timeout)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,7 @@ from agentspec_mw_langgraph.bench import (
     summarize,
     verdict_lines,
 )
-from agentspec_mw_langgraph.bench_apps import APPS
+from agentspec_mw_langgraph.bench_apps import APPS, bench_topics
 from agentspec_mw_langgraph.bench_report import BenchReport
 from agentspec_mw_langgraph.bench_worker import RunResult, WorkerSpec
 
@@ -74,10 +77,10 @@ class FakeEngine:
         self.runs = 0
         FakeEngine.STARTED.append(spec.label)
 
-    def wait_ready(self) -> float:
+    def wait_ready(self, timeout_s: float | None = None) -> float:
         return 1.0
 
-    def run(self, app: str, topics: list[str], concurrency: int) -> RunResult:
+    def run(self, app: str, topics: list[str], concurrency: int, **_: Any) -> RunResult:
         res = _result(
             self.spec.label,
             concurrency,
@@ -87,6 +90,7 @@ class FakeEngine:
             requests=len(topics),
             views=[{"answer": t} for t in topics],
             token_hashes=list(topics),
+            topics=list(topics),
         )
         self.runs += 1
         edit = FakeEngine.EDIT.get(self.spec.label)
@@ -390,3 +394,186 @@ def test_a_failed_bootstrap_leaves_no_older_stamp(tmp_path: Path) -> None:
     assert bootstrap("1", "ok").returncode == 0
     assert "install vllm==" in log.read_text()  # set up again, not skipped
     assert [p.name[-6:] for p in venv.glob(".agentspec-stamp-*")] == ["-cuda1"]
+
+
+# 9: a hung engine process
+
+
+_HUNG_WORKER = textwrap.dedent(
+    """\
+    import json, os, sys, time
+
+    MARK = "@@agentspec-bench@@ "
+    if not os.environ.get("HUNG_NEVER_READY"):
+        print(MARK + json.dumps({"kind": "ready", "start_s": 0.0}), flush=True)
+    for line in sys.stdin:
+        if json.loads(line).get("cmd") == "stop":
+            break
+        time.sleep(3600)  # stuck in a run
+    """
+)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("ready", "match"),
+    [
+        (True, r"none demo N=2 repeat 0: no result after 1 s \(run_timeout_s, --run-timeout\)"),
+        (False, r"none: not ready after 1 s \(run_timeout_s, --run-timeout\)"),
+    ],
+)
+def test_a_hung_engine_process_is_killed_after_the_run_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ready: bool, match: str
+) -> None:
+    """An engine process stuck in a run (or in its start) is killed after ``run_timeout_s``
+    and the bench fails naming the run: nothing hangs, every engine process is ended."""
+    from agentspec_mw_langgraph.bench import BenchTimeoutError
+
+    (tmp_path / "hung_worker.py").write_text(_HUNG_WORKER)
+    made: list[bench._Engine] = []
+
+    class Engine(bench._Engine):
+        worker_module = "hung_worker"
+
+        def __init__(self, spec: WorkerSpec, env: dict[str, str], log: Path) -> None:
+            super().__init__(spec, env, log)
+            made.append(self)
+
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "HUNG_NEVER_READY": "" if ready else "1"}
+    monkeypatch.setattr(bench, "_Engine", Engine)
+    monkeypatch.setattr(bench, "engine_env", lambda label: env)
+    started = time.monotonic()
+    with pytest.raises(BenchTimeoutError, match=match) as info:
+        _quiet(_small(run_timeout_s=1.0), tmp_path / "b", json_path=tmp_path / "b.json")
+    assert time.monotonic() - started < 30
+    assert "was killed" in str(info.value) and "b.none.log" in str(info.value)
+    assert isinstance(info.value, BenchError)
+    assert len(made) == 2 and all(e.proc.poll() is not None for e in made)
+
+
+def test_the_run_timeout_has_a_generous_default_and_reaches_the_cli(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default outlasts the slowest run measured (~105 s, demo N=64 on 2 cores) many
+    times over; ``--run-timeout`` sets it; it must be positive."""
+    from agentspec_mw.cli import main
+
+    assert BenchConfig().run_timeout_s >= 1800
+    seen: list[BenchConfig] = []
+    monkeypatch.setattr(bench, "run_bench", lambda config, **_: seen.append(config))
+    assert main(["bench", "--quick", "--run-timeout", "90", "--no-progress"]) == 0
+    assert seen[-1].run_timeout_s == 90.0
+    with pytest.raises(pydantic.ValidationError, match="run_timeout_s"):
+        BenchConfig(run_timeout_s=0)
+
+
+# 10: a mismatch names the workflow
+
+
+def test_a_mismatch_names_the_workflow_and_where_it_differs(
+    tmp_path: Path, fake_engines: type[FakeEngine]
+) -> None:
+    """The error and the report name which workflow of the run differed (its index and
+    topic) and the first place in its final state that did."""
+
+    def edit(result: RunResult, _: int) -> RunResult:
+        views = list(result.views)
+        views[1] = {"answer": views[1]["answer"][:3] + "#" + views[1]["answer"][4:]}
+        return result.model_copy(update={"views": views})
+
+    fake_engines.EDIT["suffix"] = edit
+    with pytest.raises(BenchMismatchError) as info:
+        _quiet(_small(), tmp_path / "b", json_path=tmp_path / "b.json")
+    topic = bench_topics(0, 2)[1]
+    want = (
+        f"suffix demo N=2 repeat 0: outputs differ: workflow 1 of 2 (topic {topic!r}): "
+        "final state differs at answer, character 3"
+    )
+    assert want in str(info.value)
+    assert read_report(tmp_path / "b.json").mismatches == [want]
+
+
+def test_a_mismatch_names_a_missing_workflow_or_differing_requests() -> None:
+    config = _small(methods=("none", "suffix", "agentspec"))
+    base = {"views": [{"m": [1, {"c": "ab"}]}, {"m": []}], "topics": ["tea", "coffee"]}
+    results = {
+        ("none", "demo", 2, 0): _result("none", 2, 1.0, **base),
+        ("suffix", "demo", 2, 0): _result(
+            "suffix", 2, 1.0, **{**base, "views": [{"m": [1, {"c": "ab"}]}]}
+        ),
+        ("agentspec", "demo", 2, 0): _result(
+            "agentspec", 2, 1.0, **{**base, "token_hashes": ["h1", "h3"]}
+        ),
+    }
+    _, mismatches = summarize(results, dict.fromkeys(results, 1.0), config)
+    assert mismatches == [
+        "suffix demo N=2 repeat 0: outputs differ: workflow 1 of 2 (topic 'coffee'): "
+        "no final state (the run ended 1 workflow(s), none's 2)",
+        "agentspec demo N=2 repeat 0: outputs differ: every workflow's final state is "
+        "none's; the token ids of 1 request(s) differ (not tied to a workflow)",
+    ]
+    results[("suffix", "demo", 2, 0)] = _result(
+        "suffix", 2, 1.0, **{**base, "views": [{"m": [1, {"c": "ax"}]}, {"m": []}]}
+    )
+    _, mismatches = summarize(results, dict.fromkeys(results, 1.0), config)
+    assert mismatches[0].endswith(
+        "workflow 0 of 2 (topic 'tea'): final state differs at m[1].c, character 1"
+    )
+
+
+# 11: bench_bars' better peer is the verdict's
+
+
+def test_bench_bars_and_the_verdict_pick_the_same_better_peer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SuffixDecoding has the higher median tok/s (200 vs 150), but AgentSpec beats n-gram
+    by least repeat for repeat (median of 0.91, 1.33, 1.2 against 2.0, 0.8, 1.5): both
+    name n-gram, by the paired ratio."""
+    tput = {
+        "none": [100.0] * 3,
+        "ngram": [110.0, 150.0, 250.0],
+        "suffix": [50.0, 250.0, 200.0],
+        "agentspec": [100.0, 200.0, 300.0],
+    }
+    rows = _rows({k: [100.0 / t for t in v] for k, v in tput.items()})
+    by = {r.label: r for r in rows}
+    assert by["suffix"].tokens_per_s > by["ngram"].tokens_per_s
+    (line,) = verdict_lines(rows)
+    assert "is 1.20x ngram (" in line and "the better peer)" in line
+    config = BenchConfig(ns=(4,), methods=tuple(tput), apps=("demo",), repeats=3)
+    path = tmp_path / "peers.json"
+    path.write_text(_report(config, rows, []).model_dump_json())
+    assert script("bench_bars").main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "2.000x none 1.200x ngram" in out and "suffix" not in out
+    from agentspec_mw_langgraph.bench_report import better_peer
+
+    assert better_peer(by["agentspec"], [by["ngram"], by["suffix"]]) == (
+        pytest.approx(1.2),
+        by["ngram"],
+    )
+
+
+# 12: an --out stem with a dot
+
+
+def test_an_out_stem_keeps_its_dots(tmp_path: Path, fake_engines: type[FakeEngine]) -> None:
+    """``--out run.v2`` writes ``run.v2.txt``, not ``run.txt``; an extension the bench
+    writes, given with the stem, is replaced (``--out b.txt``: ``b.txt``, ``b.png``)."""
+    _quiet(_small(), tmp_path / "run.v2")
+    assert (tmp_path / "run.v2.txt").is_file() and (tmp_path / "run.v2.png").is_file()
+    log = bench._log_path(tmp_path / "run.v2", "agentspec/no-preload")
+    assert log == tmp_path / "run.v2.agentspec_no-preload.log"
+    assert not (tmp_path / "run.txt").exists() and not (tmp_path / "run.png").exists()
+    _quiet(_small(), tmp_path / "b.txt")
+    assert (tmp_path / "b.txt").is_file() and (tmp_path / "b.png").is_file()
+    assert not (tmp_path / "b.txt.txt").exists()
+    from agentspec_mw.cli import main
+
+    stored = tmp_path / "stored.json"
+    rows = _rows({"none": [1.0], "suffix": [1.0]})
+    config = BenchConfig(ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=1)
+    stored.write_text(_report(config, rows, []).model_dump_json())
+    assert main(["bench", "--show", str(stored), "--out", str(tmp_path / "shown.v3")]) == 0
+    assert (tmp_path / "shown.v3.png").is_file() and not (tmp_path / "shown.png").exists()

@@ -32,14 +32,19 @@ the report is written).
 
 With ``preload="both"`` every method also runs without vLLM's CPU preload
 (:mod:`agentspec_mw_vllm.preload`) as ``<method>/no-preload``, interleaved the same way.
+An engine process that gives no result within ``run_timeout_s`` (or is not ready within
+it) is killed and the bench fails naming the run (:class:`BenchTimeoutError`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -81,9 +86,12 @@ __all__ = [
     "BenchMismatchError",
     "BenchReport",
     "BenchRow",
+    "BenchTimeoutError",
+    "OUT_SUFFIXES",
     "engine_env",
     "engine_slowness",
     "format_report",
+    "out_file",
     "paired_ratio",
     "plot_report",
     "quick_config",
@@ -105,59 +113,135 @@ class BenchMismatchError(BenchError):
     """A method's outputs differ from no speculation's (speculation must be lossless)."""
 
 
+class BenchTimeoutError(BenchError):
+    """An engine process gave no result (or was not ready) within
+    :attr:`BenchConfig.run_timeout_s`: it was killed."""
+
+
+_EOF = object()
+"""What :class:`_Engine`'s reader thread queues when the process's stdout ends."""
+
+
 class _Engine:
-    """One engine process (see :mod:`.bench_worker`)."""
+    """One engine process (see :mod:`.bench_worker`). A thread reads its stdout into a
+    queue, so a wait for its next protocol line can time out (:meth:`_read`)."""
+
+    worker_module = "agentspec_mw_langgraph.bench_worker"
+    """The module run as the engine process (``python -m``; tests put a stand-in here)."""
 
     def __init__(self, spec: WorkerSpec, env: dict[str, str], log: Path) -> None:
         self.spec = spec
         self.log = log
         self._log_file = log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agentspec_mw_langgraph.bench_worker", spec.model_dump_json()],
+            [sys.executable, "-m", self.worker_module, spec.model_dump_json()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log_file,
             env=env,
             text=True,
         )
+        self._lines: queue.SimpleQueue[object] = queue.SimpleQueue()
+        threading.Thread(target=self._pump, name=f"bench-{spec.label}-stdout", daemon=True).start()
         self.start_s = 0.0
 
-    def _read(self) -> dict[str, Any]:
+    def _pump(self) -> None:
+        """Queue the process's stdout lines, then :data:`_EOF` (the reader thread)."""
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+        try:
+            for line in self.proc.stdout:
+                self._lines.put(line)
+        finally:
+            self._lines.put(_EOF)
+
+    def _tail(self) -> str:
+        return self.log.read_text()[-2000:] if self.log.exists() else ""
+
+    def _read(self, what: str, timeout_s: float | None) -> dict[str, Any]:
+        """The next protocol message (``what`` names the wait in errors).
+
+        Raises:
+            BenchError: the worker answered with an error, or the process exited.
+            BenchTimeoutError: no message within ``timeout_s`` seconds; the process is
+                killed first.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            try:
+                line = self._lines.get(timeout=wait)
+            except queue.Empty:
+                self.kill()
+                raise BenchTimeoutError(
+                    f"{what} after {timeout_s:g} s (run_timeout_s, --run-timeout): the "
+                    f"engine process was killed; its log ({self.log}) ends:\n{self._tail()}"
+                ) from None
+            if line is _EOF:
+                break
+            assert isinstance(line, str)
             if line.startswith(MARK):
                 msg: dict[str, Any] = json.loads(line[len(MARK) :])
                 if msg["kind"] == "error":
                     raise BenchError(f"[{self.spec.label}] {msg['error']} (log: {self.log})")
                 return msg
-        tail = self.log.read_text()[-2000:] if self.log.exists() else ""
         raise BenchError(
             f"[{self.spec.label}] the engine process exited (code {self.proc.wait()}); "
-            f"its log ({self.log}) ends:\n{tail}"
+            f"its log ({self.log}) ends:\n{self._tail()}"
         )
 
-    def wait_ready(self) -> float:
-        self.start_s = float(self._read()["start_s"])
+    def wait_ready(self, timeout_s: float | None = None) -> float:
+        """Wait for the process's ``ready`` line; its start time (s).
+
+        Raises:
+            BenchError: the engine failed to start.
+            BenchTimeoutError: not ready within ``timeout_s`` seconds (killed).
+        """
+        self.start_s = float(self._read(f"{self.spec.label}: not ready", timeout_s)["start_s"])
         return self.start_s
 
-    def run(self, app: str, topics: list[str], concurrency: int) -> RunResult:
+    def run(
+        self,
+        app: str,
+        topics: list[str],
+        concurrency: int,
+        *,
+        repeat: int = 0,
+        timeout_s: float | None = None,
+    ) -> RunResult:
+        """Run the workflows of ``topics`` on app ``app``, ``concurrency`` at a time.
+
+        Raises:
+            BenchError: the run failed, or the process exited.
+            BenchTimeoutError: no result within ``timeout_s`` seconds (the process is
+                killed; the message names the method, app, N and ``repeat``).
+        """
         assert self.proc.stdin is not None
         cmd = {"cmd": "run", "app": app, "topics": topics, "concurrency": concurrency}
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
-        msg = self._read()
+        what = f"{self.spec.label} {app} N={concurrency} repeat {repeat}: no result"
+        msg = self._read(what, timeout_s)
         msg.pop("kind")
         return RunResult(**msg)
 
+    def kill(self) -> None:
+        """End the process at once (a stuck engine)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
     def close(self) -> None:
+        """Stop the process (a ``stop`` command; killed if it does not end in 60 s)."""
         if self.proc.poll() is None and self.proc.stdin is not None:
             try:
                 self.proc.stdin.write('{"cmd": "stop"}\n')
                 self.proc.stdin.close()
                 self.proc.wait(timeout=60)
             except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
+                self.kill()
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):  # a killed process's pipe
+                self.proc.stdin.close()
         self._log_file.close()
 
 
@@ -213,9 +297,28 @@ def write_fit_steps(
     return path
 
 
+OUT_SUFFIXES = (".steps.jsonl", ".json", ".txt", ".png")
+"""Extensions of the bench's files (the ``--json`` report's included): an ``out`` that
+ends with one names its stem with it (:func:`out_file`)."""
+
+
+def out_file(out: str | Path, suffix: str) -> Path:
+    """The file ``<out><suffix>`` of output stem ``out``: ``out`` keeps its dots
+    (``run.v2`` -> ``run.v2.txt``); only an extension the bench writes
+    (:data:`OUT_SUFFIXES`, any case), given with the stem, is replaced (``b.txt`` ->
+    ``b.png``)."""
+    out = Path(out)
+    name = out.name
+    for known in OUT_SUFFIXES:
+        if name.lower().endswith(known) and len(name) > len(known):
+            name = name[: -len(known)]
+            break
+    return out.with_name(name + suffix)
+
+
 def _log_path(out: Path, label: str) -> Path:
-    """Where method ``label``'s engine process logs."""
-    return out.parent / f"{out.name}.{label.replace('/', '_')}.log"
+    """Where method ``label``'s engine process logs (``<out>.<label>.log``)."""
+    return out_file(out, f".{label.replace('/', '_')}.log")
 
 
 def _check_writable(paths: list[Path]) -> None:
@@ -294,15 +397,15 @@ def _write_outputs(
         text = format_report(report)
         echo(text)
         echo("\n" + report.sample_output)
-        txt = out.with_suffix(".txt")
+        txt = out_file(out, ".txt")
         txt.write_text(text + "\n\n" + report.sample_output + "\n")
         return txt
 
     if json_path is not None:
         attempt("the JSON report", write_json)
     attempt("the table", write_table)
-    attempt("the plot", lambda: plot_report(report, out.with_suffix(".png")))
-    attempt("the timed steps", lambda: write_fit_steps(results, out.with_suffix(".steps.jsonl")))
+    attempt("the plot", lambda: plot_report(report, out_file(out, ".png")))
+    attempt("the timed steps", lambda: write_fit_steps(results, out_file(out, ".steps.jsonl")))
     return written, failed
 
 
@@ -315,13 +418,18 @@ def run_bench(
     echo: Callable[[str], None] = print,
 ) -> BenchReport:
     """Run the sweep, print the table, write (with ``json_path``) the report as JSON,
-    ``<out>.txt``, ``<out>.png`` and ``<out>.steps.jsonl`` (:func:`write_fit_steps`);
-    return the report. Every path is checked writable before any engine starts.
+    ``<out>.txt``, ``<out>.png`` and ``<out>.steps.jsonl`` (:func:`write_fit_steps`; the
+    stem keeps its dots, :func:`out_file`); return the report. Every path is checked
+    writable before any engine starts. An engine that is not ready, or gives no run's
+    result, within :attr:`BenchConfig.run_timeout_s` is killed and the bench fails; a
+    failed engine writes nothing (the sweep is incomplete).
 
     Raises:
         ValueError: a path that cannot be written, or a repeated method, app or N (before
             any engine starts).
         BenchError: an engine process failed, or writing the report failed at the end.
+        BenchTimeoutError: an engine process was not ready, or gave no result of a run
+            (the method, app, N and repeat named), in time; it was killed.
         BenchMismatchError: some output differed from no speculation's (after writing
             the report; also where writing it failed, which its message then says).
     """
@@ -330,7 +438,7 @@ def run_bench(
     out = Path(out)
     labels = config.labels()
     _check_distinct(config)
-    targets = [out.with_suffix(s) for s in (".txt", ".png", ".steps.jsonl")]
+    targets = [out_file(out, s) for s in (".txt", ".png", ".steps.jsonl")]
     targets += [_log_path(out, label) for label in labels]
     _check_writable(targets + ([] if json_path is None else [Path(json_path)]))
     load_before = list(os.getloadavg())
@@ -338,7 +446,8 @@ def run_bench(
     results: dict[tuple[str, str, int, int], RunResult] = {}
     loads: dict[tuple[str, str, int, int], float] = {}
     try:
-        echo(f"starting {len(labels)} engines ({', '.join(labels)}); logs in {out}.<method>.log")
+        logs = out_file(out, ".<method>.log")
+        echo(f"starting {len(labels)} engines ({', '.join(labels)}); logs in {logs}")
         for label in labels:
             method = label.removesuffix(NO_PRELOAD)
             speculative, tagged = METHODS[method]
@@ -354,7 +463,7 @@ def run_bench(
                 apps=config.apps,
             )
             engines[label] = _Engine(spec, engine_env(label), _log_path(out, label))
-        starts = {label: e.wait_ready() for label, e in engines.items()}
+        starts = {label: e.wait_ready(config.run_timeout_s) for label, e in engines.items()}
         echo("engines ready: " + ", ".join(f"{k} {v:.0f} s" for k, v in starts.items()))
         total = len(config.apps) * len(config.ns) * config.repeats * len(labels)
         bar = tqdm(total=total, desc="bench", unit="run", disable=not progress, file=sys.stderr)
@@ -368,7 +477,9 @@ def run_bench(
                     for label in order:
                         bar.set_postfix_str(f"{app} N={n} r{r} {label}")
                         loads[(label, app, n, r)] = os.getloadavg()[0]
-                        results[(label, app, n, r)] = engines[label].run(app, topics, n)
+                        results[(label, app, n, r)] = engines[label].run(
+                            app, topics, n, repeat=r, timeout_s=config.run_timeout_s
+                        )
                         bar.update(1)
         bar.close()
     finally:

@@ -132,6 +132,14 @@ class BenchConfig(BaseModel):
     """Model (``None``: the default model)."""
     preload: Literal["on", "off", "both"] = "on"
     """vLLM's CPU preload (tcmalloc, Intel OpenMP) in the engine processes."""
+    run_timeout_s: float = Field(default=1800.0, gt=0)
+    """Seconds one run (and one engine's start) may take: past it the engine process is
+    killed and the bench fails, naming the run (:class:`~.bench.BenchTimeoutError`), so
+    a stuck engine cannot hang the bench. Generous on purpose: the slowest run recorded
+    (demo, N = 64, 32 tokens a call, 2 loaded cores; docs/results/bench_2026-12-02c_demo_
+    n4_64.json) took ~105 s and the slowest start (five engines at once) ~184 s; 1800 s
+    leaves room for the default 48 tokens a call, more ``max_tokens`` and a busier
+    machine. Raise it for a larger model."""
 
     @field_validator("ns")
     @classmethod

@@ -10,6 +10,7 @@ from agentspec_mw_langgraph.bench_config import NO_PRELOAD, PEERS
 from agentspec_mw_langgraph.bench_report import (
     BenchReport,
     BenchRow,
+    better_peer,
     paired_ratio,
     repeat_ratios,
     speed_adjusted_ratio,
@@ -126,8 +127,8 @@ def verdict_lines(rows: Sequence[BenchRow]) -> list[str]:
     only where every repeat's throughput ratio is over 1 + :data:`ONE_REPEAT_NOISE`, else
     even; :func:`paired_ratio`): which method is fastest (and by how much over the
     runner-up), or which lead even; the methods that produced no tokens; AgentSpec against
-    the better of n-gram and SuffixDecoding (the one it beats by least); and tagged against
-    untagged AgentSpec."""
+    the better of n-gram and SuffixDecoding (the one it beats by least, :func:`better_peer`);
+    and tagged against untagged AgentSpec."""
     lines = []
     keys = sorted({(r.app, r.n) for r in rows}, key=lambda k: (k[0], k[1]))
     for app, n in keys:
@@ -141,11 +142,10 @@ def verdict_lines(rows: Sequence[BenchRow]) -> list[str]:
         if "agentspec" in live and any(p in group for p in PEERS):
             ours = live["agentspec"]
             text += f"; agentspec {_x(ours.ratio_to_none)} none"
-            rated = [(rel, p.label) for p in peers if (rel := paired_ratio(ours, p)) is not None]
-            if rated:
-                rel, peer = min(rated)
-                word = _standing(ours, live[peer])
-                text += f" is {rel:.2f}x {peer} ({word}; the better peer)"
+            best = better_peer(ours, peers)
+            if best is not None:
+                rel, peer = best
+                text += f" is {rel:.2f}x {peer.label} ({_standing(ours, peer)}; the better peer)"
             else:
                 text += ", no peer with throughput to compare with"
         if "agentspec" in live and "agentspec-untagged" in live:

@@ -1,13 +1,17 @@
 """What ``agentspec bench`` measured: one :class:`BenchRow` per (method, shape, N) summarised
 from the runs (:func:`summarize`), the :class:`BenchReport`, and the comparisons between two
-rows — per-repeat ratios (:func:`paired_ratio`) and the engines' speed divided out
-(:func:`engine_slowness`, :func:`speed_adjusted_ratio`)."""
+rows — per-repeat ratios (:func:`paired_ratio`), the better peer by them
+(:func:`better_peer`) and the engines' speed divided out (:func:`engine_slowness`,
+:func:`speed_adjusted_ratio`)."""
 
 from __future__ import annotations
 
 import gzip
+import json
 import lzma
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,7 @@ __all__ = [
     "MIN_SLOWNESS_STEPS",
     "BenchReport",
     "BenchRow",
+    "better_peer",
     "engine_slowness",
     "paired_ratio",
     "read_report",
@@ -156,6 +161,10 @@ def read_report(path: str | Path) -> BenchReport:
         ) from None
 
 
+_MISSING = object()
+"""A workflow one of two runs did not end (:func:`_difference`)."""
+
+
 def _pct(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
@@ -165,13 +174,63 @@ def _throughput(run: RunResult) -> float:
     return run.output_tokens / run.wall_s if run.wall_s > 0 else 0.0
 
 
+def _first_difference(a: Any, b: Any, path: str = "") -> str:
+    """Where JSON-like ``a`` first differs from ``b`` (which must differ): a path such as
+    ``messages[3].content``, with the first differing character of two strings, or how
+    two lists' lengths or two dicts' keys differ."""
+    where = path or "the top level"
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in a:
+            if key not in b:
+                return f"{where}: key {key!r} not in none's"
+            if a[key] != b[key]:
+                return _first_difference(a[key], b[key], f"{path}.{key}" if path else str(key))
+        extra = next(k for k in b if k not in a)
+        return f"{where}: none's key {extra!r} missing"
+    if isinstance(a, list) and isinstance(b, list):
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
+            if x != y:
+                return _first_difference(x, y, f"{path}[{i}]")
+        return f"{where}: {len(a)} item(s), none's {len(b)}"
+    if isinstance(a, str) and isinstance(b, str):
+        at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        return f"{where}, character {min(len(a), len(b)) if at is None else at}"
+    shown = [json.dumps(v, default=str)[:40] for v in (a, b)]
+    return f"{where}: {shown[0]} vs none's {shown[1]}"
+
+
+def _difference(run: RunResult, base: RunResult) -> str:
+    """Which workflow of ``run`` first differs from ``base``'s (none's) and where: its index,
+    its topic and the first differing place in its final state (:func:`_first_difference`);
+    where every final state agrees, how many requests' token ids differ (they are not tied
+    to a workflow)."""
+    topics = run.topics or base.topics
+    count = len(base.views)
+    for i, (x, y) in enumerate(zip_longest(run.views, base.views, fillvalue=_MISSING)):
+        if x == y:
+            continue
+        who = f"workflow {i} of {count}" + (f" (topic {topics[i]!r})" if i < len(topics) else "")
+        if x is _MISSING or y is _MISSING:
+            gone = "no final state" if x is _MISSING else "a final state none's run lacks"
+            return f"{who}: {gone} (the run ended {len(run.views)} workflow(s), none's {count})"
+        return f"{who}: final state differs at {_first_difference(x, y)}"
+    odd = Counter(run.token_hashes)
+    odd.subtract(base.token_hashes)
+    changed = max(sum(v for v in odd.values() if v > 0), sum(-v for v in odd.values() if v < 0))
+    return (
+        "every workflow's final state is none's; the token ids of "
+        f"{changed} request(s) differ (not tied to a workflow)"
+    )
+
+
 def summarize(
     results: dict[tuple[str, str, int, int], RunResult],
     loads: dict[tuple[str, str, int, int], float],
     config: BenchConfig,
 ) -> tuple[list[BenchRow], list[str]]:
     """Rows per (label, app, N) from the runs ``(label, app, n, repeat) -> result``, and
-    the mismatches against each label's ``none`` (same preload variant). A repeat where
+    the mismatches against each label's ``none`` (same preload variant; each names the
+    run, and its first differing workflow and where, :func:`_difference`). A repeat where
     ``none`` produced no tokens has no ratio to it (:attr:`BenchRow.ratio_to_none` is
     ``None`` when no repeat has one)."""
     rows: list[BenchRow] = []
@@ -196,7 +255,9 @@ def summarize(
                 for r, (x, b) in enumerate(zip(runs, bases, strict=True)):
                     if x.views != b.views or x.token_hashes != b.token_hashes:
                         identical = False
-                        mismatches.append(f"{label} {app} N={n} repeat {r}: outputs differ")
+                        mismatches.append(
+                            f"{label} {app} N={n} repeat {r}: outputs differ: {_difference(x, b)}"
+                        )
                 tpots = [t for x in runs for t in x.tpot_s]
                 ttft50 = _pct([t for x in runs for t in x.ttft_s], 50)
                 lats = [t for x in runs for t in x.workflow_latency_s]
@@ -372,3 +433,16 @@ def paired_ratio(a: BenchRow, b: BenchRow) -> float | None:
     if a.ratio_to_none is None or not b.ratio_to_none:  # None or 0
         return None
     return a.ratio_to_none / b.ratio_to_none
+
+
+def better_peer(ours: BenchRow, peers: Iterable[BenchRow]) -> tuple[float, BenchRow] | None:
+    """The better of ``peers`` against ``ours``: the one ``ours`` beats by least, by
+    :func:`paired_ratio` (the median of the per-repeat ratios, not the peers' median
+    tok/s: each a median over repeats whose load differs), with that ratio; a tie goes
+    to the first label in sort order. ``None`` where no peer has a ratio (none had
+    throughput). The one rule of the verdict (:func:`.bench_format.verdict_lines`) and
+    ``benchmarks/bench_bars.py``."""
+    rated = [(rel, p) for p in peers if (rel := paired_ratio(ours, p)) is not None]
+    if not rated:
+        return None
+    return min(rated, key=lambda x: (x[0], x[1].label))

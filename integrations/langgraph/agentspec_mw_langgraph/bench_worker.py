@@ -119,7 +119,12 @@ class RunResult(BaseModel):
     reliability: list[list[float]] = []
     """Per tenth of predicted survival: ``[positions, Σ predicted, accepted]``."""
     views: list[Any]
+    """Each workflow's final state (:func:`~.bench_apps.final_view`), in topic order."""
     token_hashes: list[str]
+    """A hash of each request's token ids, sorted (requests are not tied to workflows)."""
+    topics: list[str] = []
+    """The run's topics, one per workflow, in the order of :attr:`views` (a mismatch names
+    its workflow by them)."""
 
 
 @dataclass
@@ -370,6 +375,7 @@ class Worker:
             reliability=_bins_delta(m1.reliability, m0.reliability),
             views=[view for view, _ in done],
             token_hashes=sorted(self.backend.hashes),
+            topics=list(topics),
         )
 
     def _ttfts(self) -> list[float]:

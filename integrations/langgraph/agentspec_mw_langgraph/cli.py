@@ -128,10 +128,21 @@ def _add_bench(sub: Any) -> None:
         help="vLLM's CPU preload (tcmalloc, Intel OpenMP) in the engine processes; both: "
         "each method also runs without it, interleaved (default on)",
     )
+    p.add_argument(
+        "--run-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="one run (or an engine's start) at most: past it the engine process is killed "
+        "and the bench fails, naming the run (1800)",
+    )
     p.add_argument("--quick", action="store_true", help="a tiny run for CI (N=2, demo app)")
     p.add_argument("--json", default=None, help="write the report as JSON here")
     p.add_argument(
-        "--out", default="out/bench", help="writes OUT.txt, OUT.png, OUT.steps.jsonl (out/bench)"
+        "--out",
+        default="out/bench",
+        help="writes OUT.txt, OUT.png, OUT.steps.jsonl (out/bench; OUT keeps its dots, an "
+        "ending .txt/.png/.json is dropped)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
@@ -163,6 +174,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         "max_num_seqs": args.max_num_seqs,
         "model": args.model,
         "preload": args.preload,
+        "run_timeout_s": args.run_timeout,
     }
     given = {k: v for k, v in given.items() if v is not None}
     if args.show is not None:
@@ -187,13 +199,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _show(report_path: str, out: str) -> int:
     """Print a stored report's table and verdicts, write ``<out>.png``; exit code 1 if its
     outputs differed from none's, as the run's was."""
-    from pathlib import Path
-
-    from agentspec_mw_langgraph.bench import format_report, plot_report, read_report
+    from agentspec_mw_langgraph.bench import format_report, out_file, plot_report, read_report
 
     report = read_report(report_path)
     print(format_report(report))
     if report.sample_output:
         print("\n" + report.sample_output)
-    print(f"wrote {plot_report(report, Path(out).with_suffix('.png'))}")
+    print(f"wrote {plot_report(report, out_file(out, '.png'))}")
     return 1 if report.mismatches else 0

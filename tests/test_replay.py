@@ -250,6 +250,7 @@ def test_cli_end_to_end(
         "preemptions",
         "kv_waits",
         "sim_time_s",
+        "propose_steps",
     }
     assert all(keys | added == set(r) for r in report["results"])  # old fields kept
     assert report["limits"]["max_num_batched_tokens"] == 4096  # the preset's is 8192
@@ -270,6 +271,12 @@ def test_cli_end_to_end(
     assert "note: sample_react: at batch 4 at most 2 calls were in flight" in printed
     assert "note: sample_tool_agent: at batch 4 at most 3 calls were in flight" in printed
     assert rows[("suffix", "ALL", 1)]["mat"] > 1.0
+    # proposer-time percentiles cover the steps with a propose: none (k = 0) has none
+    assert rows[("none", "ALL", 4)]["propose_steps"] == 0
+    assert rows[("none", "ALL", 4)]["propose_us_p50"] == 0.0
+    assert rows[("suffix", "ALL", 4)]["propose_steps"] > 0
+    assert rows[("suffix", "ALL", 4)]["propose_us_p50"] > 0.0
+    assert "prop_steps" in printed
     png = out.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

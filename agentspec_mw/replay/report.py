@@ -24,6 +24,7 @@ _COLS = [
     ("drafted_per_step", "{:.2f}"),
     ("propose_us_p50", "{:.1f}"),
     ("propose_us_p99", "{:.1f}"),
+    ("propose_steps", "{}"),
     ("speedup", "{:.3f}"),
     ("effective_batch", "{:.1f}"),
     ("throughput_tok_s", "{:.1f}"),
@@ -43,6 +44,7 @@ _SHORT = {
     "tpot_p99_s": "tpot_p99",
     "prefill_tokens": "prefill_tok",
     "prefix_hit_rate": "hit_rate",
+    "propose_steps": "prop_steps",
 }
 #: Marks an effective batch under 80 % of the nominal batch (``batch_filled`` false).
 UNFILLED_MARK = "*"

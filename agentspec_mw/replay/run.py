@@ -138,7 +138,12 @@ class ResultRow(BaseModel):
     rejection_rate: float
     drafted_per_step: float
     propose_us_p50: float
+    """Median proposer time (its start, propose, extend and stop calls, wall clock, µs) of
+    the engine steps at which ``propose`` ran (``propose_steps``); 0 where none did. Reports
+    without ``propose_steps`` (before 2026-12-06 09:00 UTC) counted every engine step,
+    those with no propose too (prefill-only steps), which pulled both toward 0."""
     propose_us_p99: float
+    """99th percentile of the same steps' proposer time, µs."""
     speedup: float
     max_in_flight: int = 0
     """Most calls in flight in one engine step: below ``batch`` when the workload has
@@ -166,6 +171,9 @@ class ResultRow(BaseModel):
     """Engine steps in which the next waiting call did not fit in the KV cache."""
     sim_time_s: float = 0.0
     """Simulated seconds of the whole workload."""
+    propose_steps: int = 0
+    """Engine steps at which the proposer's ``propose`` ran (a decoding request and
+    ``k >= 1``): the steps ``propose_us_p50``/``p99`` cover (0 for ``none``)."""
 
 
 class ReplayReport(BaseModel):
@@ -318,7 +326,8 @@ def result_row(
     proposer: str, workload: str, batch: int, k: int, r: WorkloadRun, base: float
 ) -> ResultRow:
     """One table/JSON row: ``r``'s counters and serving metrics, speedup = ``base`` / its time."""
-    us = np.asarray(r.propose_us) if r.propose_us else np.zeros(1)
+    proposed = r.proposed_us  # steps without a propose would pull the percentiles to 0
+    us = np.asarray(proposed) if proposed else np.zeros(1)
     ttft = np.asarray(r.ttft_s) if r.ttft_s else np.zeros(1)
     tpot = np.asarray(r.tpot_s) if r.tpot_s else np.zeros(1)
     eff = r.effective_batch
@@ -349,6 +358,7 @@ def result_row(
         preemptions=r.preemptions,
         kv_waits=r.kv_waits,
         sim_time_s=round(r.sim_time_s, 6),
+        propose_steps=r.propose_steps,
     )
 
 
@@ -365,6 +375,7 @@ def merge_runs(runs: Sequence[WorkloadRun]) -> WorkloadRun:
         out.sim_time_s += r.sim_time_s
         out.proposer_time_s += r.proposer_time_s
         out.propose_us.extend(r.propose_us)
+        out.step_proposed.extend(r.step_proposed)
         out.step_batch.extend(r.step_batch)
         out.step_decoding.extend(r.step_decoding)
         out.ttft_s.extend(r.ttft_s)

@@ -119,7 +119,14 @@ class WorkloadRun:
     sim_time_s: float = 0.0
     """Simulated time from the first arrival to the last call's end."""
     proposer_time_s: float = 0.0
+    """The proposer's wall-clock time summed over every engine step (what
+    ``add_proposer_time`` adds to the simulated time)."""
     propose_us: list[float] = field(default_factory=list)
+    """The proposer's time at each engine step, µs: its start, propose, extend and stop
+    calls of that step (0-ish at a step with none of them)."""
+    step_proposed: list[bool] = field(default_factory=list)
+    """Whether ``propose`` ran at each engine step (aligned with ``propose_us``): a step
+    with a decoding request and ``k >= 1``. Prefill-only steps and ``k = 0`` have none."""
     step_batch: list[int] = field(default_factory=list)
     """Requests running at each engine step (aligned with ``propose_us``)."""
     step_decoding: list[int] = field(default_factory=list)
@@ -137,6 +144,17 @@ class WorkloadRun:
     preemptions: int = 0
     kv_waits: int = 0
     """Steps in which the next waiting call did not fit in the KV cache."""
+
+    @property
+    def propose_steps(self) -> int:
+        """Engine steps at which ``propose`` ran."""
+        return sum(self.step_proposed)
+
+    @property
+    def proposed_us(self) -> list[float]:
+        """``propose_us`` of the steps at which ``propose`` ran (their percentiles are the
+        report's ``propose_us_p50``/``p99``)."""
+        return [us for us, ran in zip(self.propose_us, self.step_proposed, strict=True) if ran]
 
     @property
     def mat(self) -> float:
@@ -303,7 +321,8 @@ def replay_workload(
         # drafts for the decoding requests (vLLM: proposed after the previous step)
         t_prop = 0
         decoding = [r for r in running if r.decoding]
-        if decoding and k > 0:
+        proposed = bool(decoding) and k > 0
+        if proposed:
             prefill_left = sum(r.num_tokens - r.computed for r in running if not r.decoding)
             prefill_left += sum(r.num_tokens - r.hit_at_arrival for r in waiting)
             free = kv.free_blocks
@@ -437,6 +456,7 @@ def replay_workload(
             elif pending:
                 arrive(pending.popleft())
         res.propose_us.append(prop_s * 1e6)
+        res.step_proposed.append(proposed)
         res.step_batch.append(len(running) + len(finished))
         res.step_decoding.append(emitting)
         res.proposer_time_s += prop_s

@@ -13,9 +13,22 @@ from agentspec_mw_vllm import plugin
 from agentspec_mw_vllm.queue import WAITING_ATTR, QueueReader, read_waiting_tokens
 
 
-def _req(rid: str, num_tokens: int, computed: int = 0, blocks: int = 0) -> SimpleNamespace:
-    return SimpleNamespace(
-        request_id=rid, num_tokens=num_tokens, num_computed_tokens=computed, block_hashes=blocks
+class _Request(SimpleNamespace):
+    """A vLLM request: hashed by identity, as vLLM's are."""
+
+    __hash__ = object.__hash__
+
+
+def _req(
+    rid: str, num_tokens: int, computed: int = 0, cached: int = 0, status: str = "waiting"
+) -> _Request:
+    """``cached`` of its tokens are in the prefix cache; one block hash per 16 tokens."""
+    return _Request(
+        request_id=rid,
+        num_tokens=num_tokens,
+        num_computed_tokens=computed,
+        block_hashes=[cached] * (num_tokens // 16),
+        status=status,
     )
 
 
@@ -25,9 +38,9 @@ class _Coordinator:
     def __init__(self) -> None:
         self.lookups: list[int] = []
 
-    def find_longest_cache_hit(self, block_hashes: int, max_len: int) -> tuple[Any, int, int]:
+    def find_longest_cache_hit(self, block_hashes: list[int], max_len: int) -> tuple[Any, int, int]:
         self.lookups.append(max_len)
-        return (), min(block_hashes, max_len), 0
+        return (), min(block_hashes[0] if block_hashes else 0, max_len), 0
 
 
 def _scheduler(
@@ -44,44 +57,89 @@ def _scheduler(
     )
 
 
-class _Hashable(SimpleNamespace):
-    __hash__ = object.__hash__
-
-
 def test_waiting_prompts_less_their_cache_hits_and_the_rest_of_partial_prefills() -> None:
-    fresh = _req("a", 300, blocks=128)  # 128 of its tokens are in the prefix cache
+    fresh = _req("a", 300, cached=128)  # 128 of its tokens are in the prefix cache
     preempted = _req("b", 90)  # prompt + output, recomputed whole
-    partial = _Hashable(**vars(_req("c", 1000, computed=512)))  # running, chunk done
-    done = _Hashable(**vars(_req("d", 40, computed=40)))  # its last chunk was this step
+    partial = _req("c", 1000, computed=512)  # running, its chunk done
+    done = _req("d", 40, computed=40)  # its last chunk was this step
     sched = _scheduler([fresh, preempted], [partial, done])
     total, hits = read_waiting_tokens(sched, {})
     assert total == (300 - 128) + 90 + (1000 - 512)
-    assert hits == {"a": 128, "b": 0}
+    assert hits == {fresh: 128, preempted: 0}
 
 
 def test_a_fully_cached_prompt_still_computes_its_last_token() -> None:
-    sched = _scheduler([_req("a", 256, blocks=256)])
+    sched = _scheduler([_req("a", 256, cached=256)])
     assert read_waiting_tokens(sched, {})[0] == 1  # vLLM looks up at most num_tokens - 1
 
 
 def test_a_request_keeps_the_hit_it_was_first_seen_with() -> None:
-    sched = _scheduler([_req("a", 300, blocks=128)])
+    sched = _scheduler([_req("a", 300, cached=128)])
     reader = QueueReader()
     assert reader.read(sched) == 172
-    sched.waiting[0].block_hashes = 256  # more of it cached later: not looked up again
+    sched.waiting[0].block_hashes[0] = 256  # more of it cached later: not looked up again
     assert reader.read(sched) == 172
     assert sched.kv_cache_manager.coordinator.lookups == [299]
 
 
+def test_a_new_request_under_a_reused_id_is_looked_up_afresh() -> None:
+    """The memo is per request object: a new request that reuses a waiting one's id
+    (ids are the caller's with ``VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1``) gets its own
+    hit, not the old one's."""
+    sched = _scheduler([_req("job", 8016, cached=8000)])
+    reader = QueueReader()
+    assert reader.read(sched) == 16
+    sched.waiting = [_req("job", 8016)]  # aborted, and a new "job" with nothing cached
+    assert reader.read(sched) == 8016
+
+
+def test_the_count_stops_at_the_token_budget_and_caps_its_lookups() -> None:
+    """A burst of long new prompts costs at most LOOKUP_BLOCKS_PER_STEP blocks of lookups
+    a step (the rest count whole, looked up later), and the scan stops once the queue
+    fills the scheduler's budget."""
+    from agentspec_mw_vllm.queue import LOOKUP_BLOCKS_PER_STEP
+
+    n_blocks = 500
+    burst = [_req(f"r{i}", 16 * n_blocks + 16, cached=16 * n_blocks) for i in range(1000)]
+    sched = _scheduler(burst)
+    total, _ = read_waiting_tokens(sched, {})
+    lookups = sched.kv_cache_manager.coordinator.lookups
+    assert 0 < len(lookups) * (n_blocks + 1) <= LOOKUP_BLOCKS_PER_STEP
+    assert total == 16 * len(lookups) + (16 * n_blocks + 16) * (1000 - len(lookups))
+    sched = _scheduler(burst)
+    total, hits = read_waiting_tokens(sched, {}, limit=4096)
+    assert 4096 <= total < 4096 + 16 * n_blocks + 16 and len(hits) <= 2
+
+
+def test_a_streaming_session_waiting_for_input_is_not_counted() -> None:
+    idle = _req("s", 200, computed=199, status="streaming")
+    sched = _scheduler([_req("a", 50)])
+    sched.kv_holding_waiting = [idle]
+    assert read_waiting_tokens(sched, {}, skip_status="streaming")[0] == 50
+
+
+def test_a_priority_queue_is_read_from_its_heap_without_popping() -> None:
+    class Heap:
+        def __init__(self, items: list[Any]) -> None:
+            self._heap = items
+
+        def __iter__(self) -> Any:
+            raise AssertionError("the count must not pop a copy of the heap every step")
+
+    sched = _scheduler([])
+    sched.waiting = Heap([_req("a", 50), _req("b", 70)])
+    assert read_waiting_tokens(sched, {})[0] == 120
+
+
 def test_a_request_loading_its_kv_elsewhere_counts_once() -> None:
     """A request whose KV loads asynchronously waits *and* is an in-flight prefill."""
-    loading = _Hashable(**vars(_req("a", 500, computed=200)))
+    loading = _req("a", 500, computed=200)
     sched = _scheduler([loading], [loading])
     assert read_waiting_tokens(sched, {})[0] == 300
 
 
 def test_no_lookup_where_the_cache_is_off() -> None:
-    sched = _scheduler([_req("a", 300, blocks=128)], caching=False)
+    sched = _scheduler([_req("a", 300, cached=128)], caching=False)
     assert read_waiting_tokens(sched, {})[0] == 300
     assert sched.kv_cache_manager.coordinator.lookups == []
 

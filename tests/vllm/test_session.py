@@ -179,6 +179,22 @@ def test_a_reused_request_id_starts_afresh(told: bool) -> None:
     assert out == [[53, 53]]
 
 
+def test_a_reused_id_with_a_longer_prompt_starts_afresh_untold() -> None:
+    """Untold of the finish, and the new request holds more tokens than the old one fed:
+    its other prompt length says it is new (it must not continue the old request's text,
+    tags and tenant scope)."""
+    probe = ProbeProposer(draft_len=2)
+    session = DraftSession(probe, k=4, metrics=DrafterMetrics(prometheus=False))
+    batch = Batch()
+    batch.add("job", [1, 2, 3], tags_to_wire(StructureTags(scope="tenant-a")))
+    step(session, batch, {"job": [4]})
+    batch.remove("job")
+    batch.add("job", [50, 51, 52, 53, 54], tags_to_wire(StructureTags(scope="tenant-b")))
+    step(session, batch, {"job": [55]})
+    assert probe.tags["job"] == StructureTags(scope="tenant-b")
+    assert probe.tokens["job"] == [50, 51, 52, 53, 54, 55]
+
+
 def test_every_row_is_capped_at_k_and_before_max_model_len() -> None:
     session = DraftSession(GreedyLongProposer(), k=5, metrics=DrafterMetrics(prometheus=False))
     batch = Batch()

@@ -99,6 +99,9 @@ class _Request:
     end: int | None = None
     """Prompt + ``max_tokens``: the request's tokens can never pass this (``None``: no
     limit known). Read once, when the request is admitted; its sampling params are fixed."""
+    prompt_len: int = 0
+    """The request's prompt length: a row of the same id with another prompt length is a
+    new request under a finished one's id."""
 
 
 def _bad_ids(ids: Sequence[Any], vocab_size: int | None) -> str | None:
@@ -290,6 +293,7 @@ class DraftSession:
             segment=tags.segment if tags else None,
             scope=self.metrics.scope_label(tags.scope if tags else None),
             end=None if max_tokens is None else len(prompt) + max_tokens,
+            prompt_len=len(prompt),
         )
         self._reqs[req_id] = state
         try:
@@ -393,6 +397,7 @@ class DraftSession:
             limits = ctx.max_tokens
             n_limits = len(limits)
             get_state = self._reqs.get
+            prompt_lens = ctx.num_prompt_tokens
             k = self.k if ctx.num_spec_tokens is None else max(0, min(self.k, ctx.num_spec_tokens))
             ask_ids: list[str] = []
             ask_rows: list[int] = []
@@ -413,14 +418,16 @@ class DraftSession:
                 n_decoding += 1
                 kv_decoding += num_tokens
                 state = get_state(rid)
-                if state is not None and num_tokens < state.fed:
-                    # fewer tokens than were fed: a new request under a finished one's id
-                    # (its finish fell in a step without a draft call)
+                if state is not None and (
+                    num_tokens < state.fed or prompt_lens[i] != state.prompt_len
+                ):
+                    # fewer tokens than were fed, or another prompt: a new request under a
+                    # finished one's id (its finish fell in a step without a draft call)
                     self._stop(rid)
                     stops_queued = True
                     state = None
                 if state is None:
-                    prompt = np.array(token_ids_cpu[i, : ctx.num_prompt_tokens[i]], dtype=np.int32)
+                    prompt = np.array(token_ids_cpu[i, : prompt_lens[i]], dtype=np.int32)
                     limit = limits[i] if i < n_limits else None
                     state = self._admit(rid, ctx.extra_args[i], prompt, limit)
                 else:

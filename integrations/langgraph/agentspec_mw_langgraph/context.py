@@ -4,7 +4,10 @@
 (``run_inline = True``), so the value it sets in ``on_chat_model_start`` is visible in the
 same context as the model call that follows it: sync or async, streaming or not, and each
 concurrent branch sees its own value (LangGraph runs every task in a copied context).
-It is reset to ``None`` when the call ends or errors.
+It is reset to ``None`` when the call ends or errors. An end event can arrive in another
+context than the call's (an ``astream`` left early is closed by the event loop's
+finaliser), so the handler also marks the call's :class:`CallTicket` ended, and
+:func:`current_tags` / :func:`current_ticket` then answer ``None`` in every context.
 
 Beside the tags the handler sets a :class:`CallTicket`: where the call's tags may be sent
 (the ``engine=`` server of ``with_agentspec``) and a record of whether a request layer
@@ -59,6 +62,16 @@ class CallTicket:
         self._delivered = 0
         self._missed: dict[str, str] = {}
         self._spec_decoding: dict[str, int] | None = None
+        self._ended = False
+
+    @property
+    def ended(self) -> bool:
+        """Whether the call has ended (its tags are then no longer current anywhere)."""
+        return self._ended
+
+    def end(self) -> None:
+        """Record that the call ended (the handler does it at the call's end event)."""
+        self._ended = True
 
     @property
     def delivered(self) -> int:
@@ -104,19 +117,26 @@ _TICKET: ContextVar[CallTicket | None] = ContextVar("agentspec_current_ticket", 
 
 
 def current_tags() -> StructureTags | None:
-    """The structure tags of the LLM call in progress in this context, if any."""
-    return _CURRENT.get()
+    """The structure tags of the LLM call in progress in this context, if any (``None``
+    once its ticket is :attr:`~CallTicket.ended`)."""
+    tags = _CURRENT.get()
+    if tags is None:
+        return None
+    ticket = _TICKET.get()
+    return None if ticket is not None and ticket.ended else tags
 
 
 def current_wire_tags() -> dict[str, str | int | float] | None:
     """:func:`current_tags` in the flat wire encoding (``vllm_xargs`` / ``extra_args``)."""
-    tags = _CURRENT.get()
+    tags = current_tags()
     return None if tags is None else tags_to_wire(tags)
 
 
 def current_ticket() -> CallTicket | None:
-    """The :class:`CallTicket` of the LLM call in progress in this context, if any."""
-    return _TICKET.get()
+    """The :class:`CallTicket` of the LLM call in progress in this context, if any (``None``
+    once it is :attr:`~CallTicket.ended`)."""
+    ticket = _TICKET.get()
+    return None if ticket is None or ticket.ended else ticket
 
 
 def deliver_wire_tags() -> dict[str, str | int | float] | None:
@@ -125,7 +145,7 @@ def deliver_wire_tags() -> dict[str, str | int | float] | None:
     Call it only where the result is attached to an outgoing request.
     """
     wire = current_wire_tags()
-    ticket = _TICKET.get()
+    ticket = current_ticket()
     if wire is not None and ticket is not None:
         ticket.mark_delivered()
     return wire

@@ -3,9 +3,9 @@
 The rule (docs/langgraph.md repeats it with examples):
 
 * **agent_id** — the node names along ``langgraph_checkpoint_ns`` joined by ``/`` (task
-  ids dropped): node ``agent`` of the root graph is ``agent``; node ``agent`` of a subgraph
-  mounted as node ``researcher`` is ``researcher/agent``. A call outside any graph node
-  uses the run name of the model.
+  ids and the counters of repeated subgraph invocations dropped): node ``agent`` of the
+  root graph is ``agent``; node ``agent`` of a subgraph mounted as node ``researcher`` is
+  ``researcher/agent``. A call outside any graph node uses the run name of the model.
 * **query_id** — ``thread:<thread_id>`` when the run has a ``thread_id`` (and
   ``tags_query_from_thread`` is on), else ``run:<root run id>``.
 * **segment**, predicted before generation, first match wins:
@@ -53,9 +53,15 @@ _HERMES_FAMILIES = re.compile(r"qwen|hermes|smollm", re.IGNORECASE)
 
 
 def split_namespace(checkpoint_ns: str) -> list[tuple[str, str]]:
-    """``"a:t1|b:t2"`` -> ``[("a", "t1"), ("b", "t2")]`` (a part without ``:`` has task ``""``)."""
+    """``"a:t1|b:t2"`` -> ``[("a", "t1"), ("b", "t2")]`` (a part without ``:`` has task ``""``).
+
+    All-digit parts are dropped, as LangGraph's ``recast_checkpoint_ns`` drops them: they
+    count a task's repeated invocations of one subgraph (``"a:t1|1|b:t3"``), no node.
+    """
     out = []
     for part in checkpoint_ns.split("|") if checkpoint_ns else ():
+        if part.isdigit():
+            continue
         name, _, task = part.rpartition(":")
         out.append((name, task) if name else (task, ""))
     return out

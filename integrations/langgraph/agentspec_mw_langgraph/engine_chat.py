@@ -49,7 +49,7 @@ from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from agentspec_mw.default_model import check_model
 from agentspec_mw.errors import MissingDependencyError
@@ -70,6 +70,13 @@ from agentspec_mw_langgraph.toolformat import (
 )
 
 __all__ = ["ChatAgentSpecVLLM"]
+
+
+def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
+    """Stop strings as a list: a string is one stop string, as ``ChatOpenAI`` takes it."""
+    if stop is None:
+        return []
+    return [stop] if isinstance(stop, str) else list(stop)
 
 
 def _call_wire_tags(run_manager: BaseRunManager | None) -> dict[str, str | int | float] | None:
@@ -116,10 +123,15 @@ class ChatAgentSpecVLLM(BaseChatModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = None
     stop: list[str] | None = None
-    """Stop strings (merged with the ``stop`` of each call)."""
+    """Stop strings (merged with the ``stop`` of each call; a string is one stop string)."""
 
     _backend: EngineBackend | None = PrivateAttr(default=None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop_string(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
     @model_validator(mode="after")
     def _check_model(self) -> ChatAgentSpecVLLM:
@@ -203,7 +215,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
     def _request(
         self,
         messages: list[BaseMessage],
-        stop: list[str] | None,
+        stop: str | Sequence[str] | None,  # LangChain passes a call's str stop as is
         kwargs: dict[str, Any],
         run_manager: BaseRunManager | None = None,
     ) -> GenerationRequest:
@@ -220,7 +232,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
             temperature=float(kwargs.get("temperature", self.temperature)),
             top_p=float(kwargs.get("top_p", self.top_p)),
             seed=kwargs.get("seed", self.seed),
-            stop=tuple([*(self.stop or []), *(stop or [])]),
+            stop=tuple([*_stop_list(self.stop), *_stop_list(stop)]),
             extra_args=_call_wire_tags(run_manager),
         )
 

@@ -13,8 +13,10 @@ Any failure inside the adapter means "no tags" for that call, a logged warning a
 
 A call outside any graph run whose start another handler rejected (``raise_error``:
 LangChain then sends no end event) is dropped as failed at the next call started in the
-same context, and such open calls are bounded (the oldest are dropped first); a rejected
-call of a graph run is released with its root run.
+same context -- a call counts as rejected only while no token, no end event and no request
+of it was seen, so a stream still being consumed stays open -- and such open calls are
+bounded (the oldest are dropped first); a rejected call of a graph run is released with its
+root run.
 
 Batches (``generate``/``agenerate`` with several prompts) start every call before any of
 them runs, so their tags are not published in the ContextVar (one variable cannot hold
@@ -29,12 +31,13 @@ Derived is not delivered: ``stats.tags_derived`` counts calls that got tags,
 to a server other than the ``engine=`` URL (or with no ``engine=``) and delivered nothing
 logs a warning at its end, once per server, naming the ``engine=`` to pass. The tags are
 also added to the model run's metadata (``agentspec_*`` keys), so tracers such as
-LangSmith show them. Each call's requests also carry a routing key header
-(``x-session-id`` by default; :mod:`~agentspec_mw_langgraph.routing`), so a router keeps a
-query on one replica. When a request layer read the server's per-call speculation stats
-from the call's response (:mod:`~agentspec_mw_langgraph.spec_stats`), the call's message
-gets them as ``response_metadata["speculative_decoding"]`` at its end (a stream: its usage
-chunk as it passes, the stats having arrived with it).
+LangSmith show them (not for the calls of a batch: they share one metadata dict). Each
+call's requests also carry a routing key header (``x-session-id`` by default;
+:mod:`~agentspec_mw_langgraph.routing`), so a router keeps a query on one replica. When a
+request layer read the server's per-call speculation stats from the call's response
+(:mod:`~agentspec_mw_langgraph.spec_stats`), the call's message gets them as
+``response_metadata["speculative_decoding"]`` at its end (a stream: its usage chunk as it
+passes, the stats having arrived with it).
 """
 
 from __future__ import annotations
@@ -123,6 +126,8 @@ class _Root:
     query_id: str
     run_ids: set[UUID] = field(default_factory=set)
     ordinals: dict[UUID | None, int] = field(default_factory=dict)  # node run -> next ordinal
+    # node run -> ordinals of its failed calls, handed out again (smallest first)
+    free_ordinals: dict[UUID | None, set[int]] = field(default_factory=dict)
     attempts: dict[tuple[str, int], str] = field(default_factory=dict)  # (ns, ordinal) -> call
 
 
@@ -148,6 +153,7 @@ class _Live:
     prompt: list[dict[str, Any]] | str
     model: str
     ticket: CallTicket | None = None
+    streamed: bool = False  # a token of it arrived (it runs: its start was not rejected)
 
 
 def _bounded(text: str) -> str:
@@ -256,7 +262,8 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             return {"runs": len(self._runs), "roots": len(self._roots), "calls": len(self._live)}
 
     def close(self) -> None:
-        """Flush and close the trace recorder, if any."""
+        """Flush and close the trace recorder, if any (a later call's record reopens it,
+        appending)."""
         if self.recorder is not None:
             self.recorder.close()
 
@@ -316,7 +323,9 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             return
         for rid in root.run_ids:
             self._runs.pop(rid, None)
-            self._live.pop(rid, None)
+            live = self._live.pop(rid, None)
+            if live is not None and live.ticket is not None:
+                live.ticket.end()
         query = self._queries.get(root.query_id)
         if query is None:
             return
@@ -439,7 +448,8 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         if not batched:
             set_current_tags(tags, ticket)
             self._set_in_flight(run_id)
-        if isinstance(metadata, dict):  # the run's own dict: tracers read the same object
+        # the run's own dict, which tracers read; the calls of a batch share one dict
+        if isinstance(metadata, dict) and not batched:
             metadata.update(tags_to_wire(tags))
 
     def _set_in_flight(self, run_id: UUID | None) -> None:
@@ -453,10 +463,12 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
 
     def _drop_unfinished(self, parent_run_id: UUID | None) -> None:
         """End, as failed, the call outside any graph run started last in this context if
-        it is still open and the new call is not made inside it: its start was rejected by
-        another handler, so LangChain will send it no end event. (A call of a graph run is
-        released with its root run; a model calling another model in its generation, under
-        the node's config, must not lose its call.)"""
+        its start was rejected by another handler, so LangChain will send it no end event:
+        it is still open, the new call is not made inside it, and no token of it arrived
+        and no request layer used its ticket (a stream still being consumed while another
+        call is made keeps running). (A call of a graph run is released with its root run;
+        a model calling another model in its generation, under the node's config, must not
+        lose its call.)"""
         previous = (_IN_FLIGHT.get() or {}).get(id(self))
         if previous is None:
             return
@@ -464,6 +476,9 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             live = self._live.get(previous)
             if live is None or live.root != previous:
                 return
+            ticket = live.ticket
+            if live.streamed or (ticket is not None and (ticket.delivered or ticket.missed)):
+                return  # it runs: not rejected
             cursor = parent_run_id
             while cursor is not None:
                 if cursor == previous:  # a call made inside the open call: it is running
@@ -573,8 +588,13 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             namespace = inner.namespace if inner else ""
             agent_id = _bounded(derive.agent_from_namespace(namespace, node, model_name))
             template = tuple((lv.node or "", lv.step) for lv in levels)
-            ordinal = root.ordinals.get(node_run, 0)
-            root.ordinals[node_run] = ordinal + 1
+            free = root.free_ordinals.get(node_run)
+            if free:  # a failed call's ordinal: the smallest first
+                ordinal = min(free)
+                free.discard(ordinal)
+            else:
+                ordinal = root.ordinals.get(node_run, 0)
+                root.ordinals[node_run] = ordinal + 1
             segment = derive.predict_segment(
                 node=node,
                 tools_bound=bool(params.get("tools")),
@@ -678,6 +698,9 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
     ) -> None:
         """A streamed call's usage chunk gets the speculation stats its response carried
         (a server reports them on that chunk; they reach the merged message with it)."""
+        live = self._live.get(run_id)  # one atomic dict read: the per-token path takes no lock
+        if live is not None and not live.streamed:
+            live.streamed = True
         message = getattr(chunk, "message", None)
         if getattr(message, "usage_metadata", None) is None:  # the per-token fast path
             return
@@ -713,34 +736,42 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             live = self._live.pop(run_id, None)
             if live is None:
                 return
+            if live.ticket is not None:  # its tags are no longer current in any context
+                live.ticket.end()
             set_current_tags(None)
-            call = live.call
-            root = self._roots.get(live.root)
-            query = self._queries.get(live.query_id)
-            if error is not None or response is None:
-                call.status = "error"
-                if root is not None:  # a failed attempt does not take an ordinal
-                    root.ordinals[live.node_run] = max(0, root.ordinals.get(live.node_run, 1) - 1)
-                record = None
-            else:
-                call.status = "ok"
-                gen = response.generations[0][0] if response.generations else None
-                message = getattr(gen, "message", None)
-                calls = bool(getattr(message, "tool_calls", None))
-                call.actual_segment = derive.actual_segment(call.segment, calls)
-                if live.after_tool and query is not None:
-                    query.after_tool[call.agent_id] = call.actual_segment
-                text = output_text(message) if message is not None else (gen.text if gen else "")
-                record = self._trace_record(live, text) if self.recorder else None
-            if live.root == run_id:  # a call outside any graph run is its own root
-                self._release(run_id)
+            text: str | None = None
+            try:
+                call = live.call
+                root = self._roots.get(live.root)
+                query = self._queries.get(live.query_id)
+                if error is not None or response is None:
+                    call.status = "error"
+                    if root is not None:  # a failed attempt does not take an ordinal
+                        root.free_ordinals.setdefault(live.node_run, set()).add(call.ordinal)
+                else:
+                    call.status = "ok"
+                    first = response.generations[0] if response.generations else None
+                    gen = first[0] if first else None
+                    message = getattr(gen, "message", None)
+                    calls = bool(getattr(message, "tool_calls", None))
+                    call.actual_segment = derive.actual_segment(call.segment, calls)
+                    if live.after_tool and query is not None:
+                        query.after_tool[call.agent_id] = call.actual_segment
+                    text = (
+                        output_text(message) if message is not None else (gen.text if gen else "")
+                    )
+            finally:  # whatever failed above, a call outside any graph run is its own root
+                if live.root == run_id:
+                    self._release(run_id)
         if live.ticket is not None:
             self._warn_missed(live.ticket)
             if response is not None and error is None:
                 _attach_spec_decoding(response, live.ticket)
-        if record is not None and self.recorder is not None and self.recorder.record(record):
-            with self._lock:
-                self._stats.traces_recorded += 1
+        if text is not None and self.recorder is not None:
+            record = self._trace_record(live, text)  # may fail (a lone surrogate): logged
+            if self.recorder.record(record):
+                with self._lock:
+                    self._stats.traces_recorded += 1
 
     def _trace_record(self, live: _Live, output: str) -> TraceRecord:
         call = live.call

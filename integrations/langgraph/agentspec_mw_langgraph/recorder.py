@@ -2,8 +2,10 @@
 
 Records are queued and written by one background thread, so the callback that produces
 them (which may run on the event loop) never waits for the disk. :meth:`close` (also run
-at interpreter exit) drains the queue. The file is appended to, so several runs can share
-it; ``agentspec replay --traces FILE`` reads it. A file that cannot be opened (a folder,
+at interpreter exit) drains the queue and stops the thread; a record queued after it
+starts a new one (after the old one finished), so flushing with ``close()`` between runs
+loses nothing. The file is appended to, so several runs can share it;
+``agentspec replay --traces FILE`` reads it. A file that cannot be opened (a folder,
 no permission) is logged once; its records are then counted in :attr:`TraceRecorder.
 failed` and dropped, never queued up.
 """
@@ -35,28 +37,37 @@ class TraceRecorder:
         self.failed = 0
         """Records that could not be written or were dropped (logged; a file that does not
         open, once)."""
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()  # the writer's
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-        self._closed = False
+        self._stopping: threading.Thread | None = None  # the writer a close() stopped last
+        self._exit_hook = False
         self._broken = False  # the file could not be opened: records are dropped
 
     def record(self, rec: TraceRecord) -> bool:
-        """Queue one record (never blocks on I/O); ``False``: dropped and counted as
-        failed, the file having been found not to open."""
+        """Queue one record (never blocks on I/O; starts the writer thread if it is not
+        running, e.g. after :meth:`close`); ``False``: dropped and counted as failed, the
+        file having been found not to open."""
+        line = rec.model_dump_json(exclude_none=False) + "\n"
         with self._lock:
-            if self._closed:
-                raise RuntimeError(f"trace recorder for {self.path} is closed")
             if self._broken:
                 self.failed += 1
                 return False
             if self._thread is None:
+                # each writer has its own queue, and waits for the one a close() stopped
+                # to finish: the two never write to the file at once, and lines stay in order
+                self._queue = queue.SimpleQueue()
                 self._thread = threading.Thread(
-                    target=self._run, name="agentspec-trace-writer", daemon=True
+                    target=self._run,
+                    args=(self._queue, self._stopping),
+                    name="agentspec-trace-writer",
+                    daemon=True,
                 )
                 self._thread.start()
-                atexit.register(self.close)
-        self._queue.put(rec.model_dump_json(exclude_none=False) + "\n")
+                if not self._exit_hook:
+                    self._exit_hook = True
+                    atexit.register(self.close)
+            self._queue.put(line)
         return True
 
     def flush(self) -> None:
@@ -64,26 +75,29 @@ class TraceRecorder:
         returns at once when the writer thread is not running."""
         done = threading.Event()
         with self._lock:
-            thread = self._thread
-        if thread is None or not thread.is_alive():
-            return
-        self._queue.put(done)
+            thread, writer_queue = self._thread, self._queue
+            if thread is None or not thread.is_alive():
+                return
+            writer_queue.put(done)
         while not done.wait(_FLUSH_POLL_S):
             if not thread.is_alive():
                 return
 
     def close(self) -> None:
-        """Drain the queue and stop the writer thread (idempotent)."""
+        """Drain the queue and stop the writer thread (a no-op when it is not running); a
+        later :meth:`record` starts a new one, which appends to the file."""
         with self._lock:
-            if self._closed:
+            thread, writer_queue = self._thread, self._queue
+            self._thread = None
+            if thread is None:
                 return
-            self._closed = True
-            thread = self._thread
-        if thread is not None:
-            self._queue.put(_STOP)
-            thread.join()
+            writer_queue.put(_STOP)
+            self._stopping = thread
+        thread.join()
 
-    def _run(self) -> None:
+    def _run(self, items: queue.SimpleQueue[object], previous: threading.Thread | None) -> None:
+        if previous is not None:
+            previous.join()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fh = self.path.open("a", encoding="utf-8")
@@ -91,11 +105,11 @@ class TraceRecorder:
             _log.warning("agentspec: cannot open the trace file, records are dropped: %s", exc)
             with self._lock:
                 self._broken = True
-            self._drain()
+            self._drain(items)
             return
         with fh:
             while True:
-                item = self._queue.get()
+                item = items.get()
                 if item is _STOP:
                     return
                 if isinstance(item, threading.Event):
@@ -109,10 +123,10 @@ class TraceRecorder:
                     self.failed += 1
                     _log.warning("agentspec: could not write a trace record: %s", exc)
 
-    def _drain(self) -> None:
+    def _drain(self, items: queue.SimpleQueue[object]) -> None:
         """The queue of a file that could not be opened: records fail, flushes return."""
         while True:
-            item = self._queue.get()
+            item = items.get()
             if item is _STOP:
                 return
             if isinstance(item, threading.Event):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,13 +15,74 @@ from pydantic import ValidationError
 
 from agentspec_mw.errors import AgentSpecError
 
-__all__ = ["main"]
+__all__ = ["check_writable", "main", "os_error_message", "validation_message"]
 
 # Subcommands contributed by the integrations: (module, function adding the parser).
 _PLUGIN_COMMANDS: list[tuple[str, str]] = [
     ("agentspec_mw_vllm.cli", "add_commands"),
     ("agentspec_mw_langgraph.cli", "add_commands"),
 ]
+
+
+def validation_message(exc: ValidationError) -> str:
+    """A pydantic ``ValidationError`` as one line: ``field: message`` per problem, joined
+    by ``; ``, without pydantic's input dump and documentation link (what every
+    ``agentspec`` command prints for a bad option)."""
+    parts = []
+    for e in exc.errors():
+        where = ".".join(str(part) for part in e["loc"])
+        msg = " ".join(str(e["msg"]).removeprefix("Value error, ").split())
+        parts.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(parts)
+
+
+def os_error_message(exc: OSError) -> str:
+    """An ``OSError`` as one line naming its path (``str(exc)`` where it has none)."""
+    if exc.filename is None:
+        return str(exc)
+
+    def name(raw: object) -> str:
+        return repr(os.fsdecode(raw) if isinstance(raw, str | bytes) else str(raw))
+
+    path = name(exc.filename)
+    if exc.filename2 is not None:
+        path += f" -> {name(exc.filename2)}"
+    reason = exc.strerror or type(exc).__name__
+    if isinstance(exc, FileExistsError | NotADirectoryError):
+        reason += " (a file is in the way where that path needs a folder)"
+    return f"{path}: {reason}"
+
+
+def check_writable(paths: Sequence[str | Path]) -> None:
+    """Create each path's folder and check the path can be written (opened for append; a
+    file this creates is removed again), so that a bad output path fails before the slow
+    work (a replay, a bench sweep) rather than after it.
+
+    Raises:
+        ValueError: a path (named) that cannot be written.
+    """
+    for path in map(Path, paths):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            hint = (
+                f": is a part of {str(path.parent)!r} a file?"
+                if isinstance(exc, FileExistsError | NotADirectoryError)
+                else ""
+            )
+            raise ValueError(
+                f"cannot write {str(path)!r}: its folder cannot be made "
+                f"({exc.strerror or exc}{hint})"
+            ) from None
+        try:
+            existed = path.exists()
+            with path.open("a"):
+                pass
+            if not existed:
+                path.unlink()
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise ValueError(f"cannot write {str(path)!r}: {reason}") from None
 
 
 def _csv(cast: Callable[[str], Any]) -> Callable[[str], list[Any]]:
@@ -138,7 +200,12 @@ def _add_replay(sub: Any) -> None:
         help="with --replicas: affinity (a run's calls on one replica), round-robin",
     )
     p.add_argument("--json", dest="json_out", default=None, help="write the JSON report here")
-    p.add_argument("--plot", default=None, help="PNG path (default: next to --json, or replay.png)")
+    p.add_argument(
+        "--plot",
+        default=None,
+        help="plot path (default: next to --json, or replay.png); .png is added to a name "
+        "without an image extension",
+    )
     p.add_argument("--cache-dir", default=None, help="token cache (default ~/.cache/agentspec_mw)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_replay)
@@ -165,36 +232,30 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     from agentspec_mw.traces.loader import LoadStats
     from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
 
-    try:
-        config = ReplayConfig(
-            traces=list(args.traces),
-            tokenizer=args.tokenizer,
-            proposers=args.proposers,
-            batch=args.batch,
-            k=args.k,
-            cost_model=args.cost_model,
-            add_proposer_time=args.add_proposer_time,
-            tags=args.tags,
-            proposer_options=_parse_set(args.set),
-            max_calls=args.max_calls,
-            max_calls_per_run=args.max_calls_per_run,
-            max_runs=args.max_runs,
-            skip_malformed=args.skip_malformed,
-            run_order=args.run_order,
-            serial_runs=args.serial_runs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            kv_capacity_tokens=args.kv_capacity,
-        )
-    except ValidationError as exc:  # one line per problem, without pydantic's input dump
-        raise ValueError(
-            "; ".join(
-                "".join(f"{part}: " for part in e["loc"][:1])
-                + str(e["msg"]).removeprefix("Value error, ")
-                for e in exc.errors()
-            )
-        ) from None
+    config = ReplayConfig(
+        traces=list(args.traces),
+        tokenizer=args.tokenizer,
+        proposers=args.proposers,
+        batch=args.batch,
+        k=args.k,
+        cost_model=args.cost_model,
+        add_proposer_time=args.add_proposer_time,
+        tags=args.tags,
+        proposer_options=_parse_set(args.set),
+        max_calls=args.max_calls,
+        max_calls_per_run=args.max_calls_per_run,
+        max_runs=args.max_runs,
+        skip_malformed=args.skip_malformed,
+        run_order=args.run_order,
+        serial_runs=args.serial_runs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_capacity_tokens=args.kv_capacity,
+    )
     for name in config.proposers:  # fail before any slow work
         resolve_proposer_class(name)
+    if args.replicas and any(r < 1 for r in args.replicas):
+        raise ValueError(f"--replicas {args.replicas}: each must be >= 1")
+    json_out, plot = _output_paths(args)  # a bad path fails before the replay, not after
     progress = not args.no_progress
     tokenizer = load_tokenizer(config.tokenizer)
     env = ProposerEnv(
@@ -226,6 +287,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         config.max_calls_per_run,
         config.max_runs,
         serial_runs=config.serial_runs,
+        sources=config.traces,
     )
     workloads = {wl: order_runs(calls, config.run_order) for wl, calls in workloads.items()}
     if not any(workloads.values()):
@@ -236,7 +298,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             f"records{why}; pass trace files that hold records"
         )
     if args.replicas:
-        return _replica_replay(args, config, workloads, env)
+        return _replica_replay(args, config, workloads, env, json_out, plot)
     rows = run_replay(config, workloads, env, progress=progress)
     print(format_table(rows))
     if not all(r.batch_filled for r in rows):
@@ -245,45 +307,67 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print(line)
     limits = serving_limits(config).model_dump()
     report = ReplayReport(config=config, results=rows, load=load_summary(stats), limits=limits)
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(report.model_dump_json(indent=1))
-        print(f"wrote {args.json_out}")
-    plot = args.plot or (
-        str(Path(args.json_out).with_suffix(".png")) if args.json_out else "replay.png"
-    )
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(report.model_dump_json(indent=1))
+        print(f"wrote {json_out}")
     title = f"cost model {config.cost_model}, k={','.join(map(str, config.k))}"
     print(f"wrote {plot_speedup(rows, plot, title)}")
     return 0
 
 
-def _replica_replay(args: argparse.Namespace, config: Any, workloads: Any, env: Any) -> int:
-    """``agentspec replay --replicas``: the cluster what-if (its own table, JSON and plot)."""
-    import json
+def _output_paths(args: argparse.Namespace) -> tuple[Path | None, Path]:
+    """``agentspec replay``'s ``--json`` path and plot path (``--plot``, else next to
+    ``--json``, else ``replay.png``; :func:`~agentspec_mw.replay.report.plot_path` adds
+    ``.png`` where matplotlib would), both checked writable.
 
+    Raises:
+        ValueError: a path that cannot be written, a ``--plot`` that is a folder, or
+            ``--plot`` naming the ``--json`` file.
+    """
+    from agentspec_mw.replay.report import plot_path
+
+    json_out = Path(args.json_out) if args.json_out else None
+    default = json_out.with_suffix(".png") if json_out is not None else Path("replay.png")
+    plot = plot_path(args.plot or default)
+    if json_out is not None and plot.resolve() == json_out.resolve():
+        raise ValueError(
+            f"--plot {str(plot)!r} is the --json file too: the plot would overwrite the "
+            "report; give them different names"
+        )
+    check_writable([plot] if json_out is None else [json_out, plot])
+    return json_out, plot
+
+
+def _replica_replay(
+    args: argparse.Namespace,
+    config: Any,
+    workloads: Any,
+    env: Any,
+    json_out: Path | None,
+    plot: Path,
+) -> int:
+    """``agentspec replay --replicas``: the cluster what-if (its own table, JSON and plot)."""
     from agentspec_mw.replay.replicas import (
         format_replica_table,
         plot_replicas,
         run_replica_replay,
     )
 
-    if any(r < 1 for r in args.replicas):
-        raise ValueError(f"--replicas {args.replicas}: each must be >= 1")
-    rows = run_replica_replay(config, workloads, args.replicas, args.routing, env)
+    rows = run_replica_replay(
+        config, workloads, args.replicas, args.routing, env, progress=not args.no_progress
+    )
     print(format_replica_table(rows))
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
         report = {
             "config": config.model_dump(mode="json"),
             "replicas": args.replicas,
             "routing": args.routing,
             "results": [r.model_dump() for r in rows],
         }
-        Path(args.json_out).write_text(json.dumps(report, indent=1))
-        print(f"wrote {args.json_out}")
-    plot = args.plot or (
-        str(Path(args.json_out).with_suffix(".png")) if args.json_out else "replay.png"
-    )
+        json_out.write_text(json.dumps(report, indent=1, allow_nan=False))
+        print(f"wrote {json_out}")
     title = f"replicas: cost model {config.cost_model}, batch {config.batch}, k={config.k}"
     print(f"wrote {plot_replicas(rows, plot, title)}")
     return 0
@@ -308,15 +392,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
+    except ValidationError as exc:  # a bad option: one line per problem
+        message = validation_message(exc)
+    except OSError as exc:  # a path that cannot be made, read or written
+        message = os_error_message(exc)
     except (
         AgentSpecError,
-        ValidationError,
-        FileNotFoundError,
         ValueError,
         argparse.ArgumentTypeError,  # a malformed --set, parsed in the command
     ) as exc:
-        print(f"agentspec {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        message = str(exc)
+    print(f"agentspec {args.command}: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

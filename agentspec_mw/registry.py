@@ -12,6 +12,8 @@ import importlib
 import inspect
 from typing import Any
 
+from pydantic import ValidationError
+
 from agentspec_mw.errors import ProposerLoadError
 from agentspec_mw.proposer import Proposer, ProposerEnv
 
@@ -57,7 +59,12 @@ def make_proposer(spec: str, env: ProposerEnv | None = None, **options: Any) -> 
     try:
         obj = cls(env=env or ProposerEnv(), **options) if "env" in params else cls(**options)
     except (TypeError, ValueError) as exc:
-        raise ProposerLoadError(f"proposer {spec!r}: bad options {options!r}: {exc}") from exc
+        reason = str(exc)
+        if isinstance(exc, ValidationError):  # an options model's: one line, no input dump
+            from agentspec_mw.cli import validation_message
+
+            reason = validation_message(exc)
+        raise ProposerLoadError(f"proposer {spec!r}: bad options {options!r}: {reason}") from exc
     if not isinstance(obj, Proposer):
         raise ProposerLoadError(
             f"proposer {spec!r}: {cls.__qualname__} lacks the Proposer verbs "

@@ -327,16 +327,23 @@ def test_order_runs_moves_whole_runs() -> None:
 
 
 def test_a_run_id_in_two_trace_files_is_one_run_and_warned(tiny_tokenizer, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
     import warnings
 
     from tests.conftest import SAMPLE
 
     tr = tokenize_trace(SAMPLE, tiny_tokenizer, cache_dir=tmp_path, progress=False)
+    later = tmp_path / "later.jsonl"  # the runs' later calls, recorded in another file
+    records = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    later.write_text(
+        "".join(json.dumps({**r, "call_index": r["call_index"] + 100}) + "\n" for r in records)
+    )
+    tr2 = tokenize_trace(later, tiny_tokenizer, cache_dir=tmp_path, progress=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # one file: nothing to say
         one = build_calls([tr])
     with pytest.warns(UserWarning, match=r"run id\(s\) are in more than one trace file"):
-        two = build_calls([tr, tr])
+        two = build_calls([tr, tr2])
     for wl, calls in one.items():  # each run twice as long, still one run per id
         assert len(two[wl]) == 2 * len(calls)
         assert {c.run_id for c in two[wl]} == {c.run_id for c in calls}

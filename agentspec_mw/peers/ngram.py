@@ -29,10 +29,12 @@ class NgramConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt_lookup_min: int = Field(default=5, ge=1)
-    """Shortest suffix n-gram that may match."""
-    prompt_lookup_max: int = Field(default=5, ge=1)
-    """Longest suffix n-gram tried."""
+    prompt_lookup_min: int = Field(default=5, ge=1, le=1024)
+    """Shortest suffix n-gram that may match (at most 1,024, as the longest)."""
+    prompt_lookup_max: int = Field(default=5, ge=1, le=1024)
+    """Longest suffix n-gram tried (at most 1,024: vLLM's kernel allocates an array of this
+    size on every call — 10^9 asked for 4 GB a call — and n-grams past a few dozen tokens
+    never change a draft in practice)."""
 
 
 def _load_kernel() -> Callable[..., Any]:

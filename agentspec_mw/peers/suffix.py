@@ -25,19 +25,33 @@ if TYPE_CHECKING:
     from agentspec_mw.tags import StructureTags
 
 
+#: Bounds of :class:`SuffixConfig`'s numbers: arctic-inference computes a draft's cap,
+#: ``max_spec_factor`` × match length (at most ``max_tree_depth``), and holds depths and
+#: request counts as 32-bit C++ ints; past 2^31 they overflow and the cache silently
+#: drafts nothing. These keep the product under 2^26.
+MAX_TREE_DEPTH = 1 << 16
+MAX_SPEC_FACTOR = 1024.0
+MAX_CACHED_REQUESTS = 0x7FFFFFFF
+
+
 class SuffixConfig(BaseModel):
     """Options of the SuffixDecoding peer (vLLM's ``suffix_decoding_*`` names)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    max_tree_depth: int = Field(default=24, ge=1)
-    """Longest pattern / draft the trees hold."""
-    max_spec_factor: float = Field(default=1.0, gt=0)
-    """Draft length cap as a multiple of the match length."""
+    max_tree_depth: int = Field(default=24, ge=1, le=MAX_TREE_DEPTH)
+    """Longest pattern / draft the trees hold (at most 65,536: arctic-inference's trees
+    take 32-bit depths, and the draft cap is computed from it, see ``max_spec_factor``)."""
+    max_spec_factor: float = Field(default=1.0, gt=0, le=MAX_SPEC_FACTOR)
+    """Draft length cap as a multiple of the match length; finite, at most 1024: a draft
+    never exceeds ``k`` and a match is at least a token, so a factor of ``k`` or more
+    never binds, while a huge one (>= ~2.2e9, or Infinity) overflows arctic-inference's
+    32-bit cap and it drafts nothing."""
     min_token_prob: float = Field(default=0.1, ge=0, le=1)
     """Stop the draft at a token whose estimated probability is lower."""
-    max_cached_requests: int = Field(default=10000, ge=0)
-    """Responses kept in the global tree (FIFO eviction)."""
+    max_cached_requests: int = Field(default=10000, ge=0, le=MAX_CACHED_REQUESTS)
+    """Responses kept in the global tree (FIFO eviction; at most 2^31 - 1, arctic-inference's
+    32-bit limit)."""
 
 
 def new_suffix_cache(max_tree_depth: int, max_cached_requests: int) -> Any:

@@ -24,16 +24,21 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Literal
+
+from tqdm import tqdm
 
 from agentspec_mw.costmodel import get_cost_model
 from agentspec_mw.proposer import ProposerEnv
 from agentspec_mw.registry import make_proposer
+from agentspec_mw.replay.report import plot_path
 from agentspec_mw.replay.run import (
     ALL,
     ReplayConfig,
     ResultRow,
+    check_workloads,
     merge_runs,
     result_row,
     serving_limits,
@@ -122,6 +127,7 @@ def _replay_split(
     config: ReplayConfig,
     batch: int,
     k: int,
+    on_tokens: Callable[[int], None] | None = None,
 ) -> WorkloadRun:
     cost = get_cost_model(config.cost_model)
     per_replica = max(1, math.ceil(batch / len(shares)))
@@ -137,6 +143,7 @@ def _replay_split(
                 cost_model=cost,
                 limits=serving_limits(config),
                 add_proposer_time=config.add_proposer_time and name != "none",
+                on_tokens=on_tokens,
             )
         )
     return _cluster(runs)
@@ -148,48 +155,74 @@ def run_replica_replay(
     replicas: Sequence[int],
     routings: Sequence[Routing] = ROUTINGS,
     env: ProposerEnv | None = None,
+    *,
+    progress: bool = False,
 ) -> list[ReplicaRow]:
     """Replay every proposer × workload × batch × k × replicas × routing (module doc);
     speedups are over ``none`` on the same split. ``ALL`` rows add the workloads up
-    (their time: the workloads one after another)."""
+    (their time: the workloads one after another). ``progress``: a bar of the output
+    tokens replayed, as :func:`~agentspec_mw.replay.run.run_replay`'s.
+
+    Raises:
+        ValueError: a workload without output tokens
+            (:func:`~agentspec_mw.replay.run.check_workloads`).
+    """
+    check_workloads(workloads)
     cost = get_cost_model(config.cost_model)
     env = env or ProposerEnv(cost_model=cost, max_k=max(config.k))
     names = [p for p in dict.fromkeys(config.proposers) if p != "none"]
+    tokens = sum(len(c.output) for calls in workloads.values() for c in calls)
+    passes = len(replicas) * len(routings) * len(config.batch) * (1 + len(names) * len(config.k))
     rows: list[ReplicaRow] = []
-    for r in replicas:
-        for routing in routings:
-            for batch in config.batch:
-                splits = {w: split_calls(c, r, routing) for w, c in workloads.items()}
-                base = {
-                    w: _replay_split(s, "none", env, config, batch, 0) for w, s in splits.items()
-                }
-                base_all = merge_runs(list(base.values()))
-                for name in names:
-                    for k in config.k:
-                        runs = {
-                            w: _replay_split(s, name, env, config, batch, k)
-                            for w, s in splits.items()
-                        }
-                        merged = merge_runs(list(runs.values()))
-                        for wl, run, ref, split in [
-                            *[(w, runs[w], base[w], splits[w]) for w in runs],
-                            (ALL, merged, base_all, None),
-                        ]:
-                            row = result_row(name, wl, batch, k, run, ref.sim_time_s)
-                            calls = (
-                                [len(s) for s in split]
-                                if split is not None
-                                else [sum(len(s[i]) for s in splits.values()) for i in range(r)]
-                            )
-                            rows.append(
-                                ReplicaRow(
-                                    **row.model_dump(),
-                                    replicas=r,
-                                    routing=routing,
-                                    replica_calls=calls,
-                                )
+    with tqdm(total=tokens * passes, desc="replay", unit=" tok", disable=not progress) as bar:
+        for r in replicas:
+            for routing in routings:
+                for batch in config.batch:
+                    splits = {w: split_calls(c, r, routing) for w, c in workloads.items()}
+                    bar.set_postfix_str(f"none R={r} {routing} b={batch}")
+                    base = {
+                        w: _replay_split(s, "none", env, config, batch, 0, bar.update)
+                        for w, s in splits.items()
+                    }
+                    base_all = merge_runs(list(base.values()))
+                    for name in names:
+                        for k in config.k:
+                            bar.set_postfix_str(f"{name} R={r} {routing} b={batch} k={k}")
+                            runs = {
+                                w: _replay_split(s, name, env, config, batch, k, bar.update)
+                                for w, s in splits.items()
+                            }
+                            rows += _rows(name, batch, k, r, routing, runs, base, splits)
+                            merged = merge_runs(list(runs.values()))
+                            rows += _rows(
+                                name, batch, k, r, routing, {ALL: merged}, {ALL: base_all}, splits
                             )
     return rows
+
+
+def _rows(
+    name: str,
+    batch: int,
+    k: int,
+    replicas: int,
+    routing: str,
+    runs: dict[str, WorkloadRun],
+    base: dict[str, WorkloadRun],
+    splits: dict[str, list[list[ReplayCall]]],
+) -> list[ReplicaRow]:
+    """The rows of ``runs`` (a workload's, or ``ALL``: every workload's) over ``base``."""
+    out = []
+    for wl, run in runs.items():
+        row = result_row(name, wl, batch, k, run, base[wl].sim_time_s)
+        calls = (
+            [len(s) for s in splits[wl]]
+            if wl != ALL
+            else [sum(len(s[i]) for s in splits.values()) for i in range(replicas)]
+        )
+        out.append(
+            ReplicaRow(**row.model_dump(), replicas=replicas, routing=routing, replica_calls=calls)
+        )
+    return out
 
 
 def format_replica_table(rows: Sequence[ReplicaRow]) -> str:
@@ -209,9 +242,11 @@ def format_replica_table(rows: Sequence[ReplicaRow]) -> str:
     return "\n".join(lines)
 
 
-def plot_replicas(rows: Sequence[ReplicaRow], path: str, title: str) -> str:
+def plot_replicas(rows: Sequence[ReplicaRow], path: str | Path, title: str) -> Path:
     """Speedup over no speculation vs replicas: a colour per workload, solid for
-    affinity, dashed for round robin."""
+    affinity, dashed for round robin; returns the file written
+    (:func:`~agentspec_mw.replay.report.plot_path` of ``path``)."""
+    out = plot_path(path)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -235,6 +270,7 @@ def plot_replicas(rows: Sequence[ReplicaRow], path: str, title: str) -> str:
     ax.set_title(title)
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
     plt.close(fig)
-    return path
+    return out

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from agentspec_mw.replay.run import ResultRow
 
-__all__ = ["format_table", "plot_speedup"]
+__all__ = ["format_table", "plot_path", "plot_speedup"]
 
 _COLS = [
     ("proposer", "{}"),
@@ -71,8 +71,38 @@ def format_table(rows: Sequence[ResultRow]) -> str:
     return "\n".join(lines)
 
 
+def plot_path(path: str | Path) -> Path:
+    """The file a plot asked for at ``path`` is written to: ``path``, with ``.png`` added
+    when its extension is none of the formats matplotlib writes (``myplot`` ->
+    ``myplot.png``, ``run.v2`` -> ``run.v2.png``; matplotlib would write ``myplot.png``
+    for ``myplot`` itself, and refuse ``run.v2``).
+
+    Raises:
+        ValueError: ``path`` is a folder.
+    """
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    out = Path(path)
+    if out.is_dir():
+        raise ValueError(
+            f"plot path {str(out)!r} is a folder: give a file name, e.g. "
+            f"{str(out / 'replay.png')!r}"
+        )
+    if out.suffix.lower().removeprefix(".") not in FigureCanvasBase.get_supported_filetypes():
+        out = out.with_name(out.name + ".png")
+    return out
+
+
 def plot_speedup(rows: Sequence[ResultRow], path: str | Path, title: str = "") -> Path:
-    """Speedup vs batch size: a panel per workload, a line per proposer (and k)."""
+    """Speedup vs batch size: a panel per workload, a line per proposer (and k); returns
+    the file written (:func:`plot_path` of ``path``).
+
+    Raises:
+        ValueError: no rows to plot, or ``path`` is a folder.
+    """
+    if not rows:
+        raise ValueError("no replay results to plot")
+    out = plot_path(path)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -124,7 +154,6 @@ def plot_speedup(rows: Sequence[ResultRow], path: str | Path, title: str = "") -
         fig.suptitle(title, fontsize=11)
     bottom = min(0.3, 0.045 * legend_rows / nrows + 0.03)
     fig.tight_layout(rect=(0, bottom, 1, 0.97 if title else 1))
-    out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)

@@ -24,8 +24,10 @@ __all__ = [
     "ReplayConfig",
     "ReplayReport",
     "ResultRow",
+    "MAX_K",
     "build_calls",
     "check_proposers",
+    "check_workloads",
     "fewer_in_flight",
     "issued_together",
     "more_in_flight",
@@ -40,6 +42,8 @@ __all__ = [
 ALL = "ALL"
 #: A row whose effective batch is under this share of its nominal batch is marked.
 FILLED = 0.8
+#: The largest ``k`` (draft length) the replay takes (:attr:`ReplayConfig.k`).
+MAX_K = 1024
 
 
 class ReplayConfig(BaseModel):
@@ -51,12 +55,16 @@ class ReplayConfig(BaseModel):
     """Trace files (.jsonl, .jsonl.xz, .jsonl.gz)."""
     tokenizer: str
     """A Hugging Face tokenizer name or local folder."""
-    proposers: list[str] = Field(default_factory=lambda: ["none", "ngram", "suffix"])
+    proposers: list[str] = Field(default_factory=lambda: ["none", "ngram", "suffix"], min_length=1)
     """Builtin names (none, ngram, suffix, agentspec) or dotted class paths."""
     batch: list[int] = Field(default_factory=lambda: [1, 64, 256])
     """Runs in flight at once."""
     k: list[int] = Field(default_factory=lambda: [8])
-    """Maximum draft lengths."""
+    """Maximum draft lengths, each 1 to 1024 (``MAX_K``): a step verifies a request's
+    draft and its last token within the step's token budget (8192 tokens in the GPU
+    presets, shared by the whole batch), and proposers size their per-request draft
+    buffers by the largest ``k`` (AgentSpec's: rows × k), so a longer draft only costs
+    memory (``k`` = 10^8 asked for 24 GiB)."""
     cost_model: str = "llama8b-h100"
     """Step-time model preset (see agentspec_mw.costmodel)."""
     add_proposer_time: bool = False
@@ -98,6 +106,16 @@ class ReplayConfig(BaseModel):
         if not v or any(x < 1 for x in v):
             raise ValueError(f"values must be >= 1, got {v}")
         return sorted(set(v))
+
+    @field_validator("k")
+    @classmethod
+    def _bounded_k(cls, v: list[int]) -> list[int]:
+        if max(v) > MAX_K:
+            raise ValueError(
+                f"values must be <= {MAX_K} (a draft is verified within one step's token "
+                f"budget; proposers size their draft buffers by k), got {v}"
+            )
+        return v
 
     @field_validator("run_order")
     @classmethod
@@ -254,6 +272,7 @@ def build_calls(
     max_runs: int | None = None,
     *,
     serial_runs: bool = False,
+    sources: Sequence[str] | None = None,
 ) -> dict[str, list[ReplayCall]]:
     """Group the calls of tokenized traces by workload, in file order; ``max_calls``,
     ``max_calls_per_run`` and ``max_runs`` (the first runs of each workload to appear)
@@ -263,7 +282,18 @@ def build_calls(
     A run is its workload's calls with one run id, across files too (a trace split over
     files stays one run): a run id kept from more than one file gets a ``UserWarning``
     naming the files, since two recordings that count their runs from 0 would otherwise
-    be merged silently."""
+    be merged silently. A call (workload, run id, ``call_index``) in more than one file is
+    refused, as the loader refuses one twice in a file: the same recording given twice (a
+    file passed twice, or a copy of it) would replay every call twice. ``sources`` names
+    the files in messages (default: each trace's ``source``, the path its content was
+    first tokenized from, which a copy shares).
+
+    Raises:
+        ValueError: a call in more than one of ``traces``.
+    """
+    names = list(sources) if sources is not None else [tr.source for tr in traces]
+    if len(names) != len(traces):
+        raise ValueError(f"{len(names)} sources given for {len(traces)} traces")
     by_wl: dict[str, list[ReplayCall]] = {}
     # (workload, run) -> its last call kept / its calls kept: run ids are a workload's own
     last: dict[tuple[str, str], tuple[CallMeta, np.ndarray]] = {}
@@ -271,8 +301,18 @@ def build_calls(
     runs_of: dict[str, set[str]] = {}
     file_of: dict[tuple[str, str], int] = {}  # (workload, run) -> the first file it is in
     shared: dict[tuple[str, str], tuple[int, int]] = {}  # ... and a later one
+    call_file: dict[tuple[str, str, int], int] = {}  # each call -> the file it is in
     for t_idx, tr in enumerate(traces):
         for i, meta in enumerate(tr.calls):
+            first = call_file.setdefault((meta.workload, meta.run_id, meta.call_index), t_idx)
+            if first != t_idx:  # checked before the subsets: the traces hold it twice
+                raise ValueError(
+                    f"run {meta.run_id!r:.80} of workload {meta.workload!r:.80} has "
+                    f"call_index {meta.call_index} in {names[first]!r:.200} and in "
+                    f"{names[t_idx]!r:.200}: the same calls given twice (a trace file passed "
+                    "twice, or a copy of it?) would be replayed twice; pass each recording "
+                    "once, or give different runs different run ids"
+                )
             lst = by_wl.setdefault(meta.workload, [])
             if max_calls is not None and len(lst) >= max_calls:
                 continue
@@ -314,7 +354,7 @@ def build_calls(
         warnings.warn(
             f"{len(shared)} run id(s) are in more than one trace file, each replayed as one "
             f"run with its calls in file order (e.g. run {run!r:.60} of {wl!r:.60} in "
-            f"{traces[a].source!r:.80} and {traces[b].source!r:.80}); give different runs "
+            f"{names[a]!r:.80} and {names[b]!r:.80}); give different runs "
             "different run ids",
             UserWarning,
             stacklevel=2,
@@ -440,6 +480,25 @@ def check_proposers(config: ReplayConfig, env: ProposerEnv | None = None) -> Non
         make_proposer(name, env, **config.proposer_options.get(name, {}))
 
 
+def check_workloads(workloads: dict[str, list[ReplayCall]]) -> None:
+    """Refuse a workload without output tokens (every call's recorded output empty):
+    there is nothing to decode, so nothing to draft, time or compare (its speedup would
+    be 0 / 0).
+
+    Raises:
+        ValueError: such a workload (named, with its call count).
+    """
+    empty = [(w, len(cs)) for w, cs in workloads.items() if not any(len(c.output) for c in cs)]
+    if empty:
+        named = ", ".join(f"{w!r:.80} ({n} call(s))" for w, n in empty[:5])
+        more = f" and {len(empty) - 5} more" if len(empty) > 5 else ""
+        raise ValueError(
+            f"workload(s) {named}{more} have no output tokens to replay (every call's "
+            "recorded output is empty): nothing to decode, draft or compare; leave their "
+            "records out of the traces"
+        )
+
+
 def run_replay(
     config: ReplayConfig,
     workloads: dict[str, list[ReplayCall]],
@@ -448,7 +507,14 @@ def run_replay(
     progress: bool = True,
 ) -> list[ResultRow]:
     """Replay every combination; speedups are ratios to ``none`` at the same batch size.
-    The proposers are checked first (:func:`check_proposers`)."""
+    The proposers and workloads are checked first (:func:`check_proposers`,
+    :func:`check_workloads`).
+
+    Raises:
+        ValueError: a workload without output tokens.
+        ProposerLoadError: a proposer that cannot be built with its options.
+    """
+    check_workloads(workloads)
     cost = get_cost_model(config.cost_model)
     limits = serving_limits(config)
     env = env or ProposerEnv(cost_model=cost, max_k=max(config.k))

@@ -50,6 +50,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentspec_mw.cli import check_writable
 from agentspec_mw.errors import AgentSpecError
 from agentspec_mw_langgraph.bench_apps import bench_topics
 from agentspec_mw_langgraph.bench_config import (
@@ -321,36 +322,21 @@ def _log_path(out: Path, label: str) -> Path:
     return out_file(out, f".{label.replace('/', '_')}.log")
 
 
-def _check_writable(paths: list[Path]) -> None:
-    """Create each path's folder and check the path can be written (opened for append; a
-    file this creates is removed again), so a bad ``--out`` / ``--json`` fails before any
-    engine starts rather than after the whole sweep.
+def _check_json_apart(json_path: Path, targets: list[Path], out: Path) -> None:
+    """Refuse a ``--json`` path that is one of the bench's other files (``targets``: OUT's
+    table, plot, timed steps and engine logs): one would overwrite the other.
 
     Raises:
-        ValueError: a path (named) that cannot be written.
+        ValueError: ``json_path`` names one of ``targets``.
     """
-    for path in paths:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            hint = (
-                f": is a part of {str(path.parent)!r} a file?"
-                if isinstance(exc, FileExistsError | NotADirectoryError)
-                else ""
-            )
-            raise ValueError(
-                f"cannot write {str(path)!r}: its folder cannot be made "
-                f"({exc.strerror or exc}{hint})"
-            ) from None
-        try:
-            existed = path.exists()
-            with path.open("a"):
-                pass
-            if not existed:
-                path.unlink()
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise ValueError(f"cannot write {str(path)!r}: {reason}") from None
+    same = [t for t in targets if t.resolve() == json_path.resolve()]
+    if same:
+        raise ValueError(
+            f"--json {str(json_path)!r} names a file the bench writes itself with --out "
+            f"{str(out)!r} ({str(same[0])!r}; OUT.txt, OUT.png, OUT.steps.jsonl and the "
+            "engines' logs are its own): give the report another name, e.g. "
+            f"{str(out_file(out, '.json'))!r}"
+        )
 
 
 def _check_distinct(config: BenchConfig) -> None:
@@ -425,8 +411,8 @@ def run_bench(
     failed engine writes nothing (the sweep is incomplete).
 
     Raises:
-        ValueError: a path that cannot be written, or a repeated method, app or N (before
-            any engine starts).
+        ValueError: a path that cannot be written, a ``json_path`` that is one of the
+            other files, or a repeated method, app or N (before any engine starts).
         BenchError: an engine process failed, or writing the report failed at the end.
         BenchTimeoutError: an engine process was not ready, or gave no result of a run
             (the method, app, N and repeat named), in time; it was killed.
@@ -440,7 +426,9 @@ def run_bench(
     _check_distinct(config)
     targets = [out_file(out, s) for s in (".txt", ".png", ".steps.jsonl")]
     targets += [_log_path(out, label) for label in labels]
-    _check_writable(targets + ([] if json_path is None else [Path(json_path)]))
+    if json_path is not None:
+        _check_json_apart(Path(json_path), targets, out)
+    check_writable(targets + ([] if json_path is None else [Path(json_path)]))
     load_before = list(os.getloadavg())
     engines: dict[str, _Engine] = {}
     results: dict[tuple[str, str, int, int], RunResult] = {}

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -132,14 +134,35 @@ class BenchConfig(BaseModel):
     """Model (``None``: the default model)."""
     preload: Literal["on", "off", "both"] = "on"
     """vLLM's CPU preload (tcmalloc, Intel OpenMP) in the engine processes."""
-    run_timeout_s: float = Field(default=1800.0, gt=0)
+    run_timeout_s: float | None = Field(default=1800.0, gt=0)
     """Seconds one run (and one engine's start) may take: past it the engine process is
     killed and the bench fails, naming the run (:class:`~.bench.BenchTimeoutError`), so
     a stuck engine cannot hang the bench. Generous on purpose: the slowest run recorded
     (demo, N = 64, 32 tokens a call, 2 loaded cores; docs/results/bench_2026-12-02c_demo_
     n4_64.json) took ~105 s and the slowest start (five engines at once) ~184 s; 1800 s
     leaves room for the default 48 tokens a call, more ``max_tokens`` and a busier
-    machine. Raise it for a larger model."""
+    machine. Raise it for a larger model. ``None`` (``inf``, ``--run-timeout inf``): no
+    limit; finite values go up to ``threading.TIMEOUT_MAX`` (~292 years), the longest
+    wait Python's timeouts take."""
+
+    @field_validator("run_timeout_s", mode="before")
+    @classmethod
+    def _no_limit(cls, v: Any) -> Any:
+        try:
+            number = float(v) if isinstance(v, int | float | str) else None
+        except ValueError:
+            number = None
+        return None if number == math.inf else v  # inf: no limit
+
+    @field_validator("run_timeout_s")
+    @classmethod
+    def _waitable(cls, v: float | None) -> float | None:
+        if v is not None and v > threading.TIMEOUT_MAX:
+            raise ValueError(
+                f"run_timeout_s={v:g} is over {threading.TIMEOUT_MAX:g} s, the longest "
+                "timeout Python waits for; give inf (--run-timeout inf) for no limit"
+            )
+        return v
 
     @field_validator("ns")
     @classmethod

@@ -134,7 +134,7 @@ def _add_bench(sub: Any) -> None:
         default=None,
         metavar="SECONDS",
         help="one run (or an engine's start) at most: past it the engine process is killed "
-        "and the bench fails, naming the run (1800)",
+        "and the bench fails, naming the run (1800; inf: no limit)",
     )
     p.add_argument("--quick", action="store_true", help="a tiny run for CI (N=2, demo app)")
     p.add_argument("--json", default=None, help="write the report as JSON here")
@@ -199,11 +199,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _show(report_path: str, out: str) -> int:
     """Print a stored report's table and verdicts, write ``<out>.png``; exit code 1 if its
     outputs differed from none's, as the run's was."""
+    from agentspec_mw.cli import check_writable
     from agentspec_mw_langgraph.bench import format_report, out_file, plot_report, read_report
 
+    plot = out_file(out, ".png")
+    check_writable([plot])  # before the table: a bad --out fails alone
     report = read_report(report_path)
     print(format_report(report))
     if report.sample_output:
         print("\n" + report.sample_output)
-    print(f"wrote {plot_report(report, out_file(out, '.png'))}")
+    print(f"wrote {plot_report(report, plot)}")
     return 1 if report.mismatches else 0

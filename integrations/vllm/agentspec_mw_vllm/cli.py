@@ -140,6 +140,7 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
         router_args=tuple(shlex.split(args.router_args)),
     )
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="agentspec-cluster-"))
+    log_dir.mkdir(parents=True, exist_ok=True)  # a bad --log-dir fails before any process
     return run_cluster(cfg, log_dir)
 
 

@@ -37,7 +37,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentspec_mw.errors import AgentSpecError, MissingDependencyError
 
@@ -70,7 +70,8 @@ class ClusterConfig(BaseModel):
     host: str = "127.0.0.1"
     """Bind address of the router and the replicas."""
     port: int = Field(default=8000, ge=1, le=65535)
-    """The router's port; replica ``i`` listens on ``port + 1 + i``."""
+    """The router's port; replica ``i`` listens on ``port + 1 + i`` (so ``port +
+    replicas`` must be at most 65535)."""
     policy: RouterPolicy = "consistent_hash"
     """vllm-router's ``--policy``: ``consistent_hash`` keeps one ``x-session-id`` on one
     replica; ``round_robin`` is the comparison without affinity."""
@@ -80,6 +81,17 @@ class ClusterConfig(BaseModel):
     """More ``vllm-router`` arguments."""
     ready_s: float = Field(default=600, gt=0)
     """How long a replica (or the router) may take to become healthy."""
+
+    @model_validator(mode="after")
+    def _ports_in_range(self) -> ClusterConfig:
+        last = self.port + self.replicas
+        if last > 65535:
+            raise ValueError(
+                f"port={self.port} with replicas={self.replicas}: the replicas would listen "
+                f"on ports {self.port + 1}..{last}, past 65535; choose a --port of at most "
+                f"{65535 - self.replicas}"
+            )
+        return self
 
     def replica_ports(self) -> list[int]:
         """The replicas' ports."""

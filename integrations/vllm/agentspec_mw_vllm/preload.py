@@ -10,7 +10,9 @@ decoding that the missing Intel OpenMP "will cause significant performance loss"
 engine's own process: launchers put :func:`preload_env`'s value in the environment of
 the process they start (``scripts/demo.sh`` through ``python -m agentspec_mw_vllm.preload``,
 ``agentspec serve``'s server process, ``agentspec bench``'s engine processes).
-``AGENTSPEC_PRELOAD=0`` turns it off. Libraries that are not installed are skipped.
+``AGENTSPEC_PRELOAD=0`` (or ``false``, ``no``, ``off``) turns it off; ``1``, ``true``,
+``yes``, ``on`` or unset leave it on, and any other value is an error
+(:func:`preload_enabled`). Libraries that are not installed are skipped.
 """
 
 from __future__ import annotations
@@ -21,10 +23,14 @@ import platform
 import sys
 from collections.abc import Mapping
 
-__all__ = ["PRELOAD_ENV", "find_preload_libs", "preload_env", "with_preload"]
+__all__ = ["PRELOAD_ENV", "find_preload_libs", "preload_enabled", "preload_env", "with_preload"]
 
-#: ``0`` turns the preload off (for a before/after measurement, or a host where it breaks).
+#: ``0`` (``false``, ``no``, ``off``) turns the preload off (for a before/after measurement,
+#: or a host where it breaks): :func:`preload_enabled`.
 PRELOAD_ENV = "AGENTSPEC_PRELOAD"
+
+_OFF = ("0", "false", "no", "off")
+_ON = ("1", "true", "yes", "on", "")
 
 _TCMALLOC = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 _LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
@@ -51,13 +57,39 @@ def find_preload_libs(prefix: str | None = None) -> list[str]:
     return found
 
 
+def preload_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``AGENTSPEC_PRELOAD`` in ``environ`` (default ``os.environ``) leaves the
+    preload on: unset, empty, ``1``, ``true``, ``yes`` or ``on`` (any case) do; ``0``,
+    ``false``, ``no`` or ``off`` turn it off.
+
+    Raises:
+        ValueError: any other value (a typo must not silently keep the preload on).
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(PRELOAD_ENV, "")
+    value = raw.strip().lower()
+    if value in _OFF:
+        return False
+    if value in _ON:
+        return True
+    raise ValueError(
+        f"{PRELOAD_ENV}={raw!r}: expected 0, false, no or off (no preload), or 1, true, yes "
+        "or on (the default)"
+    )
+
+
 def preload_env(environ: Mapping[str, str] | None = None, prefix: str | None = None) -> str:
     """The ``LD_PRELOAD`` value for an engine process: the existing value plus the
     libraries of :func:`find_preload_libs` it lacks (unchanged when
-    ``AGENTSPEC_PRELOAD=0`` or on a vLLM that is not the CPU build)."""
+    ``AGENTSPEC_PRELOAD`` turns it off, :func:`preload_enabled`, or on a vLLM that is not
+    the CPU build).
+
+    Raises:
+        ValueError: ``AGENTSPEC_PRELOAD`` has a value :func:`preload_enabled` does not know.
+    """
     env = os.environ if environ is None else environ
     current = env.get("LD_PRELOAD", "")
-    if env.get(PRELOAD_ENV, "1") == "0":
+    if not preload_enabled(env):
         return current
     from agentspec_mw_vllm.engine import is_cpu_build
 
@@ -81,4 +113,8 @@ def with_preload(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 if __name__ == "__main__":  # scripts/demo.sh: export LD_PRELOAD="$(python -m ...)"
-    print(preload_env())
+    try:
+        print(preload_env())
+    except ValueError as exc:
+        print(f"agentspec_mw_vllm.preload: error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -255,6 +255,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         resolve_proposer_class(name)
     if args.replicas and any(r < 1 for r in args.replicas):
         raise ValueError(f"--replicas {args.replicas}: each must be >= 1")
+    if args.replicas and all(name == "none" for name in config.proposers):
+        raise ValueError(
+            "--replicas compares each proposer's speedup over none on the same replicas: "
+            "give a proposer besides none (e.g. --proposers none,agentspec)"
+        )
     json_out, plot = _output_paths(args)  # a bad path fails before the replay, not after
     progress = not args.no_progress
     tokenizer = load_tokenizer(config.tokenizer)

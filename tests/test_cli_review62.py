@@ -80,7 +80,7 @@ def test_bad_output_paths_fail_before_tokenizing(
         (("--json", str(afile / "r.json"), "--plot", str(tmp_path / "p.png")), "afile/r.json"),
     ]
     for opts, named in cases:
-        argv = _argv(sample_path, tiny_tokenizer_dir, tmp_path, "--proposers", "none")
+        argv = _argv(sample_path, tiny_tokenizer_dir, tmp_path, "--proposers", "none,ngram")
         assert main([*argv, *replicas, *opts]) == 2
         line = _one_line(capsys)
         assert "cannot write" in line and named in line, line
@@ -255,6 +255,20 @@ def test_replicas_show_progress_unless_told_not_to(
     assert "replay: 100%" in capsys.readouterr().err
     assert main([*argv, "--no-progress"]) == 0
     assert "replay:" not in capsys.readouterr().err
+
+
+def test_replicas_with_no_proposer_but_none_is_refused(
+    sample_path: Path,
+    tiny_tokenizer_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    no_tokenizing: None,
+) -> None:
+    """``--replicas`` reports each proposer's speedup over none: with none alone it had
+    nothing to report (an empty table, a plot with no lines)."""
+    argv = _argv(sample_path, tiny_tokenizer_dir, tmp_path, "--proposers", "none")
+    assert main([*argv, "--replicas", "2"]) == 2
+    assert "give a proposer besides none" in _one_line(capsys)
 
 
 # --- 8: a workload without output tokens ----------------------------------------------------

@@ -17,17 +17,7 @@ from agentspec_mw_langgraph.bench import BenchConfig, read_report, run_bench
 from agentspec_mw_langgraph.bench_worker import WorkerSpec
 
 from ..test_bench import _report
-from .test_bench_faults import FakeEngine, _rows, _small
-
-
-@pytest.fixture
-def engines(monkeypatch: pytest.MonkeyPatch) -> type[FakeEngine]:
-    monkeypatch.setattr(FakeEngine, "STARTED", [])
-    monkeypatch.setattr(FakeEngine, "CLOSED", [])
-    monkeypatch.setattr(FakeEngine, "EDIT", {})
-    monkeypatch.setattr(bench, "_Engine", FakeEngine)
-    monkeypatch.setattr(bench, "engine_env", lambda label: {})
-    return FakeEngine
+from .test_bench_faults import FakeEngine, _rows, _small, fake_engines  # noqa: F401 (fixture)
 
 
 def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
@@ -108,18 +98,17 @@ def test_run_timeout_inf_reaches_run_bench_and_1e10_is_one_line(
 
 
 @pytest.mark.parametrize("name", ["o.txt", "o.png", "o.steps.jsonl", "o.none.log"])
-def test_a_json_path_that_is_one_of_outs_files_is_refused(
-    tmp_path: Path, engines: type[FakeEngine], name: str
-) -> None:
+@pytest.mark.usefixtures("fake_engines")
+def test_a_json_path_that_is_one_of_outs_files_is_refused(tmp_path: Path, name: str) -> None:
     with pytest.raises(ValueError, match=r"--json '.*o\..*' names a file the bench writes itself"):
         run_bench(_small(), out=tmp_path / "o", json_path=tmp_path / name, progress=False)
-    assert engines.STARTED == []
+    assert FakeEngine.STARTED == []
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.usefixtures("fake_engines")
 def test_the_cli_refuses_json_among_outs_files_and_takes_a_json_beside_them(
     tmp_path: Path,
-    engines: type[FakeEngine],
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -130,7 +119,7 @@ def test_the_cli_refuses_json_among_outs_files_and_takes_a_json_beside_them(
         "--json 'o.txt' names a file the bench writes itself with --out 'o' ('o.txt'; "
         in _one_line(capsys)
     )
-    assert engines.STARTED == []
+    assert FakeEngine.STARTED == []
     assert main([*argv, "--json", "o.json"]) == 0
     assert read_report(tmp_path / "o.json").rows and (tmp_path / "o.txt").is_file()
 

@@ -79,11 +79,11 @@ class _S(TypedDict):
     x: str
 
 
-def _one_node_graph(node: Any) -> Any:
+def _one_node_graph(node: Any, name: str = "worker") -> Any:
     g = StateGraph(_S)
-    g.add_node("worker", node)
-    g.add_edge(START, "worker")
-    g.add_edge("worker", END)
+    g.add_node(name, node)
+    g.add_edge(START, name)
+    g.add_edge(name, END)
     return g.compile()
 
 

@@ -9,7 +9,7 @@ import asyncio
 import gc
 import logging
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import pytest
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -42,24 +42,13 @@ from agentspec_mw_langgraph.recorder import TraceRecorder
 
 from .fake_chat import ScriptedChatModel
 from .fake_engine import FakeBackend
+from .test_adapter_faults import _S, CharTokenizer, _one_node_graph
 
 ZERO = {"runs": 0, "roots": 0, "calls": 0}
 
 
 def echo(messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessage:
     return AIMessage(content="echo " + str(messages[-1].content))
-
-
-class _S(TypedDict):
-    x: str
-
-
-def _one_node(name: str, node: Any) -> Any:
-    g = StateGraph(_S)
-    g.add_node(name, node)
-    g.add_edge(START, name)
-    g.add_edge(name, END)
-    return g.compile()
 
 
 # ------------------------------------------- 1: LangGraph's subgraph-call counters
@@ -74,7 +63,7 @@ def test_subgraph_invoked_repeatedly_is_one_agent(strict: TaggingConfig) -> None
     def inner(state: _S) -> _S:
         return {"x": str(model.invoke("inner " + state["x"]).content)}
 
-    sub = _one_node("inner", inner)
+    sub = _one_node_graph(inner, "inner")
 
     def outer(state: _S) -> _S:
         sub.invoke({"x": "one"})
@@ -82,7 +71,7 @@ def test_subgraph_invoked_repeatedly_is_one_agent(strict: TaggingConfig) -> None
         sub.batch([{"x": "three"}, {"x": "four"}])
         return {"x": "done"}
 
-    app = with_agentspec(_one_node("outer", outer), config=strict)
+    app = with_agentspec(_one_node_graph(outer, "outer"), config=strict)
     app.invoke({"x": ""})
     (graph,) = get_handler(app).graphs().values()
     calls = graph.llm_calls()
@@ -145,7 +134,7 @@ def test_call_without_generations_ends_and_is_released(strict: TaggingConfig) ->
         model.generate([[HumanMessage("in graph")]], callbacks=config["callbacks"])
         return {"x": "ok"}
 
-    app = with_agentspec(_one_node("node", node), config=strict)
+    app = with_agentspec(_one_node_graph(node, "node"), config=strict)
     app.invoke({"x": ""})
     (graph,) = get_handler(app).graphs().values()
     assert [c.status for c in graph.llm_calls()] == ["ok"]
@@ -168,21 +157,8 @@ def test_call_whose_trace_record_fails_is_released(
 
 
 # ------------------------------------------------------------- 3: a string stop
-class _CharTokenizer:
-    chat_template = "plain"
-
-    def apply_chat_template(self, msgs: list[dict[str, Any]], **kwargs: Any) -> str:
-        return "".join(f"<{m['role']}>{m.get('content') or ''}" for m in msgs) + "<assistant>"
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return "".join(chr(i) for i in ids)
-
-
 def test_string_stop_is_one_stop_string() -> None:
-    backend = FakeBackend(_CharTokenizer(), lambda prompt: "hello")
+    backend = FakeBackend(CharTokenizer(), lambda prompt: "hello")
     model = ChatAgentSpecVLLM(engine=backend)
     model.invoke("hi", stop="END")
     assert backend.requests[-1][1].stop == ("END",)
@@ -218,7 +194,7 @@ def test_retry_among_concurrent_calls_links_the_failed_attempt(strict: TaggingCo
         await model.ainvoke("retry")  # the user's retry of the failed call
         return {"x": "done"}
 
-    app = with_agentspec(_one_node("node", node), config=strict)
+    app = with_agentspec(_one_node_graph(node, "node"), config=strict)
     asyncio.run(app.ainvoke({"x": ""}))
     (graph,) = get_handler(app).graphs().values()
     calls = graph.llm_calls()
@@ -247,7 +223,7 @@ def test_ordinals_free_smallest_first() -> None:
         await model.ainvoke("next")
         return {"x": "done"}
 
-    app = _one_node("node", node).with_config(callbacks=[handler])
+    app = _one_node_graph(node, "node").with_config(callbacks=[handler])
     asyncio.run(app.ainvoke({"x": ""}))
     (graph,) = handler.graphs().values()
     assert [(c.ordinal, c.status) for c in graph.llm_calls()] == [
@@ -271,7 +247,7 @@ def test_batch_calls_do_not_share_wrong_tracer_metadata(strict: TaggingConfig) -
         model.invoke("single")
         return {"x": "done"}
 
-    app = _one_node("planner", planner).with_config(callbacks=[handler, collector])
+    app = _one_node_graph(planner, "planner").with_config(callbacks=[handler, collector])
     app.invoke({"x": ""})
     (graph,) = handler.graphs().values()
 
@@ -308,7 +284,7 @@ def test_abandoned_astream_leaves_no_tags_in_the_node_context(strict: TaggingCon
         seen.append((current_tags(), current_wire_tags(), current_ticket()))
         return {"x": "ok"}
 
-    app = with_agentspec(_one_node("node", node), config=strict)
+    app = with_agentspec(_one_node_graph(node, "node"), config=strict)
     asyncio.run(app.ainvoke({"x": ""}))
     (graph,) = get_handler(app).graphs().values()
     assert [c.status for c in graph.llm_calls()] == ["error"]  # the stream was closed
@@ -360,7 +336,8 @@ def test_recorder_reopens_after_close(tmp_path: Path) -> None:
 
     path = tmp_path / "calls.jsonl"
     app = with_agentspec(
-        _one_node("node", node), config=TaggingConfig(trace_path=path, adapter_raise_errors=True)
+        _one_node_graph(node, "node"),
+        config=TaggingConfig(trace_path=path, adapter_raise_errors=True),
     )
     for runs in (1, 2, 3):  # a notebook cell run again: invoke, then close() to flush
         app.invoke({"x": ""})

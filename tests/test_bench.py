@@ -645,15 +645,21 @@ def test_config_validation_and_quick() -> None:
     ]
 
 
-def test_preload_finds_the_libraries_and_can_be_turned_off(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def fake_cpu_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An x86 vLLM CPU host whose prefix ``tmp_path`` holds Intel OpenMP (``lib/``)."""
     from agentspec_mw_vllm import engine
 
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "libiomp5.so").write_bytes(b"")
     monkeypatch.setattr(engine, "is_cpu_build", lambda: True)
     monkeypatch.setattr(preload.platform, "machine", lambda: "x86_64")
+    return tmp_path
+
+
+def test_preload_finds_the_libraries_and_can_be_turned_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_cpu_prefix(tmp_path, monkeypatch)
     libs = preload.find_preload_libs(str(tmp_path))
     assert libs[-1] == str(tmp_path / "lib" / "libiomp5.so")
     value = preload.preload_env({"LD_PRELOAD": "/x/libfoo.so"}, prefix=str(tmp_path))
@@ -661,6 +667,8 @@ def test_preload_finds_the_libraries_and_can_be_turned_off(
     again = preload.preload_env({"LD_PRELOAD": value}, prefix=str(tmp_path))
     assert again == value  # nothing twice
     assert preload.preload_env({"AGENTSPEC_PRELOAD": "0"}, prefix=str(tmp_path)) == ""
+    from agentspec_mw_vllm import engine
+
     monkeypatch.setattr(engine, "is_cpu_build", lambda: False)
     assert preload.preload_env({}, prefix=str(tmp_path)) == ""  # CUDA hosts: untouched
 

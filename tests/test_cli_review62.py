@@ -19,22 +19,9 @@ from pydantic import ValidationError
 import agentspec_mw.traces.tokenized as tokenized
 from agentspec_mw.cli import main
 
+from .test_input_errors import replay_argv
 
-def _argv(trace: Path | list[Path], tokenizer: Path | str, tmp_path: Path, *opts: str) -> list[str]:
-    traces = [trace] if isinstance(trace, Path) else trace
-    return [
-        "replay",
-        "--traces",
-        *map(str, traces),
-        "--tokenizer",
-        str(tokenizer),
-        "--batch",
-        "1",
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "--no-progress",
-        *opts,
-    ]
+_argv = replay_argv
 
 
 @pytest.fixture

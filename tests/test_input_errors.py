@@ -33,24 +33,29 @@ def _jsonl(path: Path, *records: dict[str, Any]) -> Path:
     return path
 
 
+def replay_argv(
+    trace: Path | list[Path], tokenizer: Path | str, tmp_path: Path, *opts: str
+) -> list[str]:
+    """``agentspec replay`` on ``trace`` (one or several) at batch 1, no progress bars,
+    its token cache under ``tmp_path``."""
+    traces = [trace] if isinstance(trace, Path) else trace
+    return [
+        "replay",
+        "--traces",
+        *map(str, traces),
+        "--tokenizer",
+        str(tokenizer),
+        "--batch",
+        "1",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--no-progress",
+        *opts,
+    ]
+
+
 def _replay(trace: Path, tokenizer: Path, tmp_path: Path, *opts: str) -> int:
-    return main(
-        [
-            "replay",
-            "--traces",
-            str(trace),
-            "--tokenizer",
-            str(tokenizer),
-            "--batch",
-            "1",
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            "--plot",
-            str(tmp_path / "r.png"),
-            "--no-progress",
-            *opts,
-        ]
-    )
+    return main(replay_argv(trace, tokenizer, tmp_path, "--plot", str(tmp_path / "r.png"), *opts))
 
 
 # --- .xz files with several streams (defect 3) ---------------------------------------

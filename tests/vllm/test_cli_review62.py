@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from agentspec_mw.cli import main
 from agentspec_mw_vllm import preload
 from agentspec_mw_vllm.cluster import ClusterConfig
+from tests.test_bench import fake_cpu_prefix
 
 
 def _one_line(capsys: pytest.CaptureFixture[str], command: str) -> str:
@@ -78,13 +79,7 @@ def test_a_bad_serve_or_cluster_option_is_one_line(
 def test_agentspec_preload_takes_the_usual_spellings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentspec_mw_vllm import engine
-
-    (tmp_path / "lib").mkdir()
-    (tmp_path / "lib" / "libiomp5.so").write_bytes(b"")
-    monkeypatch.setattr(engine, "is_cpu_build", lambda: True)
-    monkeypatch.setattr(preload.platform, "machine", lambda: "x86_64")
-    prefix = str(tmp_path)
+    prefix = str(fake_cpu_prefix(tmp_path, monkeypatch))
     for off in ("0", "false", "no", "off", "OFF", " False "):
         assert preload.preload_env({"AGENTSPEC_PRELOAD": off}, prefix=prefix) == "", off
     for on in ("1", "true", "yes", "on", "On", ""):

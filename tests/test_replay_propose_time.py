@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -136,3 +137,30 @@ def test_no_propose_means_no_percentile_and_merged_rows_count_the_steps(
     all_row = result_row("timed", "ALL", 1, 4, merged, merged.sim_time_s)
     assert all_row.propose_steps == 6
     assert all_row.propose_us_p50 == pytest.approx(PROPOSE_US + EXTEND_US)
+
+
+def test_a_step_that_schedules_nothing_still_charges_its_propose(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Drafts proposed before a step in which every running request is preempted took
+    their time all the same: it is charged to the next step (it was dropped)."""
+    plain = _replay(clock, add_proposer_time=True)
+    schedule = sim._schedule
+    emptied: list[bool] = []
+
+    def preempt_all_once(running: list[Any], *rest: Any) -> dict[Any, int]:
+        if not emptied and any(r.decoding for r in running):
+            emptied.append(True)
+            (r,) = running
+            r.draft = ()  # as a preemption leaves it: the request computes again
+            return {}
+        return schedule(running, *rest)
+
+    monkeypatch.setattr(sim, "_schedule", preempt_all_once)
+    hit = _replay(clock, add_proposer_time=True)
+    assert emptied
+    # one extra propose (the wasted one), charged: nothing of it is lost
+    assert hit.proposer_time_s == pytest.approx(plain.proposer_time_s + PROPOSE_US * 1e-6)
+    assert sum(hit.propose_us) == pytest.approx(hit.proposer_time_s * 1e6)
+    assert hit.sim_time_s == pytest.approx(plain.sim_time_s + PROPOSE_US * 1e-6)
+    assert hit.propose_steps == plain.propose_steps

@@ -317,9 +317,11 @@ def replay_workload(
     # a step's accepted tokens in one call where the proposer takes them so (its time
     # includes gathering them)
     extend_many = getattr(proposer, "extend_many", None)
+    carried_ns = 0  # proposer time of a step that then scheduled nothing
     while waiting or running:
         # drafts for the decoding requests (vLLM: proposed after the previous step)
-        t_prop = 0
+        t_prop = carried_ns
+        carried_ns = 0
         decoding = [r for r in running if r.decoding]
         proposed = bool(decoding) and k > 0
         if proposed:
@@ -354,6 +356,7 @@ def replay_workload(
         scheduled = _schedule(running, waiting, kv, lim, res)
         if not scheduled:  # every running request was preempted: admit next step
             assert running or kv.used_blocks == 0, "an empty step with blocks held"
+            carried_ns = t_prop  # spent all the same: charged to the next step
             continue
 
         num_batched = sum(scheduled.values())
@@ -456,7 +459,7 @@ def replay_workload(
             elif pending:
                 arrive(pending.popleft())
         res.propose_us.append(prop_s * 1e6)
-        res.step_proposed.append(proposed)
+        res.step_proposed.append(proposed or t_prop > 0)
         res.step_batch.append(len(running) + len(finished))
         res.step_decoding.append(emitting)
         res.proposer_time_s += prop_s

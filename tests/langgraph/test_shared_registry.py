@@ -218,6 +218,35 @@ def test_a_dead_shared_engine_is_replaced_by_one_build() -> None:
     assert builds.calls == ["a1", "a2"] and shared_engines() == [new]
 
 
+def test_a_dead_engines_slow_shutdown_does_not_block_other_callers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The caller that drops a dead engine shuts it down after releasing the registry's
+    lock: callers of other settings go on meanwhile (they waited for the shutdown)."""
+    builds, started, go = _Builds(), threading.Event(), threading.Event()
+    dead = shared_engine(A, builds.fast("a"))
+    shut: list[Any] = []
+
+    def slow_shutdown(engine: Any) -> None:
+        started.set()
+        assert go.wait(WAIT_S), "the test never released the shutdown"
+        shut.append(engine)
+
+    monkeypatch.setattr(shared, "_shutdown", slow_shutdown)
+    monkeypatch.setattr(shared, "_why_unusable", lambda e: "it died" if e is dead else None)
+    dropping = _Call(lambda: shared_engine(A, builds.fast("a2")))
+    other = _Call(lambda: shared_engine(B, builds.fast("b")))
+    try:
+        dropping.start()
+        assert started.wait(WAIT_S)
+        other.start()
+        assert other.outcome().name == "b"  # while the dead engine's shutdown runs
+        assert shut == []
+    finally:
+        go.set()
+    assert dropping.outcome().name == "a2" and shut == [dead]
+
+
 def test_a_build_asking_for_its_own_settings_raises_instead_of_hanging() -> None:
     def build() -> Any:
         return shared_engine(A, lambda: _Engine("inner"))

@@ -188,9 +188,11 @@ def _shutdown(engine: Any) -> None:
             _prune_unattached()
 
 
-def _drop_unusable() -> None:
-    """Forget (and shut down, unless they were) the registered engines that can no
-    longer serve (call with ``_lock`` held)."""
+def _drop_unusable() -> list[Any]:
+    """Forget the registered engines that can no longer serve (call with ``_lock``
+    held); the ones not shut down yet are returned for :func:`_shut_down_dropped`, to
+    call after the lock is released (a dead engine's shutdown may take seconds)."""
+    dropped = []
     for entry in list(_engines):
         why = _why_unusable(entry[1])
         if why is None:
@@ -202,11 +204,18 @@ def _drop_unusable() -> None:
             why,
         )
         if getattr(entry[1], _SHUT_DOWN_ATTR, False) is not True:
-            try:
-                _shutdown(entry[1])
-            except Exception:  # noqa: BLE001 - a dead engine may fail to shut down
-                logger.warning("shutting the dropped engine down failed", exc_info=True)
+            dropped.append(entry[1])
     _prune_unattached()
+    return dropped
+
+
+def _shut_down_dropped(engines: list[Any]) -> None:
+    """Shut down what :func:`_drop_unusable` dropped (call without ``_lock``)."""
+    for engine in engines:
+        try:
+            _shutdown(engine)
+        except Exception:  # noqa: BLE001 - a dead engine may fail to shut down
+            logger.warning("shutting the dropped engine down failed", exc_info=True)
 
 
 def shared_engine(settings: dict[str, Any], build: Callable[[], Any]) -> Any:
@@ -227,14 +236,15 @@ def shared_engine(settings: dict[str, Any], build: Callable[[], Any]) -> Any:
             wait for itself).
     """
     settings = dict(settings)
+    me = threading.get_ident()
     while True:
         with _lock:
-            _drop_unusable()
-            for known, engine in _engines:
-                if known == settings:
-                    return engine
-            pending = next((b for b in _building if b.settings == settings), None)
-            if pending is None:
+            dropped = _drop_unusable()
+            found = next((engine for known, engine in _engines if known == settings), None)
+            pending = None
+            if found is None:
+                pending = next((b for b in _building if b.settings == settings), None)
+            if found is None and pending is None:
                 existing = [known for known, _ in _engines] + [b.settings for b in _building]
                 if existing:
                     logger.warning(
@@ -248,12 +258,16 @@ def shared_engine(settings: dict[str, Any], build: Callable[[], Any]) -> Any:
                     )
                 mine = _Build(settings)
                 _building.append(mine)
-                break
-            if pending.thread == threading.get_ident():
-                raise RuntimeError(
-                    "shared_engine was called from its own build for the same settings "
-                    "(the build would wait for itself)"
-                )
+        _shut_down_dropped(dropped)
+        if found is not None:
+            return found
+        if pending is None:
+            break
+        if pending.thread == me:
+            raise RuntimeError(
+                "shared_engine was called from its own build for the same settings "
+                "(the build would wait for itself)"
+            )
         pending.wait()  # then look again: its engine, or (it failed) no build in flight
     try:
         engine = build()
@@ -273,8 +287,10 @@ def shared_engines() -> list[Any]:
     """The embedded engines built through :func:`shared_engine` so far that are still
     registered (the ones that can no longer serve are dropped first)."""
     with _lock:
-        _drop_unusable()
-        return [engine for _, engine in _engines]
+        dropped = _drop_unusable()
+        engines = [engine for _, engine in _engines]
+    _shut_down_dropped(dropped)
+    return engines
 
 
 def release_shared_engines() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -153,6 +154,43 @@ def test_running_requests_are_preempted_when_their_kv_grows_past_capacity() -> N
     assert r.preemptions >= 1
     assert r.prefill_tokens > 40  # the preempted call recomputed what it had
     assert r.steps == 60 and r.mat == 1.0  # every token emitted once
+
+
+def test_a_waiting_call_is_admitted_only_when_its_whole_prompt_fits() -> None:
+    """vLLM's admission gate (``scheduler_reserve_full_isl``, on by default): a prompt
+    waits until blocks for all of it are free, not only for its first chunk — else it is
+    admitted, grows into a decoding call's room and one of them is preempted."""
+    a = _call("a", "r0", [1] * 8, _seq(100, 40))  # short prompt, long output
+    b = _call("b", "r1", [2] * 48, [7] * 4)  # arrives with a: 12 blocks, 16-token chunks
+    r = _replay([a, b], batch=2, k=0, limits=_limits(budget=16, kv=52, block=4))
+    assert r.preemptions == 0 and r.kv_waits > 0
+    assert r.prefill_tokens == r.prompt_tokens == 56  # nothing computed twice
+
+
+def test_a_resumed_call_whose_chunk_ends_at_its_last_token_samples_without_a_draft(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a preemption a call recomputes its prompt and output in chunks; a chunk that
+    ends one token short samples nothing, so vLLM has no draft for its next step (it
+    schedules the last token alone). It used to be drafted and verified as a decode."""
+    from agentspec_mw.replay import sim
+
+    schedule, short, drafted_after_short = sim._schedule, set(), []
+
+    def spy(running: list[Any], *rest: Any) -> dict[Any, int]:
+        drafted_after_short.extend(r.draft for r in running if id(r) in short and r.decoding)
+        short.clear()
+        scheduled = schedule(running, *rest)
+        for r, n in scheduled.items():
+            if not r.decoding and r.emitted > 0 and r.computed + n == r.num_tokens - 1:
+                short.add(id(r))
+        return scheduled
+
+    monkeypatch.setattr(sim, "_schedule", spy)
+    calls = [_call(f"{j}", f"r{j}", [j + 1] * 8, _seq(100 + 50 * j, 30)) for j in range(3)]
+    truth = {c.req_id: c.output for c in calls}
+    r = _replay(calls, Oracle(truth), batch=3, k=3, limits=_limits(budget=7, kv=56, block=4))
+    assert r.preemptions > 0 and drafted_after_short == [()]  # the case arose; no draft
 
 
 def test_a_call_larger_than_the_kv_cache_is_an_error() -> None:
@@ -305,7 +343,7 @@ def test_a_group_whose_first_call_has_no_output_is_led_by_its_next() -> None:
     sib = _sibling("b", "r", _seq(200, 16), _seq(1, 3))
     sib2 = _sibling("c", "r", _seq(300, 16), _seq(11, 3))
     r = _replay([empty, sib, sib2], limits=_limits())
-    assert r.calls == 3 and r.output_tokens == 6
+    assert r.calls == 2 == len(r.ttft_s) and r.output_tokens == 6  # a replayed no-output call
     assert max(r.step_batch) == 2 and len(r.ttft_s) == 2
 
 

@@ -92,15 +92,25 @@ class PrefixKVCache:
             n += 1
         return n * self.block_size
 
-    def admit(self, req_id: str, hashes: BlockHashes, hit_tokens: int, num_tokens: int) -> bool:
+    def admit(
+        self,
+        req_id: str,
+        hashes: BlockHashes,
+        hit_tokens: int,
+        num_tokens: int,
+        must_fit_tokens: int = 0,
+    ) -> bool:
         """Admit a request that holds nothing yet: reference its ``hit_tokens`` cached
         leading tokens (from :meth:`peek_hit`) and allocate blocks up to ``num_tokens``;
-        ``False`` (nothing changed) when memory is short."""
+        ``False`` (nothing changed) when memory is short — also when blocks for
+        ``must_fit_tokens`` would not fit (vLLM's admission gate,
+        ``scheduler_reserve_full_isl``: a prefill chunk is admitted only when the whole
+        request fits, though only the chunk's blocks are allocated)."""
         assert req_id not in self._holders, f"{req_id} already holds blocks"
         hit = list(hashes[: hit_tokens // self.block_size])
         if self.capacity is not None:
             revived = sum(1 for bh in hit if self._ref[bh] == 0)
-            need = -(-num_tokens // self.block_size) - len(hit)
+            need = -(-max(num_tokens, must_fit_tokens) // self.block_size) - len(hit)
             if need > self.capacity - self.used_blocks - revived:
                 return False
         h = self._holders[req_id] = _Holder()

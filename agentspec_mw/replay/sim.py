@@ -22,8 +22,9 @@ Each engine step is scheduled as vLLM 0.32's ``Scheduler.schedule`` does
 2. **Then waiting requests** in arrival order (FCFS), unless a request was preempted in
    this step: each first looks up its prefix in the cache (whole blocks; at most all but
    its last token), then gets ``min(uncached tokens, budget left)`` — chunked prefill — if
-   its blocks fit and fewer than ``max_num_seqs`` requests run; the first that does not
-   fit stops admission for this step (a *KV wait*).
+   the blocks of its whole sequence fit (vLLM's ``scheduler_reserve_full_isl``, on by
+   default; only the chunk's are allocated) and fewer than ``max_num_seqs`` requests run;
+   the first that does not fit stops admission for this step (a *KV wait*).
 3. The step takes ``cost_model.step_time(N_batched, N_kv, N_rows)`` with ``N_batched``
    every token scheduled (prefill chunks + decodes + drafts), ``N_kv`` the context the
    scheduled requests hold after it and ``N_rows`` its logits rows (each decode and draft
@@ -109,6 +110,7 @@ class WorkloadRun:
     """Counts and simulated time of one replay."""
 
     calls: int = 0
+    """Calls replayed (those without output are left out: they never reach the engine)."""
     output_tokens: int = 0
     steps: int = 0
     """Call-steps that emitted tokens (a prefill chunk that does not finish the prompt
@@ -204,6 +206,7 @@ class _Req:
         "call",
         "computed",
         "draft",
+        "draftless",
         "emitted",
         "first_token_s",
         "hashes",
@@ -223,6 +226,9 @@ class _Req:
         self.draft: tuple[int, ...] = ()
         self.first_token_s = 0.0
         self.seen_cache = False
+        #: a resumed call's prefill chunk ended at its last token: it samples in the next
+        #: step without a draft (vLLM drafts only for rows that sampled)
+        self.draftless = False
         self.hit_at_arrival = 0
         self.hashes: BlockHashes = block_hashes(np.concatenate([call.prompt, call.output]), bs)
 
@@ -282,9 +288,10 @@ def replay_workload(
     bs = lim.block_size
     cap_blocks = None if lim.kv_capacity_tokens is None else lim.kv_capacity_tokens // bs
     kv = PrefixKVCache(bs, cap_blocks)
-    res = WorkloadRun(calls=len(calls))
-    res.output_tokens = int(sum(len(c.output) for c in calls))
     pending = _runs_in_order(calls)
+    # the calls replayed: one without output never reaches the engine
+    res = WorkloadRun(calls=sum(map(len, pending)))
+    res.output_tokens = int(sum(len(c.output) for c in calls))
     waiting: deque[_Req] = deque()
     running: list[_Req] = []
     now = 0.0
@@ -322,7 +329,7 @@ def replay_workload(
         # drafts for the decoding requests (vLLM: proposed after the previous step)
         t_prop = carried_ns
         carried_ns = 0
-        decoding = [r for r in running if r.decoding]
+        decoding = [r for r in running if r.decoding and not r.draftless]
         proposed = bool(decoding) and k > 0
         if proposed:
             prefill_left = sum(r.num_tokens - r.computed for r in running if not r.decoding)
@@ -410,6 +417,7 @@ def replay_workload(
                 res.prefill_tokens += n
                 if r.computed < r.num_tokens:
                     r.draft = ()
+                    r.draftless = r.emitted > 0
                     kv.register(r.call.req_id, r.hashes, r.computed)
                     continue
                 adv = 1
@@ -422,6 +430,7 @@ def replay_workload(
                 extends.append((r.call.req_id, out[r.emitted : r.emitted + 1]))
                 r.emitted += 1
             r.draft = ()
+            r.draftless = False
             emitting += 1
             advanced_total += adv
             res.steps += 1
@@ -512,7 +521,7 @@ def _schedule(
         r = waiting[0]
         hit = kv.peek_hit(r.hashes, r.num_tokens)
         n = min(r.num_tokens - hit, budget)
-        if not kv.admit(r.call.req_id, r.hashes, hit, hit + n):
+        if not kv.admit(r.call.req_id, r.hashes, hit, hit + n, must_fit_tokens=r.num_tokens):
             res.kv_waits += 1
             break
         waiting.popleft()

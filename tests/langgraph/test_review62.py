@@ -13,7 +13,13 @@ from typing import Any
 
 import pytest
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tracers.run_collector import RunCollectorCallbackHandler
@@ -140,19 +146,55 @@ def test_call_without_generations_ends_and_is_released(strict: TaggingConfig) ->
     assert [c.status for c in graph.llm_calls()] == ["ok"]
 
 
-def test_call_whose_trace_record_fails_is_released(
+def test_trace_record_with_lone_surrogates_is_kept(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A prompt with a lone surrogate cannot become a trace record: that record is lost
-    (logged), the call's state is not."""
+    """A prompt or output with a lone surrogate (not valid Unicode: the trace schema
+    refuses it) is recorded with each lone surrogate replaced by U+FFFD, one warning per
+    record; valid astral characters stay. The call's state is released either way."""
+    path = tmp_path / "t.jsonl"
+    handler = AgentSpecCallbackHandler(TaggingConfig(trace_path=path))
+    model = ScriptedChatModel(script=echo, callbacks=[handler])
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            model.invoke("broken emoji \ud83d")
+        model.invoke([SystemMessage("low \ude00 alone"), HumanMessage("ok \U0001f600 \ud83d!")])
+        model.invoke("clean \U0001f600")
+    assert handler.live_state() == ZERO
+    assert [c.status for g in handler.graphs().values() for c in g.llm_calls()] == ["ok"] * 5
+    assert handler.stats.adapter_errors == 0
+    assert handler.stats.traces_recorded == 5
+    handler.close()
+    records = list(iter_records(path))
+    texts = [
+        ([m.content for m in r.prompt] if isinstance(r.prompt, list) else r.prompt, r.output)
+        for r in records
+    ]
+    assert texts == [(["broken emoji \ufffd"], "echo broken emoji \ufffd")] * 3 + [
+        (["low \ufffd alone", "ok \U0001f600 \ufffd!"], "echo ok \U0001f600 \ufffd!"),
+        (["clean \U0001f600"], "echo clean \U0001f600"),
+    ]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 4  # one per record that had some
+    assert all("U+FFFD" in w and "continuing without tags" not in w for w in warnings)
+
+
+def test_trace_record_that_fails_otherwise_is_an_adapter_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record that cannot be built for another reason is lost: logged and counted."""
+
+    def refuse(**fields: Any) -> Any:
+        raise ValueError("no record")
+
+    monkeypatch.setattr("agentspec_mw_langgraph.handler.TraceRecord", refuse)
     handler = AgentSpecCallbackHandler(TaggingConfig(trace_path=tmp_path / "t.jsonl"))
     model = ScriptedChatModel(script=echo, callbacks=[handler])
     with caplog.at_level(logging.WARNING):
-        for _ in range(5):
-            model.invoke("broken emoji \ud83d")
+        model.invoke("hi")
     assert handler.live_state() == ZERO
-    assert [c.status for g in handler.graphs().values() for c in g.llm_calls()] == ["ok"] * 5
-    assert handler.stats.adapter_errors == 5
+    assert handler.stats.adapter_errors == 1 and handler.stats.traces_recorded == 0
+    assert "no record" in caplog.text
     handler.close()
 
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
@@ -57,7 +57,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, GenerationChunk, LLMResult
 
 from agentspec_mw.tags import MAX_ID_CHARS, Segment, StructureTags, tags_to_wire
-from agentspec_mw.traces.schema import Message, TraceRecord
+from agentspec_mw.traces.schema import TraceRecord
 from agentspec_mw_langgraph import derive
 from agentspec_mw_langgraph.config import TaggingConfig
 from agentspec_mw_langgraph.context import CallTicket, set_current_tags
@@ -132,11 +132,24 @@ class _Root:
 
 
 @dataclass
+class _Instance:
+    """The calls of one agent instance so far, for their ``repeat`` and ``parallel``
+    relations. A batch is the calls of one node run that ran at the same time: each
+    started while another of them was still running."""
+
+    last: str  # the call a later sequential call repeats: the last one to start
+    before: str | None  # the call the current batch's calls repeat
+    first: str  # the current batch's first call (its parallel group is named after it)
+    scope: object  # the current batch's node run (None: calls never batch)
+    running: deque[str]  # the current batch's calls, oldest first; ended ones pruned lazily
+
+
+@dataclass
 class _Query:
     graph: RedundancyGraph
     active_roots: int = 0
     next_call_index: int = 0
-    last_by_instance: dict[str, str] = field(default_factory=dict)
+    instances: dict[str, _Instance] = field(default_factory=dict)
     after_tool: dict[str, Segment] = field(default_factory=dict)  # agent -> actual segment
     observations: dict[str, str] = field(default_factory=dict)  # tool_call_id -> call id
 
@@ -162,6 +175,34 @@ def _bounded(text: str) -> str:
         return text
     digest = hashlib.sha1(text.encode()).hexdigest()[:16]
     return f"{text[: MAX_ID_CHARS - 17]}~{digest}"
+
+
+def _valid_unicode(value: Any) -> tuple[Any, bool]:
+    """``value`` (text, or a JSON value holding text) with each lone surrogate replaced by
+    U+FFFD, and whether any text changed. A lone surrogate (``"\\ud83d"``: half of a split
+    emoji) is not valid Unicode, which a trace record refuses; a high surrogate followed by
+    a low one becomes the character the pair encodes, as a ``\\ud83d\\ude00`` JSON escape
+    would."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value, False
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            utf16 = value.encode("utf-16-le", "surrogatepass")
+            return utf16.decode("utf-16-le", "replace"), True
+        return value, False
+    if isinstance(value, dict):
+        pairs = [(_valid_unicode(k), _valid_unicode(v)) for k, v in value.items()]
+        if not any(k[1] or v[1] for k, v in pairs):
+            return value, False
+        return {k[0]: v[0] for k, v in pairs}, True
+    if isinstance(value, list | tuple):
+        items = [_valid_unicode(v) for v in value]
+        if not any(changed for _, changed in items):
+            return value, False
+        return type(value)(v for v, _ in items), True
+    return value, False
 
 
 def _engine_url(engine: Any) -> str | None:
@@ -649,13 +690,17 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                 )
                 or agent_id
             )
-            previous = query.last_by_instance.get(instance)
+            # the node run whose concurrent calls are siblings: outside a graph none; a
+            # handler given to the model only sees no node run, but its task's namespace
+            scope: object = node_run
+            if node_run is None and inner is not None:
+                scope = namespace or None
+            previous = self._place_call(query, instance, scope, call.call_id)
             if previous is not None and previous_attempt is None:
                 gid = _bounded(f"{qid}|repeat|{instance}")
                 graph.join(gid, "repeat", previous)
                 graph.join(gid, "repeat", call.call_id)
                 graph.link(previous, call.call_id, "repeat")
-            query.last_by_instance[instance] = call.call_id
             for tool_call_id in trailing:
                 obs = query.observations.get(tool_call_id)
                 if obs is not None:
@@ -685,6 +730,38 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             query.next_call_index += 1
             self._stats.tags_derived += 1
             return tags
+
+    @staticmethod
+    def _place_call(query: _Query, instance: str, scope: object, call_id: str) -> str | None:
+        """Record a new call of ``instance`` made in node run ``scope`` and return the call
+        it repeats, if any. Caller holds the lock.
+
+        A call that starts while a call of the same node run's current batch is still
+        running joins that batch (its ``parallel`` group) and repeats what the batch's
+        first call repeats: none of them followed another. Any other call starts a new
+        batch and repeats the last call of the instance to start (after a batch: its
+        last call to start, the order in which the node issued them)."""
+        graph = query.graph
+        state = query.instances.get(instance)
+        if state is None:
+            query.instances[instance] = _Instance(
+                last=call_id, before=None, first=call_id, scope=scope, running=deque([call_id])
+            )
+            return None
+        running = state.running
+        if scope is not None and state.scope == scope:
+            while running and getattr(graph.calls.get(running[0]), "status", None) != "running":
+                running.popleft()  # ended (or not kept by the graph)
+        if scope is None or state.scope != scope or not running:  # a new batch
+            state.before, state.first, state.scope = state.last, call_id, scope
+            state.running = deque([call_id])
+        else:  # a concurrent sibling
+            gid = _bounded(f"{graph.query_id}|parallel|{state.first}")
+            graph.join(gid, "parallel", state.first)
+            graph.join(gid, "parallel", call_id)
+            running.append(call_id)
+        state.last = call_id
+        return state.before
 
     def on_llm_new_token(
         self,
@@ -768,39 +845,47 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             if response is not None and error is None:
                 _attach_spec_decoding(response, live.ticket)
         if text is not None and self.recorder is not None:
-            record = self._trace_record(live, text)  # may fail (a lone surrogate): logged
+            record = self._trace_record(live, text)  # a failure: on_llm_end's, logged
             if self.recorder.record(record):
                 with self._lock:
                     self._stats.traces_recorded += 1
 
     def _trace_record(self, live: _Live, output: str) -> TraceRecord:
+        """The trace record of an ended call. Text that is not valid Unicode (a lone
+        surrogate, which the record refuses) is recorded with U+FFFD in its place, logged."""
         call = live.call
-        prompt: list[Message] | str = (
-            live.prompt
-            if isinstance(live.prompt, str)
-            else [Message.model_validate(m) for m in live.prompt]
+        fields, repaired = _valid_unicode(
+            {
+                "workload": self.config.trace_workload,
+                "source": _TRACE_SOURCE,
+                "run_id": live.query_id,
+                "call_index": live.call_index,
+                "agent": call.agent_id,
+                "segment_hint": call.segment or "other",
+                "parent_group": call.group_id,
+                "prompt": live.prompt,
+                "output": output,
+                "meta": {
+                    "step": call.step,
+                    "node": call.node,
+                    "namespace": call.namespace,
+                    "template": [list(t) for t in call.template],
+                    "group_kind": call.group_kind,
+                    "actual_segment": call.actual_segment,
+                    "model": live.model,
+                    "call_id": call.call_id,
+                },
+            }
         )
-        return TraceRecord(
-            workload=self.config.trace_workload,
-            source=_TRACE_SOURCE,
-            run_id=live.query_id,
-            call_index=live.call_index,
-            agent=call.agent_id,
-            segment_hint=call.segment or "other",
-            parent_group=call.group_id,
-            prompt=prompt,
-            output=output,
-            meta={
-                "step": call.step,
-                "node": call.node,
-                "namespace": call.namespace,
-                "template": [list(t) for t in call.template],
-                "group_kind": call.group_kind,
-                "actual_segment": call.actual_segment,
-                "model": live.model,
-                "call_id": call.call_id,
-            },
-        )
+        if repaired:
+            _log.warning(
+                "agentspec: the trace record of LLM call %s (agent %r) held lone surrogates "
+                "(text that is not valid Unicode, such as half of an emoji); recorded with "
+                "each replaced by U+FFFD",
+                call.call_id,
+                fields["agent"],
+            )
+        return TraceRecord(**fields)
 
     # ----------------------------------------------------------------- tools
     def on_tool_start(

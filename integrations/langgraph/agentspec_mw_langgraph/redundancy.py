@@ -6,11 +6,15 @@ Relations are of two shapes:
 * **groups** (hyperedges) — ``fanout``: the calls at the same position (same step
   template and call ordinal) of the siblings of a ``Send`` fan-out, including calls inside
   subgraphs those siblings run; ``superstep``: the LLM calls that run in the same superstep at
-  every graph level (parallel agents, also across sibling subgraphs); ``repeat``: the
-  calls of one agent across loop steps; ``retry``: attempts of one task call after an error.
+  every graph level (parallel agents, also across sibling subgraphs); ``parallel``: the
+  calls of one agent instance in one node run that ran at the same time (a ``generate``
+  batch, an ``asyncio.gather``: each started while another of them was still running);
+  ``repeat``: the calls of one agent across loop steps; ``retry``: attempts of one task
+  call after an error.
 * **edges** (directed) — ``repeat`` (previous call of the same agent instance -> this
-  call), ``retry`` (failed attempt -> new attempt) and ``observation`` (tool run -> the LLM
-  call whose prompt ends with its result).
+  call; every call of a ``parallel`` group repeats the call before the group, and the next
+  call after it repeats the group's last call to start), ``retry`` (failed attempt -> new
+  attempt) and ``observation`` (tool run -> the LLM call whose prompt ends with its result).
 
 The graph is plain data: :meth:`RedundancyGraph.to_dict` / :meth:`to_json` export it.
 It is not locked; the handler mutates it under its own lock and hands out copies.
@@ -27,7 +31,7 @@ from agentspec_mw.tags import Segment
 
 __all__ = ["CallNode", "Edge", "Group", "GroupKind", "RedundancyGraph"]
 
-GroupKind = Literal["fanout", "superstep", "repeat", "retry"]
+GroupKind = Literal["fanout", "superstep", "parallel", "repeat", "retry"]
 EdgeKind = Literal["repeat", "retry", "observation"]
 
 
@@ -54,9 +58,10 @@ class CallNode:
     actual_segment: Segment | None = None
     """What the call produced (set when it ends)."""
     group_id: str | None = None
-    """The group put on the call's tags: its ``fanout`` group, if any. Retries and repeats
-    are recorded in :attr:`RedundancyGraph.groups` only: they are the same agent in the
-    same query, which the tags' ``agent_id`` + ``query_id`` already key together."""
+    """The group put on the call's tags: its ``fanout`` group, if any. Retries, repeats and
+    parallel calls are recorded in :attr:`RedundancyGraph.groups` only: they are the same
+    agent in the same query, which the tags' ``agent_id`` + ``query_id`` already key
+    together."""
     group_kind: Literal["fanout"] | None = None
     """The kind of :attr:`group_id`."""
     name: str | None = None

@@ -9,15 +9,25 @@ cache, all on the cost model's hardware. The routings:
 * ``affinity``: every call of a run (a query) goes to one replica, chosen by a hash of the
   run id -- what vllm-router's ``consistent_hash`` does with the adapter's ``x-session-id``
   (:mod:`agentspec_mw_langgraph.routing`). Loads can be uneven: a hash does not balance.
-* ``round-robin``: call ``j`` of the ``i``-th run goes to replica ``(i + j) mod R``: a
-  run's consecutive calls land on different replicas and the loads are even -- a router
-  that spreads requests with no key.
+* ``round-robin``: the ``j``-th group of the ``i``-th run goes to replica
+  ``(i + j) mod R``, a group being a call with the calls issued together with it
+  (``ReplayCall.with_previous``: fan-out siblings, the samples of one request): a run's
+  consecutive groups land on different replicas and the loads are even (up to the
+  groups' sizes) -- a router that spreads requests with no key. A group stays on one
+  replica: split, a sibling's previous call on its replica would be another call of the
+  run (one it follows, not one it arrives with), and the replica would issue the two
+  together.
 
 What it does not model: a call that waits for its run's previous call on another
 replica (each replica replays its share of a run as a run of its own, so cross-replica
-waits are absent), and the router's time. The cluster's time is the slowest replica's
-(``sim_time_s`` = the maximum), its throughput all output tokens over that time; speedups
-are over the same split replayed with no speculation.
+waits are absent), a router spreading one group's siblings, and the router's time. The
+cluster's time is the slowest replica's (``sim_time_s`` = the maximum), its throughput
+all output tokens over that time; speedups are over the same split replayed with no
+speculation. ``max_in_flight`` and ``effective_batch`` are a replica's (the most calls in
+flight in one replica's engine step; the mean requests emitting tokens per engine step
+over every replica's steps), so ``batch_filled`` compares the effective batch with
+``replica_batch`` (``ceil(batch / R)``, the runs each replica holds in flight), not with
+the cluster's ``batch``.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from agentspec_mw.registry import make_proposer
 from agentspec_mw.replay.report import plot_path
 from agentspec_mw.replay.run import (
     ALL,
+    FILLED,
     ReplayConfig,
     ResultRow,
     check_workloads,
@@ -52,6 +63,7 @@ __all__ = [
     "format_replica_table",
     "parse_routings",
     "plot_replicas",
+    "replica_batch",
     "run_replica_replay",
     "split_calls",
 ]
@@ -67,6 +79,12 @@ class ReplicaRow(ResultRow):
     routing: str
     replica_calls: list[int]
     """Calls each replica served."""
+    replica_batch: int = 0
+    """Runs each replica holds in flight (``ceil(batch / replicas)``, at least 1): the
+    batch each replica is replayed at. ``max_in_flight`` and ``effective_batch`` are a
+    replica's, and ``batch_filled`` is ``effective_batch >= 0.8 * replica_batch``
+    (reports without this field, up to 2026-12-06, compared it with ``batch``: their rows
+    with ``replicas > 1`` read as unfilled)."""
 
 
 def parse_routings(text: str) -> list[Routing]:
@@ -87,10 +105,19 @@ def _replica_of(run_id: str, replicas: int) -> int:
     return int.from_bytes(digest[:8], "big") % replicas
 
 
+def replica_batch(batch: int, replicas: int) -> int:
+    """Runs each of ``replicas`` replicas holds in flight for a cluster ``batch``."""
+    return max(1, math.ceil(batch / replicas))
+
+
 def split_calls(
     calls: Sequence[ReplayCall], replicas: int, routing: Routing
 ) -> list[list[ReplayCall]]:
-    """Each replica's calls (each keeps file order); see the module docstring.
+    """Each replica's calls (each keeps file order); see the module docstring. With
+    ``round-robin`` a call issued together with the previous call of its run
+    (``with_previous``) goes where that call went: the ``j`` counting a run's calls is
+    that of its groups, so on its replica ``with_previous`` still names the call it
+    arrives with.
 
     Raises:
         ValueError: ``replicas < 1`` or an unknown ``routing``.
@@ -101,15 +128,19 @@ def split_calls(
         raise ValueError(f"routing={routing!r} is not one of {', '.join(ROUTINGS)}")
     shares: list[list[ReplayCall]] = [[] for _ in range(replicas)]
     run_index: dict[str, int] = {}
-    position: dict[str, int] = {}
+    groups: dict[str, int] = {}  # run -> groups routed so far
+    home: dict[str, int] = {}  # run -> the replica of its current group
     for call in calls:
         if routing == "affinity":
             shares[_replica_of(call.run_id, replicas)].append(call)
             continue
-        i = run_index.setdefault(call.run_id, len(run_index))
-        j = position.get(call.run_id, 0)
-        position[call.run_id] = j + 1
-        shares[(i + j) % replicas].append(call)
+        run = call.run_id
+        if not (call.with_previous and run in home):  # a group starts
+            i = run_index.setdefault(run, len(run_index))
+            j = groups.get(run, 0)
+            groups[run] = j + 1
+            home[run] = (i + j) % replicas
+        shares[home[run]].append(call)
     return shares
 
 
@@ -130,7 +161,7 @@ def _replay_split(
     on_tokens: Callable[[int], None] | None = None,
 ) -> WorkloadRun:
     cost = get_cost_model(config.cost_model)
-    per_replica = max(1, math.ceil(batch / len(shares)))
+    per_replica = replica_batch(batch, len(shares))
     runs = []
     for share in shares:
         proposer = make_proposer(name, env, **config.proposer_options.get(name, {}))
@@ -210,17 +241,26 @@ def _rows(
     base: dict[str, WorkloadRun],
     splits: dict[str, list[list[ReplayCall]]],
 ) -> list[ReplicaRow]:
-    """The rows of ``runs`` (a workload's, or ``ALL``: every workload's) over ``base``."""
+    """The rows of ``runs`` (a workload's, or ``ALL``: every workload's) over ``base``;
+    ``batch_filled`` against the replicas' batch (:class:`ReplicaRow`)."""
     out = []
+    per_replica = replica_batch(batch, replicas)
     for wl, run in runs.items():
         row = result_row(name, wl, batch, k, run, base[wl].sim_time_s)
+        row.batch_filled = run.effective_batch >= FILLED * per_replica
         calls = (
             [len(s) for s in splits[wl]]
             if wl != ALL
             else [sum(len(s[i]) for s in splits.values()) for i in range(replicas)]
         )
         out.append(
-            ReplicaRow(**row.model_dump(), replicas=replicas, routing=routing, replica_calls=calls)
+            ReplicaRow(
+                **row.model_dump(),
+                replicas=replicas,
+                routing=routing,
+                replica_calls=calls,
+                replica_batch=per_replica,
+            )
         )
     return out
 

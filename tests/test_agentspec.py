@@ -1374,3 +1374,18 @@ def test_config_keeps_at_most_12_public_fields_and_routes_experimental_ones() ->
     assert new.experimental.sources == ("iso",) and new.experimental.index_walk_min == 2
     with pytest.raises(ValueError, match="extra|experimental.nope"):
         AgentSpecConfig(**{"experimental.nope": 1})
+
+
+def test_grammar_rows_forget_the_scopes_that_gave_them_up() -> None:
+    """Each tenant with its own block delimiters takes a grammar row; a row handed to
+    another tenant leaves no count behind (one entry per tenant ever seen, before)."""
+
+    env = ProposerEnv(token_bytes=[bytes([i]) for i in range(256)], max_k=4)
+    p = AgentSpecProposer(env, index_max_tokens=4096)
+    for i in range(300):
+        p.start("r", [1, 2, 3], StructureTags(scope=f"t{i}", blocks=((f"<b{i}>", f"</b{i}>"),)))
+        p.stop("r")
+    p.propose([], 4, StepContext(batch_size=0))
+    grammars = p._grammars
+    assert 0 < len(grammars._owned) <= len(grammars) < 300
+    assert all(n > 0 for n in grammars._owned.values())

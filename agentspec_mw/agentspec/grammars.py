@@ -132,7 +132,10 @@ class GrammarRegistry:
             self._free.remove(row)
         else:
             del self._rows[old]
-            self._owned[self._owner[row] or ""] -= 1
+            owner = self._owner[row] or ""
+            self._owned[owner] -= 1
+            if self._owned[owner] <= 0:  # one entry per scope ever seen otherwise
+                del self._owned[owner]
         self.table.set(row, grammar)
         self._rows[key] = row
         self._key[row] = key

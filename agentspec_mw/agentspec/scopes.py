@@ -5,8 +5,9 @@ tables (:mod:`.kernels`, ``apply_extends``) and the counts of verified drafted a
 accepted tokens (reported, not acted on) — is kept per isolation scope, as one row of
 each array here. A request reads and updates only its scope's row (slot column
 ``C_CAL``), so one tenant's traffic, however badly it is rejected, never moves another
-tenant's drafting. Every row starts from the same *fixed* prior (the paper's redundancy
-score), never from other scopes' counts.
+tenant's drafting. Every row starts from the same *fixed* prior (the stored prior by
+default, ``calib_prior="redundancy"``: the paper's redundancy score), never from other
+scopes' counts.
 
 Memory is bounded: at most ``max_scopes`` scopes have a row (about 3.4 MB each with the
 default calibration split; rows are allocated as scopes arrive, doubling). When a new

@@ -61,7 +61,11 @@ same for every request. The allocation then maximises the same goodput ``(b + Σ
 (``S_i(d)`` its first ``d`` survivals), ``λ`` becomes the goodput of those lengths, and
 the loop stops when ``λ`` no longer rises (it is then the optimum; a few rounds). Where
 the token budget binds (rare: 4,096 tokens on the CPU engine), the positions worth least
-at ``λ`` are dropped until it holds. Every admitted position still has ``s ≥ λ_0 C_i``
+at ``λ`` are dropped until it holds, and a request whose remaining positions no longer pay
+for its setup at ``λ`` drops them all. That is a heuristic, not the optimum (a request's
+setup makes the capped choice a knapsack), and a round it cuts can fall below ``λ``: the
+loop then returns the allocation that gave ``λ`` (no drafts, before the first round), so
+the step is never below not drafting. Every admitted position still has ``s ≥ λ_0 C_i``
 with ``λ_0 = b / t(b, kv)`` (:func:`admission_bounds`). Without these terms (every GPU
 preset) the allocation is the scan above.
 
@@ -480,7 +484,10 @@ def _solve_priced(
     """The allocation when each request prices its drafts itself (module docstring,
     "Drafts priced by their request's context"): Dinkelbach's iteration on the goodput
     ``(batch + Σ S_i(d_i)) / (base_time + Σ [d_i > 0] setup_i + d_i per_pos_i)``, then, if
-    the drafts exceed ``cap`` tokens, the positions worth least at the goodput dropped.
+    the drafts exceed ``cap`` tokens, the positions worth least at the goodput dropped
+    (a request's last ones with its setup once what it keeps is worth nothing at it).
+    A round whose drops leave it below the goodput it started from ends the iteration
+    with the allocation that gave that goodput (before the first round: no drafts).
     Returns ``(counts, Σ d_i, (goodput, Σ admitted survivals), offered)`` like
     :func:`_solve`; ``offered = -1`` when ``lens`` does not sum to the survivals."""
     n_req = lens.shape[0]
@@ -505,6 +512,12 @@ def _solve_priced(
     expected = float(batch)
     time_s = base_time
     used = 0
+    value = np.zeros(n_req, dtype=np.float64)  # S_i(d_i) - lam (setup_i + d_i per_pos_i)
+    # the allocation whose goodput is lam: no drafts until a round raises it
+    prev = np.zeros(n_req, dtype=np.int64)
+    prev_expected = expected
+    prev_time = time_s
+    prev_used = 0
     for _ in range(64):
         expected = float(batch)
         time_s = base_time
@@ -521,7 +534,9 @@ def _solve_priced(
                     best_v = v
                     best_d = j + 1
             counts[i] = best_d
+            value[i] = best_v
             used += best_d
+        capped = used > cap
         while used > cap:  # drop the position worth least at lam
             worst = -1
             worst_v = 0.0
@@ -534,8 +549,14 @@ def _solve_priced(
                     if worst < 0 or v < worst_v:
                         worst = i
                         worst_v = v
-            counts[worst] -= 1
+            d = counts[worst] - 1
+            counts[worst] = d
             used -= 1
+            value[worst] -= survival[starts[worst] + d] - lam * per_pos[worst]
+            if d > 0 and value[worst] <= 0.0:
+                # what the request keeps no longer pays for its setup at lam: drop it all
+                counts[worst] = 0
+                used -= d
         s_sum = 0.0
         for i in range(n_req):
             d = counts[i]
@@ -547,6 +568,14 @@ def _solve_priced(
         expected = batch + s_sum
         g = expected / time_s
         if g <= lam * (1.0 + 1e-12):
+            if capped and g < lam:
+                # without drops a round is never below lam (Dinkelbach); with them it
+                # can be: keep the allocation that gave lam
+                return prev, prev_used, (prev_expected / prev_time, prev_expected - batch), offered
             break
         lam = g
+        prev[:] = counts
+        prev_expected = expected
+        prev_time = time_s
+        prev_used = used
     return counts, used, (expected / time_s, expected - batch), offered

@@ -1376,6 +1376,21 @@ def test_config_keeps_at_most_12_public_fields_and_routes_experimental_ones() ->
         AgentSpecConfig(**{"experimental.nope": 1})
 
 
+def test_the_redundancy_prior_is_the_papers_score_over_the_support() -> None:
+    """``prior_table`` is ``scale · (c/n) · p(n) / n`` at each support bucket's
+    representative ``n`` (the paper's ``g(c, n)`` over ``n``: the paper's own ``g`` in the
+    fit measured worse on held-out recordings, docs/agentspec.md)."""
+    from agentspec_mw.agentspec.calibration import _SUPPORT_MID, N_Q, cell_shape, prior_table
+
+    prior = prior_table(0.5, 0.9).reshape(cell_shape())
+    for sup, n in enumerate(_SUPPORT_MID):
+        for q in range(N_Q):
+            mid = (q + 0.5) / N_Q
+            want = 0.9 * mid * redundancy_score(n, n, 0.5) / n
+            assert prior[0, 0, 0, sup, 0, q] == pytest.approx(want)
+            assert prior[0, 1, 0, sup, 0, q] == pytest.approx(min(1.0, 1.1 * want))
+
+
 def test_grammar_rows_forget_the_scopes_that_gave_them_up() -> None:
     """Each tenant with its own block delimiters takes a grammar row; a row handed to
     another tenant leaves no count behind (one entry per tenant ever seen, before)."""

@@ -6,7 +6,8 @@ table (:mod:`.scopes`; each scope learns only from its own drafts, from a fixed 
 bucketed by (source, agreement between sources, match length, support ``n``, draft
 position, ``c / n``) — a *cell*. Each cell's prior is, by default, the acceptance
 learned for it on recorded agent traces (:func:`stored_prior`); else the paper's redundancy
-score ``g(c, n) = (c/n)·p(n)`` (:func:`redundancy_score`) times ``calib_prior_scale``. Each
+score ``g(c, n) = (c/n)·p(n)`` (:func:`redundancy_score`) over the support ``n``, times
+``calib_prior_scale`` (:func:`prior_table`). Each
 cell is split into *fine* cells by the drafted token's text class, whether the draft
 crossed a line break before it, and the request's record (:mod:`.token_classes`,
 ``kernels._fine``); a fine cell's acceptance is its counts shrunk toward its cell's
@@ -73,11 +74,15 @@ def redundancy_score(c: int, n: int, g_min: float) -> float:
 
 def prior_table(g_min: float, scale: float) -> np.ndarray:
     """The fixed prior acceptance of every cell, flattened in the kernels' order
-    ``(source, agree, match, support, position, c/n)``: ``scale · g`` at the bucket's
-    middle ``c/n`` and representative support, raised when sources agree."""
+    ``(source, agree, match, support, position, c/n)``: ``scale · g(c, n) / n`` — the
+    paper's score over the support, falling as ``n`` grows — at the bucket's middle ``c/n``
+    and representative support, raised when sources agree. The paper's ``g`` itself (rising
+    with ``n``, as the verified acceptance does) was refitted into the stored prior on
+    2026-12-06: even on ../shared, 0.4–1.0 % slower on the held-out engine recordings at
+    batch ≥ 32 (docs/agentspec.md), so this shape stays."""
     shape = cell_shape()
     q_mid = (np.arange(N_Q) + 0.5) / N_Q
-    p_n = np.array([redundancy_score(1, n, g_min) for n in _SUPPORT_MID])
+    p_n = np.array([redundancy_score(1, n, g_min) for n in _SUPPORT_MID])  # p(n) / n
     base = scale * q_mid[None, None, :] * p_n[:, None, None]
     prior = np.broadcast_to(base, shape).copy()
     prior[:, 1] = np.minimum(1.0, prior[:, 1] * _AGREE_BOOST)

@@ -195,6 +195,7 @@ def test_trace_record_that_fails_otherwise_is_an_adapter_error(
     assert handler.live_state() == ZERO
     assert handler.stats.adapter_errors == 1 and handler.stats.traces_recorded == 0
     assert "no record" in caplog.text
+    assert "trace record may miss" in caplog.text and "without tags" not in caplog.text
     handler.close()
 
 

@@ -99,7 +99,8 @@ class AdapterStats:
     tags_delivered: int = 0
     """LLM calls whose tags were attached to at least one outgoing request."""
     adapter_errors: int = 0
-    """Adapter failures (each meant no tags for a call or a lost graph update)."""
+    """Adapter failures (each meant no tags for a call, a lost graph update or a lost trace
+    record; the log line says which)."""
     duplicate_events: int = 0
     """Events ignored because their run id was already seen."""
     traces_recorded: int = 0
@@ -314,9 +315,12 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             raise exc
         with self._lock:
             self._stats.adapter_errors += 1
-        _log.warning(
-            "agentspec: %s failed (%s: %s); continuing without tags", where, type(exc).__name__, exc
+        lost = (
+            "continuing without tags for this call"
+            if where == "tagging an LLM call"
+            else "the call goes on; the redundancy graph or the trace record may miss this event"
         )
+        _log.warning("agentspec: %s failed (%s: %s); %s", where, type(exc).__name__, exc, lost)
 
     # ------------------------------------------------------------------ runs
     def _register(

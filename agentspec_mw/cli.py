@@ -206,6 +206,7 @@ def _add_replay(sub: Any) -> None:
         help="plot path (default: next to --json, or replay.png); .png is added to a name "
         "without an image extension",
     )
+    p.add_argument("--no-plot", action="store_true", help="write no plot")
     p.add_argument("--cache-dir", default=None, help="token cache (default ~/.cache/agentspec_mw)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_replay)
@@ -317,14 +318,15 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         json_out.write_text(report.model_dump_json(indent=1))
         print(f"wrote {json_out}")
     title = f"cost model {config.cost_model}, k={','.join(map(str, config.k))}"
-    print(f"wrote {plot_speedup(rows, plot, title)}")
+    if plot is not None:
+        print(f"wrote {plot_speedup(rows, plot, title)}")
     return 0
 
 
-def _output_paths(args: argparse.Namespace) -> tuple[Path | None, Path]:
+def _output_paths(args: argparse.Namespace) -> tuple[Path | None, Path | None]:
     """``agentspec replay``'s ``--json`` path and plot path (``--plot``, else next to
     ``--json``, else ``replay.png``; :func:`~agentspec_mw.replay.report.plot_path` adds
-    ``.png`` where matplotlib would), both checked writable.
+    ``.png`` where matplotlib would; ``None`` with ``--no-plot``), both checked writable.
 
     Raises:
         ValueError: a path that cannot be written, a ``--plot`` that is a folder, or
@@ -333,6 +335,12 @@ def _output_paths(args: argparse.Namespace) -> tuple[Path | None, Path]:
     from agentspec_mw.replay.report import plot_path
 
     json_out = Path(args.json_out) if args.json_out else None
+    if args.no_plot:
+        if args.plot:
+            raise ValueError("--plot and --no-plot: give one")
+        if json_out is not None:
+            check_writable([json_out])
+        return json_out, None
     default = json_out.with_suffix(".png") if json_out is not None else Path("replay.png")
     plot = plot_path(args.plot or default)
     if json_out is not None and plot.resolve() == json_out.resolve():
@@ -350,7 +358,7 @@ def _replica_replay(
     workloads: Any,
     env: Any,
     json_out: Path | None,
-    plot: Path,
+    plot: Path | None,
 ) -> int:
     """``agentspec replay --replicas``: the cluster what-if (its own table, JSON and plot)."""
     from agentspec_mw.replay.replicas import (
@@ -374,7 +382,8 @@ def _replica_replay(
         json_out.write_text(json.dumps(report, indent=1, allow_nan=False))
         print(f"wrote {json_out}")
     title = f"replicas: cost model {config.cost_model}, batch {config.batch}, k={config.k}"
-    print(f"wrote {plot_replicas(rows, plot, title)}")
+    if plot is not None:
+        print(f"wrote {plot_replicas(rows, plot, title)}")
     return 0
 
 

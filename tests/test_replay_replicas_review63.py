@@ -6,7 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentspec_mw.replay.replicas import replica_batch, run_replica_replay, split_calls
+from agentspec_mw.replay.replicas import (
+    format_replica_table,
+    replica_batch,
+    run_replica_replay,
+    split_calls,
+)
 from agentspec_mw.replay.run import ReplayConfig
 from agentspec_mw.replay.sim import ReplayCall
 from tests.test_replay_replicas import _workload
@@ -109,6 +114,10 @@ def test_a_replica_row_short_of_its_replicas_batch_is_still_unfilled() -> None:
     for r in rows:
         assert r.max_in_flight == 1 and not r.batch_filled, r
         assert r.replica_batch == 4
+    table = format_replica_table(rows).splitlines()
+    assert table[0].split()[-1] == "eff/rep"
+    assert table[2].split()[-1] == f"{rows[0].effective_batch:.1f}*/4"
+    assert table[-1].startswith("* a replica's effective batch under 80 %")
 
 
 def test_replica_batch() -> None:

@@ -266,18 +266,27 @@ def _rows(
 
 
 def format_replica_table(rows: Sequence[ReplicaRow]) -> str:
-    """A text table: one line per row (``accept`` is ``-`` where nothing was drafted)."""
+    """A text table: one line per row (``accept`` is ``-`` where nothing was drafted;
+    ``eff/rep`` is a replica's effective batch over the batch each replica holds, marked
+    ``*`` where that is under 80 %: not a replay at that batch, as in the replay's table)."""
     head = (
         f"{'proposer':<10} {'workload':<22} {'R':>2} {'routing':<11} {'batch':>5} {'k':>2} "
-        f"{'accept':>6} {'MAT':>5} {'speedup':>7} {'tok/s':>8}"
+        f"{'accept':>6} {'MAT':>5} {'speedup':>7} {'tok/s':>8} {'eff/rep':>11}"
     )
     lines = [head, "-" * len(head)]
     for x in rows:
         accept = f"{1 - x.rejection_rate:>6.3f}" if x.drafted_per_step > 0 else f"{'-':>6}"
+        mark = "" if x.batch_filled else "*"
+        eff = f"{x.effective_batch:.1f}{mark}/{x.replica_batch}"
         lines.append(
             f"{x.proposer:<10} {x.workload[:22]:<22} {x.replicas:>2} {x.routing:<11} "
             f"{x.batch:>5} {x.k:>2} {accept} {x.mat:>5.2f} "
-            f"{x.speedup:>7.3f} {x.throughput_tok_s:>8.1f}"
+            f"{x.speedup:>7.3f} {x.throughput_tok_s:>8.1f} {eff:>11}"
+        )
+    if any(not x.batch_filled for x in rows):
+        lines.append(
+            "* a replica's effective batch under 80 % of the runs it holds: the workload has "
+            "fewer runs, or its KV cache holds fewer contexts"
         )
     return "\n".join(lines)
 

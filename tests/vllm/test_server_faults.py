@@ -201,3 +201,27 @@ def test_a_malformed_metrics_labels_environment_falls_back_in_the_engine(
     assert DrafterMetrics(prometheus=False).labels == frozenset({"agent", "scope"})
     with pytest.raises(ValueError, match="unknown"):
         DrafterMetrics(prometheus=False, labels="agents")  # a caller's own choice still raises
+
+
+def test_serve_on_a_taken_port_fails_at_once_in_one_line(
+    squatter: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``agentspec serve`` on a port in use: exit 2 with one line, no server started (vLLM
+    loaded the model first and died ~15 s later with a 42-line traceback)."""
+    from agentspec_mw_vllm import serve as serve_mod
+
+    def popen(*a: object, **k: object) -> None:
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(serve_mod.subprocess, "Popen", popen)
+    cfg = serve_mod.ServeConfig(port=squatter)
+    assert serve_mod.serve(cfg) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"agentspec serve: error: port {squatter} on 127.0.0.1 is in use; stop what listens "
+        "there or choose another --port"
+    ]
+    # a --port after `--` goes to vLLM (the later one wins): not checked here, it starts
+    moved = serve_mod.ServeConfig(port=squatter, extra_args=["--port", str(free_port())])
+    with pytest.raises(AssertionError, match="a server was started"):
+        serve_mod.serve(moved)

@@ -21,7 +21,6 @@ cluster stops, with the log tail of the process, as soon as any of its processes
 
 from __future__ import annotations
 
-import errno
 import http.client
 import os
 import shutil
@@ -152,20 +151,16 @@ def _check_ports_free(host: str, ports: Sequence[tuple[int, str]]) -> None:
     passes): a server already listening there would answer the health checks in place of
     the process about to start.
     """
+    from agentspec_mw_vllm.serve import port_taken
+
     for port, what in ports:
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((host, port))
-            except OSError as exc:
-                reason = (
-                    "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
-                )
-                raise ClusterError(
-                    f"port {port} on {host} {reason}, needed by {what}; stop what listens "
-                    "there, or choose another --port (the router takes PORT, replica i "
-                    "PORT+1+i)"
-                ) from None
+        reason = port_taken(host, port)
+        if reason is not None:
+            raise ClusterError(
+                f"port {port} on {host} {reason}, needed by {what}; stop what listens "
+                "there, or choose another --port (the router takes PORT, replica i "
+                "PORT+1+i)"
+            )
 
 
 def _stop(proc: subprocess.Popen[bytes], grace_s: float = 60) -> None:

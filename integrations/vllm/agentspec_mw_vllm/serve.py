@@ -29,11 +29,13 @@ scope is what the client sends (``"default"`` if nothing): one trust domain per 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -202,11 +204,35 @@ def server_env(
     return env
 
 
+def port_taken(host: str, port: int) -> str | None:
+    """Why ``port`` on ``host`` cannot be served on (``"is in use"``, or the bind error),
+    or ``None`` if it is free. Binds it with ``SO_REUSEADDR``, as the servers do, so a port
+    in ``TIME_WAIT`` passes."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            return "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc})"
+    return None
+
+
 def serve(cfg: ServeConfig) -> int:
-    """Run the server in the foreground until it exits; return its exit code.
+    """Run the server in the foreground until it exits; return its exit code (2, with a
+    one-line error and nothing started, when its port is taken: vLLM would load the model
+    first and then fail with a traceback).
 
     Ctrl-C or SIGTERM stop the server (SIGTERM first, SIGKILL after 30 s).
     """
+    if not {"--host", "--port"} & {a.split("=")[0] for a in cfg.extra_args}:
+        why = port_taken(cfg.host, cfg.port)
+        if why is not None:
+            print(
+                f"agentspec serve: error: port {cfg.port} on {cfg.host} {why}; stop what "
+                "listens there or choose another --port",
+                file=sys.stderr,
+            )
+            return 2
     argv = server_command(cfg)
     env = server_env(cfg=cfg)
     prom_dir = None

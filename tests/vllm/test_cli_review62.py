@@ -4,7 +4,6 @@ the usual false spellings and refuses others. No server or router starts."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -13,22 +12,9 @@ from pydantic import ValidationError
 from agentspec_mw.cli import main
 from agentspec_mw_vllm import preload
 from agentspec_mw_vllm.cluster import ClusterConfig
+from tests.serving import free_port
 from tests.test_bench import fake_cpu_prefix
-
-
-def _one_line(capsys: pytest.CaptureFixture[str], command: str) -> str:
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"agentspec {command}: error: "), err
-    assert "errors.pydantic.dev" not in err and "input_value" not in err
-    return lines[0]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.test_cli_review62 import _one_line
 
 
 def test_cluster_log_dir_that_is_a_file_is_one_line(
@@ -36,7 +22,7 @@ def test_cluster_log_dir_that_is_a_file_is_one_line(
 ) -> None:
     afile = tmp_path / "afile"
     afile.write_text("x")
-    argv = ["cluster", "--log-dir", str(afile), "--port", str(_free_port())]
+    argv = ["cluster", "--log-dir", str(afile), "--port", str(free_port())]
     assert main(argv) == 2
     assert f"error: '{afile}': File exists" in _one_line(capsys, "cluster")
 

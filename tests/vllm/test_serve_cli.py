@@ -112,3 +112,44 @@ def test_usable_cpus_follows_the_affinity_mask(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delattr(os, "sched_getaffinity", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: None)
     assert engine.usable_cpus() == 1
+
+
+def test_the_servers_numba_leaves_openmp_unnested(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numba's OpenMP threading layer turns on nested parallelism process-wide when its pool
+    starts; in the server's worker that slowed every engine step ~2x (SERVER_CPU_ENV).
+    The server's environment keeps numba off OpenMP; a user's own choice is kept."""
+    import subprocess
+    import sys
+
+    import agentspec_mw_vllm.engine as engine
+
+    monkeypatch.setattr(engine, "is_cpu_build", lambda: True)
+    assert server_env({"NUMBA_THREADING_LAYER": "omp"})["NUMBA_THREADING_LAYER"] == "omp"
+    env = server_env({"PATH": "/usr/bin:/bin"})
+    assert env["NUMBA_THREADING_LAYER"] == "workqueue"
+    if "libiomp5" not in env.get("LD_PRELOAD", ""):
+        pytest.skip("no Intel OpenMP to preload here (intel-openmp is not installed)")
+    probe = (
+        "import torch, numba, numpy as np\n"  # torch loads the OpenMP the engine uses
+        "import ctypes\n"
+        "omp = ctypes.CDLL(None).omp_get_nested\n"  # the preloaded OpenMP
+        "before = omp()\n"
+        "@numba.njit(parallel=True)\n"
+        "def f(a):\n"
+        "    s = 0.0\n"
+        "    for i in numba.prange(a.shape[0]):\n"
+        "        s += a[i]\n"
+        "    return s\n"
+        "f(np.ones(64))\n"
+        "print(before, omp(), numba.threading_layer())\n"
+    )
+    for layer, nested in (("workqueue", False), ("omp", True)):
+        out = subprocess.run(
+            [sys.executable, "-c", probe],
+            env={**env, "NUMBA_THREADING_LAYER": layer},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        assert out[2] == layer
+        assert (out[0] != out[1]) == nested, (layer, out)

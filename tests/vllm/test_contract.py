@@ -327,3 +327,53 @@ def test_the_cpu_builds_expand_is_replaced_while_vllms_own_is_wrong() -> None:
         got = plugin._vllm_expand(x, cu, n, replace_from=src, replace_to=dst)
         wrong += not torch.allclose(got.double(), torch.tensor(want, dtype=torch.float64))
     assert wrong > 0, "vLLM's CPU expand_batch_to_tokens is right now: drop _install_expand_fix"
+
+
+def _child_numba_layer(register: bool) -> tuple[str | None, str]:
+    """In a child process: register the plugin (as vLLM does in each of its processes),
+    run a threaded numba kernel, and report the environment's and numba's layer."""
+    import os
+
+    import numba
+
+    if register:
+        plugin.register()
+
+    @numba.njit(parallel=True)
+    def total(a: np.ndarray) -> float:
+        s = 0.0
+        for i in numba.prange(a.shape[0]):
+            s += a[i]
+        return s
+
+    total(np.ones(64))
+    return os.environ.get("NUMBA_THREADING_LAYER"), numba.threading_layer()
+
+
+@pytest.mark.skipif(not is_cpu_build(), reason="the layer is set on vLLM's CPU build only")
+def test_vllms_engine_processes_keep_numba_off_openmp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numba's OpenMP layer turns on nested OpenMP process-wide when its pool starts; in an
+    engine's worker process that slowed every step ~2x (``_install_numba_layer``). The
+    plugin, which vLLM runs in each engine process, makes those processes use workqueue
+    (spawned, or forked with numba imported); the caller's own process keeps its layer, and
+    a user's ``NUMBA_THREADING_LAYER`` is kept."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    monkeypatch.delenv("NUMBA_THREADING_LAYER", raising=False)
+    import numba  # noqa: F401  (a forked child has numba imported already)
+
+    plugin.register()  # the caller's process: not a child, left as it is
+    assert "NUMBA_THREADING_LAYER" not in os.environ
+
+    def child(start: str, register: bool) -> tuple[str | None, str]:
+        ctx = multiprocessing.get_context(start)
+        with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+            return pool.submit(_child_numba_layer, register).result()
+
+    assert child("spawn", True) == ("workqueue", "workqueue")
+    assert child("fork", True) == ("workqueue", "workqueue")
+    assert child("fork", False)[1] == "omp"  # without the plugin: numba's default
+    monkeypatch.setenv("NUMBA_THREADING_LAYER", "omp")
+    assert child("fork", True) == ("omp", "omp")

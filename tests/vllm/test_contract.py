@@ -354,9 +354,9 @@ def _child_numba_layer(register: bool) -> tuple[str | None, str]:
 def test_vllms_engine_processes_keep_numba_off_openmp(monkeypatch: pytest.MonkeyPatch) -> None:
     """numba's OpenMP layer turns on nested OpenMP process-wide when its pool starts; in an
     engine's worker process that slowed every step ~2x (``_install_numba_layer``). The
-    plugin, which vLLM runs in each engine process, makes those processes use workqueue
-    (spawned, or forked with numba imported); the caller's own process keeps its layer, and
-    a user's ``NUMBA_THREADING_LAYER`` is kept."""
+    plugin, which vLLM runs in each engine process (spawned on the CPU build), makes those
+    processes use workqueue, also where numba was imported first; the caller's own process
+    keeps its layer, and a user's ``NUMBA_THREADING_LAYER`` is kept."""
     import multiprocessing
     import os
     from concurrent.futures import ProcessPoolExecutor
@@ -373,7 +373,7 @@ def test_vllms_engine_processes_keep_numba_off_openmp(monkeypatch: pytest.Monkey
             return pool.submit(_child_numba_layer, register).result()
 
     assert child("spawn", True) == ("workqueue", "workqueue")
-    assert child("fork", True) == ("workqueue", "workqueue")
-    assert child("fork", False)[1] == "omp"  # without the plugin: numba's default
+    assert child("fork", True) == ("workqueue", "workqueue")  # numba imported before
+    assert child("spawn", False)[1] == "omp"  # without the plugin: numba's default
     monkeypatch.setenv("NUMBA_THREADING_LAYER", "omp")
-    assert child("fork", True) == ("omp", "omp")
+    assert child("spawn", True) == ("omp", "omp")

@@ -335,9 +335,11 @@ def _install_numba_layer() -> None:
     AgentSpec against 30-31 s without speculation (34 s and 31 s on ``workqueue``); 400 on
     an embedded ``AsyncLLM`` with AgentSpec took 35-36 s (18-19.5 s), and without the
     preloaded Intel OpenMP did not finish in 150 s (19.6 s); 2026-12-06, docs/deployment.md.
-    The workqueue layer does not touch OpenMP; it must not be launched from two threads at
-    once, and an engine drafts from one. The caller's own process (an in-process ``LLM``,
-    which did not slow down) is left as it is."""
+    The workqueue layer does not touch OpenMP; it must not run parallel kernels from two
+    threads at once, and an engine drafts from one thread. The caller's own process (an
+    in-process ``LLM``, which did not slow down) is left as it is, unless it is itself a
+    ``multiprocessing`` child. On the CPU build vLLM starts its processes with ``spawn``
+    (a forked child would inherit vLLM's "plugins loaded" flag and not run this)."""
     import multiprocessing
     import os
 
@@ -351,7 +353,7 @@ def _install_numba_layer() -> None:
     layer = os.environ.setdefault("NUMBA_THREADING_LAYER", ENGINE_NUMBA_LAYER)
     config: Any = sys.modules.get("numba.core.config")
     if config is None or config.THREADING_LAYER == layer:
-        return  # numba reads the environment when imported
+        return  # numba reads the environment when imported (after this, in a spawned child)
     if getattr(sys.modules.get("numba.np.ufunc.parallel"), "_is_initialized", False):
         logger.warning(
             "agentspec: numba's thread pool already runs in this vLLM process; its "
@@ -359,7 +361,7 @@ def _install_numba_layer() -> None:
             ENGINE_NUMBA_LAYER,
         )
         return
-    config.THREADING_LAYER = layer  # imported before (a forked child): set it here
+    config.THREADING_LAYER = layer  # numba imported before the plugin ran: set it here
 
 
 def _runner_class() -> Any:
@@ -396,7 +398,7 @@ def register() -> None:
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "") == "1":
         logger.warning(_V2_WARNING)
 
-    _install_numba_layer()  # per process, before numba's pool starts (a fork keeps the rest)
+    _install_numba_layer()  # per process, before numba's pool starts
     runner = _runner_class()
     target = getattr(runner, "propose_draft_token_ids", None)
     if getattr(target, _MARK, False):

@@ -11,7 +11,7 @@ import pytest
 from agentspec_mw.registry import resolve_proposer_class
 from agentspec_mw_vllm.metrics import get_metrics
 from tests.vllm import fakes
-from tests.vllm.conftest import PROMPTS, _build, generate_ids, greedy, tags_for, wire
+from tests.vllm.conftest import MAX_TOKENS, PROMPTS, _build, generate_ids, greedy, tags_for, wire
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -115,6 +115,20 @@ def test_sampled_requests_keep_the_models_distribution_with_drafts(
     assert offered > 0
     assert drafted > plain - 3.0, (drafted, plain)
     assert accepted >= 0.1 * offered, (accepted, offered)
+
+
+def test_greedy_requests_batched_with_sampled_ones_stay_identical(
+    probe_llm: Any, baseline_outputs: list[list[int]]
+) -> None:
+    """A step that holds a sampled request verifies every row's drafts on the sampling
+    path; its greedy rows must still give the greedy tokens (before the plugin's expand
+    fix their logits were divided by uninitialised memory too)."""
+    from vllm import SamplingParams
+
+    sampled = [SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS, seed=s) for s in range(3)]
+    params = [greedy() for _ in PROMPTS] + sampled
+    outs = probe_llm.generate(PROMPTS + PROMPTS[-3:], params, use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outs[: len(PROMPTS)]] == baseline_outputs
 
 
 def test_tags_reach_the_proposer_per_request(probe_llm: Any) -> None:

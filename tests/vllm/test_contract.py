@@ -330,8 +330,9 @@ def test_the_cpu_builds_expand_is_replaced_while_vllms_own_is_wrong() -> None:
 
 
 def _child_numba_layer(register: bool) -> tuple[str | None, str]:
-    """In a child process: register the plugin (as vLLM does in each of its processes),
-    run a threaded numba kernel, and report the environment's and numba's layer."""
+    """In a child process: import numba, register the plugin (as vLLM does in each of its
+    processes), run a threaded numba kernel, and report the environment's and numba's
+    layer."""
     import os
 
     import numba
@@ -356,14 +357,13 @@ def test_vllms_engine_processes_keep_numba_off_openmp(monkeypatch: pytest.Monkey
     engine's worker process that slowed every step ~2x (``_install_numba_layer``). The
     plugin, which vLLM runs in each engine process (spawned on the CPU build), makes those
     processes use workqueue, also where numba was imported first; the caller's own process
-    keeps its layer, and a user's ``NUMBA_THREADING_LAYER`` is kept."""
+    keeps its layer, and a user's ``NUMBA_THREADING_LAYER`` is kept. (Children are spawned:
+    a child forked from a process that ran GNU OpenMP aborts when it uses OpenMP.)"""
     import multiprocessing
     import os
     from concurrent.futures import ProcessPoolExecutor
 
     monkeypatch.delenv("NUMBA_THREADING_LAYER", raising=False)
-    import numba  # noqa: F401  (a forked child has numba imported already)
-
     plugin.register()  # the caller's process: not a child, left as it is
     assert "NUMBA_THREADING_LAYER" not in os.environ
 
@@ -372,8 +372,7 @@ def test_vllms_engine_processes_keep_numba_off_openmp(monkeypatch: pytest.Monkey
         with ProcessPoolExecutor(1, mp_context=ctx) as pool:
             return pool.submit(_child_numba_layer, register).result()
 
-    assert child("spawn", True) == ("workqueue", "workqueue")
-    assert child("fork", True) == ("workqueue", "workqueue")  # numba imported before
+    assert child("spawn", True) == ("workqueue", "workqueue")  # numba imported first
     assert child("spawn", False)[1] == "omp"  # without the plugin: numba's default
     monkeypatch.setenv("NUMBA_THREADING_LAYER", "omp")
     assert child("spawn", True) == ("omp", "omp")

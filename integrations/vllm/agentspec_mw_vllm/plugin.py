@@ -331,7 +331,7 @@ def _install_numba_layer() -> None:
     numba's default layer is OpenMP, and starting its pool (any ``parallel=True`` kernel:
     vLLM's n-gram drafter, AgentSpec's threaded lookup) turns on nested OpenMP for the whole
     process. In an engine's own worker process every step then ran slower: 600 sampled
-    tokens at batch 1 on ``agentspec serve`` took 77 s with vLLM's n-gram and 52-58 s with
+    tokens at batch 1 on ``agentspec serve`` took 77 s with vLLM's n-gram and 52-59 s with
     AgentSpec against 30-31 s without speculation (34 s and 31 s on ``workqueue``); 400 on
     an embedded ``AsyncLLM`` with AgentSpec took 35-36 s (18-19.5 s), and without the
     preloaded Intel OpenMP did not finish in 150 s (19.6 s); 2026-12-06, docs/deployment.md.

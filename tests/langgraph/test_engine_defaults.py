@@ -1,5 +1,6 @@
 """The chat model's default engine, for real (default model, CPU): the wrapped graph gives
-the same greedy outputs as an engine without speculation; calls stream per engine step;
+the same greedy outputs as an engine without speculation, constrained outputs (forced tool
+calls, JSON schemas) too; calls stream per engine step;
 a 6-way fan-out runs in shared engine steps; each call reports its speculation."""
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Annotated, Any, TypedDict
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import HumanMessage
+from langchain_core.tools import tool
 from langgraph.types import Send
+from pydantic import BaseModel
 
 from agentspec_mw_langgraph import ChatAgentSpecVLLM, TaggingConfig, with_agentspec
 from agentspec_mw_langgraph.backend import VLLMBackend
@@ -147,3 +150,59 @@ def test_default_engine_equals_no_speculation_at_batch_one(
     plain = ChatAgentSpecVLLM(engine=plain_llm, max_tokens=64)
     for prompt in TIE_PRONE:
         assert longer.invoke(prompt).content == plain.invoke(prompt).content
+
+
+class Person(BaseModel):
+    """A person."""
+
+    name: str
+    age: int
+    job: str
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@tool
+def weather(city: str) -> str:
+    """The weather in a city."""
+    return "sunny"
+
+
+def _structured_calls(model: ChatAgentSpecVLLM) -> tuple[list[Any], int, int]:
+    """Constrained calls (forced tool calls, JSON schema), each prompt twice so the second
+    can draft from the first: the raw messages, tokens drafted and accepted."""
+    fc = model.with_structured_output(Person, include_raw=True)
+    js = model.with_structured_output(Person, method="json_schema", include_raw=True)
+    forced = model.bind_tools([add, weather], tool_choice="any")
+    raws: list[Any] = []
+    for _ in range(2):
+        for runnable in (fc, js):
+            out = runnable.invoke("Invent a baker called Ann, aged 31.")
+            assert isinstance(out, dict) and isinstance(out["parsed"], Person)
+            raws.append(out["raw"])
+        raws.append(forced.invoke("What is 2 plus 3?"))
+        assert raws[-1].tool_calls[0]["name"] in ("add", "weather")
+    drafted = accepted = 0
+    for msg in raws:
+        stats = msg.response_metadata.get("speculative_decoding") or {}
+        drafted += stats.get("num_draft_tokens", 0)
+        accepted += stats.get("num_accepted_draft_tokens", 0)
+    return [(m.content, m.tool_calls) for m in raws], drafted, accepted
+
+
+def test_constrained_outputs_equal_no_speculation(
+    default_chat: ChatAgentSpecVLLM, plain_llm: Any
+) -> None:
+    """Forced tool calls and JSON-schema outputs (vLLM's structured outputs: drafts the
+    grammar rejects are cut before verification) are identical with and without AgentSpec,
+    and AgentSpec drafted under the grammar."""
+    spec = ChatAgentSpecVLLM(engine=default_chat.engine, max_tokens=64)
+    plain = ChatAgentSpecVLLM(engine=plain_llm, max_tokens=64)
+    got, drafted, accepted = _structured_calls(spec)
+    expected, _, _ = _structured_calls(plain)
+    assert got == expected
+    assert drafted > 0 and accepted > 0

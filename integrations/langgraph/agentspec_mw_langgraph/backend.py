@@ -49,6 +49,9 @@ class GenerationRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     extra_args: dict[str, str | int | float] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    """Keyword arguments of vLLM's ``StructuredOutputsParams`` (what the output must match,
+    :mod:`~agentspec_mw_langgraph.constrain`), or ``None``."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,9 @@ class EngineBackend(Protocol):
 def sampling_params(r: GenerationRequest) -> Any:
     """vLLM ``SamplingParams`` for one request (tags travel in ``extra_args``)."""
     from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
 
+    structured = r.structured_outputs
     return SamplingParams(
         max_tokens=r.max_tokens,
         temperature=r.temperature,
@@ -96,6 +101,7 @@ def sampling_params(r: GenerationRequest) -> Any:
         seed=r.seed,
         stop=list(r.stop) or None,
         extra_args=dict(r.extra_args) if r.extra_args else None,
+        structured_outputs=StructuredOutputsParams(**structured) if structured else None,
     )
 
 

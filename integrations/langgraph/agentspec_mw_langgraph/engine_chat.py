@@ -6,8 +6,13 @@ per-call ContextVar) as ``SamplingParams.extra_args``, so each prompt of a ``gen
 batch sends its own. Tool calling goes through the model's chat template in the Hermes
 ``<tool_call>`` format (:mod:`~agentspec_mw_langgraph.toolformat`); ``bind_tools`` takes
 LangChain tools, functions or OpenAI tool dicts, so the model works in ``create_agent``
-and ``create_react_agent``. ``tool_choice`` other than ``"none"`` is not enforced (the
-tools are offered; the model decides); ``"none"`` withholds them.
+and ``create_react_agent``. ``tool_choice`` ``"auto"`` (or none) offers the tools and the
+model decides; ``"none"`` withholds them; ``"any"``, ``"required"``, ``True`` or a tool's
+name force exactly one call of a bound tool (the named one), enforced by vLLM's structured
+outputs; ``response_format`` (``ChatOpenAI``'s forms) constrains the output to JSON
+(:mod:`~agentspec_mw_langgraph.constrain`). So ``with_structured_output`` (methods
+``"function_calling"``, the default, ``"json_schema"`` and ``"json_mode"``) and
+``create_agent(..., response_format=...)`` get parseable output even from a small model.
 
 ``engine`` may be a ``vllm.LLM`` (:class:`~.backend.VLLMBackend`), an ``AsyncLLM``
 (:class:`~.async_backend.AsyncVLLMBackend`) or any :class:`~.backend.EngineBackend`.
@@ -36,20 +41,23 @@ import asyncio
 import json
 import threading
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from typing import Any
+from operator import itemgetter
+from typing import Any, Literal
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForLLMRun,
     CallbackManagerForLLMRun,
 )
 from langchain_core.callbacks.manager import BaseRunManager
-from langchain_core.language_models import BaseChatModel
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable
-from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from agentspec_mw.default_model import check_model
 from agentspec_mw.errors import MissingDependencyError
@@ -59,6 +67,7 @@ from agentspec_mw_langgraph.backend import (
     GenerationRequest,
     GenerationResult,
 )
+from agentspec_mw_langgraph.constrain import output_constraint
 from agentspec_mw_langgraph.context import deliver_wire_tags
 from agentspec_mw_langgraph.handler import AgentSpecCallbackHandler
 from agentspec_mw_langgraph.messages import to_openai_messages
@@ -206,11 +215,76 @@ class ChatAgentSpecVLLM(BaseChatModel):
         tool_choice: Any = None,
         **kwargs: Any,
     ) -> Runnable[Any, AIMessage]:
-        """Offer ``tools`` (LangChain tools, functions, pydantic models or OpenAI dicts)."""
+        """Offer ``tools`` (LangChain tools, functions, pydantic models or OpenAI dicts);
+        ``tool_choice`` as in the module docstring.
+
+        Raises:
+            ValueError: ``tool_choice`` names a tool not in ``tools``, or is malformed.
+        """
         formatted = [convert_to_openai_tool(t) for t in tools]
         if tool_choice is not None:
+            if tool_choice != "none":  # checked now, not at the first call
+                output_constraint(formatted, tool_choice, kwargs.get("response_format"))
             kwargs["tool_choice"] = tool_choice
         return self.bind(tools=formatted, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type,
+        *,
+        include_raw: bool = False,
+        method: Literal["function_calling", "json_schema", "json_mode"] = "function_calling",
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
+        """A runnable whose output is ``schema`` (a pydantic model, TypedDict, JSON schema
+        or OpenAI tool dict), as LangChain's chat models take it.
+
+        ``method="function_calling"`` (the default): the schema is offered as a tool and the
+        model must call it (the schema is in the prompt; the call is enforced).
+        ``"json_schema"``: the output is JSON valid against the schema, enforced (the
+        schema is not in the prompt: describe the fields in it). ``"json_mode"``: any JSON
+        object (the schema is neither in the prompt nor enforced). ``strict`` is accepted
+        for compatibility: enforcement is always strict here.
+
+        Raises:
+            ValueError: an unknown ``method`` or keyword argument.
+        """
+        del strict
+        if kwargs:
+            raise ValueError(f"Received unsupported arguments {kwargs}")
+        if method == "function_calling":
+            return super().with_structured_output(schema, include_raw=include_raw)
+        if method not in ("json_schema", "json_mode"):
+            raise ValueError(
+                f"method={method!r}: pass 'function_calling', 'json_schema' or 'json_mode'"
+            )
+        is_model = isinstance(schema, type) and is_basemodel_subclass(schema)
+        fmt: dict[str, Any]
+        if method == "json_mode":
+            fmt = {"type": "json_object"}
+        else:
+            json_schema = convert_to_json_schema(schema)
+            name = str(json_schema.get("title") or "response")
+            fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": json_schema}}
+        llm = self.bind(
+            response_format=fmt,
+            ls_structured_output_format={"kwargs": {"method": method}, "schema": schema},
+        )
+        parser: Runnable[Any, Any] = (
+            PydanticOutputParser(pydantic_object=schema)  # type: ignore[arg-type]
+            if is_model
+            else JsonOutputParser()
+        )
+        if not include_raw:
+            return llm | parser
+        with_parsed = RunnablePassthrough.assign(
+            parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
+        )
+        without = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | with_parsed.with_fallbacks(
+            [without], exception_key="parsing_error"
+        )
 
     def _request(
         self,
@@ -223,6 +297,9 @@ class ChatAgentSpecVLLM(BaseChatModel):
         tools = kwargs.get("tools") or None
         if kwargs.get("tool_choice") == "none":
             tools = None
+        constraint = output_constraint(
+            tools, kwargs.get("tool_choice"), kwargs.get("response_format")
+        )
         tokenizer = backend.get_tokenizer()
         text = render_chat_prompt(tokenizer, to_openai_messages(messages), tools)
         ids = list(tokenizer.encode(text, add_special_tokens=False))
@@ -234,6 +311,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
             seed=kwargs.get("seed", self.seed),
             stop=tuple([*_stop_list(self.stop), *_stop_list(stop)]),
             extra_args=_call_wire_tags(run_manager),
+            structured_outputs=constraint,
         )
 
     def _message(self, result: GenerationResult, prompt_tokens: int) -> AIMessage:

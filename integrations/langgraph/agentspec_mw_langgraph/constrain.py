@@ -1,0 +1,152 @@
+"""What a call constrains its output to: a forced tool call, or a JSON response format.
+
+vLLM enforces these with its structured-output backend (xgrammar by default): at each
+step only tokens the grammar allows can be sampled, and draft tokens the grammar rejects
+are cut before verification, so outputs stay identical with and without speculation.
+
+* **Forced tool choice** (``tool_choice`` ``"any"``, ``"required"``, ``True``, a tool's
+  name, or ``{"type": "function", "function": {"name": ...}}``): the output is exactly one
+  tool call in the Hermes format the prompt teaches, ``<tool_call>\\n{"name": ..., "arguments":
+  {...}}\\n</tool_call>``, the name one of the bound tools' (the named one) and the
+  arguments valid against its parameter schema -- an xgrammar structural tag. One call,
+  not several: what ``with_structured_output`` and ``create_agent``'s ``ToolStrategy``
+  need. ``True`` with several tools means any of them (with one tool, that tool).
+* **Response format** (``response_format``, as ``ChatOpenAI`` takes it):
+  ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`` (or a pydantic
+  model, a TypedDict or a JSON-schema dict) -> JSON valid against the schema;
+  ``{"type": "json_object"}`` -> any JSON object; ``{"type": "text"}`` -> no constraint.
+  With tools bound it constrains the whole output, so no tool can be called (as on a vLLM
+  server).
+
+:func:`output_constraint` returns the keyword arguments of vLLM's
+``StructuredOutputsParams`` (the backend builds it), or ``None``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from langchain_core.utils.function_calling import convert_to_json_schema
+
+__all__ = ["named_tool", "output_constraint", "response_format_schema"]
+
+_ANY = ("any", "required")
+
+
+def named_tool(tool_choice: Any, tools: list[dict[str, Any]]) -> str | None:
+    """The one tool ``tool_choice`` names, ``None`` when it allows any bound tool.
+
+    Raises:
+        ValueError: it names a tool that is not bound, or is not a tool choice at all.
+    """
+    names = [str(t.get("function", t).get("name", "")) for t in tools]
+    if tool_choice is True:
+        return names[0] if len(names) == 1 else None
+    if isinstance(tool_choice, str):
+        if tool_choice in _ANY:
+            return None
+        name = tool_choice
+    elif isinstance(tool_choice, dict):
+        fn = tool_choice.get("function", tool_choice)
+        named = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(named, str):
+            raise ValueError(
+                f"tool_choice={tool_choice!r} names no tool: pass 'auto', 'none', 'any', "
+                "'required', a tool's name or {'type': 'function', 'function': {'name': ...}}"
+            )
+        name = named
+    else:
+        raise ValueError(
+            f"tool_choice={tool_choice!r} is not a tool choice: pass 'auto', 'none', 'any', "
+            "'required', True, a tool's name or {'type': 'function', 'function': {'name': ...}}"
+        )
+    if name not in names:
+        raise ValueError(f"tool_choice names {name!r}, which is not a bound tool ({names})")
+    return name
+
+
+def _call_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema of one Hermes call body of ``tool`` (an OpenAI tool dict)."""
+    fn = tool.get("function", tool)
+    params = fn.get("parameters") or {"type": "object", "properties": {}}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": fn.get("name", "")}, "arguments": params},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def _forced_call(tools: list[dict[str, Any]], name: str | None) -> dict[str, Any]:
+    chosen = [t for t in tools if name is None or t.get("function", t).get("name") == name]
+    bodies = [_call_schema(t) for t in chosen]
+    schema = bodies[0] if len(bodies) == 1 else {"anyOf": bodies}
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "sequence",
+            "elements": [
+                {"type": "const_string", "value": "<tool_call>\n"},
+                {"type": "json_schema", "json_schema": schema},
+                {"type": "const_string", "value": "\n</tool_call>"},
+            ],
+        },
+    }
+    return {"structural_tag": json.dumps(tag)}
+
+
+def response_format_schema(response_format: Any) -> dict[str, Any] | None:
+    """The JSON schema ``response_format`` asks for; ``{}`` for any JSON object;
+    ``None`` for plain text.
+
+    Raises:
+        ValueError: ``response_format`` is none of the forms in the module docstring.
+    """
+    if isinstance(response_format, dict) and "type" in response_format:
+        kind = response_format["type"]
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return {}
+        if kind == "json_schema":
+            spec = response_format.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, dict):
+                raise ValueError(
+                    "response_format {'type': 'json_schema'} needs "
+                    "'json_schema': {'name': ..., 'schema': {...}}"
+                )
+            return schema
+        if kind not in ("object", "array", "string", "number", "integer", "boolean", "null"):
+            raise ValueError(
+                f"response_format type {kind!r} is not 'text', 'json_object' or 'json_schema'"
+            )
+    try:
+        return convert_to_json_schema(response_format)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            f"response_format={response_format!r} is not a response format: pass "
+            "{'type': 'json_schema', 'json_schema': {'name': ..., 'schema': {...}}}, "
+            "{'type': 'json_object'}, or a pydantic model / TypedDict / JSON schema"
+        ) from exc
+
+
+def output_constraint(
+    tools: list[dict[str, Any]] | None, tool_choice: Any, response_format: Any
+) -> dict[str, Any] | None:
+    """``StructuredOutputsParams`` keyword arguments for a call, or ``None`` (see the
+    module docstring). ``tools`` are the tools the prompt offers (none with
+    ``tool_choice="none"``).
+
+    Raises:
+        ValueError: a malformed ``tool_choice`` or ``response_format``.
+    """
+    if tools and tool_choice not in (None, False, "auto", "none"):
+        return _forced_call(tools, named_tool(tool_choice, tools))
+    if response_format is None:
+        return None
+    schema = response_format_schema(response_format)
+    if schema is None:
+        return None
+    return {"json": schema} if schema else {"json_object": True}

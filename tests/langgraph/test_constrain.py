@@ -8,34 +8,13 @@ from typing import Any
 
 import pytest
 from langchain_core.messages import HumanMessage
-from langchain_core.tools import tool
-from pydantic import BaseModel
 
 from agentspec_mw_langgraph import ChatAgentSpecVLLM
 from agentspec_mw_langgraph.backend import GenerationRequest, sampling_params
 from agentspec_mw_langgraph.constrain import named_tool, output_constraint
 
 from .fake_engine import FakeBackend
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
-
-
-@tool
-def weather(city: str) -> str:
-    """The weather in a city."""
-    return "sunny"
-
-
-class Person(BaseModel):
-    """A person."""
-
-    name: str
-    age: int
-
+from .schemas import Person, add, weather
 
 TOOLS = [
     {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}},

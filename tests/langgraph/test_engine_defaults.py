@@ -152,11 +152,13 @@ def test_default_engine_equals_no_speculation_at_batch_one(
 
 
 def _structured_calls(model: ChatAgentSpecVLLM) -> tuple[list[Any], int, int]:
-    """Constrained calls (forced tool calls, JSON schema), each prompt twice so the second
-    can draft from the first: the raw messages, tokens drafted and accepted."""
+    """Constrained calls (forced tool calls, JSON schema, a call or the answer), each prompt
+    twice so the second can draft from the first: the raw messages, tokens drafted and
+    accepted."""
     fc = model.with_structured_output(Person, include_raw=True)
     js = model.with_structured_output(Person, method="json_schema", include_raw=True)
     forced = model.bind_tools([add, weather], tool_choice="any")
+    call_or_answer = model.bind_tools([add], response_format=Person)  # create_agent's
     raws: list[Any] = []
     for _ in range(2):
         for runnable in (fc, js):
@@ -165,6 +167,8 @@ def _structured_calls(model: ChatAgentSpecVLLM) -> tuple[list[Any], int, int]:
             raws.append(out["raw"])
         raws.append(forced.invoke("What is 2 plus 3?"))
         assert raws[-1].tool_calls[0]["name"] in ("add", "weather")
+        raws.append(call_or_answer.invoke("Use the add tool to add 2 and 3."))
+        assert raws[-1].tool_calls[0]["args"] == {"a": 2, "b": 3}  # a call, not forced
     drafted = accepted = 0
     for msg in raws:
         stats = msg.response_metadata.get("speculative_decoding") or {}

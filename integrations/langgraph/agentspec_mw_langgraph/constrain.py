@@ -8,15 +8,17 @@ are cut before verification, so outputs stay identical with and without speculat
   name, or ``{"type": "function", "function": {"name": ...}}``): the output is exactly one
   tool call in the Hermes format the prompt teaches, ``<tool_call>\\n{"name": ..., "arguments":
   {...}}\\n</tool_call>``, the name one of the bound tools' (the named one) and the
-  arguments valid against its parameter schema -- an xgrammar structural tag. One call,
+  arguments valid against its parameter schema (its ``$ref`` s inlined) -- an xgrammar
+  structural tag. One call,
   not several: what ``with_structured_output`` and ``create_agent``'s ``ToolStrategy``
   need. ``True`` with several tools means any of them (with one tool, that tool).
 * **Response format** (``response_format``, as ``ChatOpenAI`` takes it):
   ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`` (or a pydantic
   model, a TypedDict or a JSON-schema dict) -> JSON valid against the schema;
   ``{"type": "json_object"}`` -> any JSON object; ``{"type": "text"}`` -> no constraint.
-  With tools bound it constrains the whole output, so no tool can be called (as on a vLLM
-  server).
+  With tools offered (``tool_choice`` ``"auto"`` or none) the output is either one call of
+  a bound tool or that JSON, as OpenAI's API lets a model call tools before it answers
+  (a vLLM server constrains the whole output to the JSON, so no tool can be called there).
 
 :func:`output_constraint` returns the keyword arguments of vLLM's
 ``StructuredOutputsParams`` (the backend builds it), or ``None``.
@@ -28,10 +30,13 @@ import json
 from typing import Any
 
 from langchain_core.utils.function_calling import convert_to_json_schema
+from langchain_core.utils.json_schema import dereference_refs
 
 __all__ = ["named_tool", "output_constraint", "response_format_schema"]
 
 _ANY = ("any", "required")
+_DEFS = ("$defs", "definitions")
+_JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 
 
 def named_tool(tool_choice: Any, tools: list[dict[str, Any]]) -> str | None:
@@ -66,10 +71,21 @@ def named_tool(tool_choice: Any, tools: list[dict[str, Any]]) -> str | None:
     return name
 
 
+def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with its local ``$ref`` s replaced by what they point at and its
+    ``$defs`` / ``definitions`` dropped, so it can sit inside another schema (a ``$ref``
+    is relative to the document's root). A recursive reference ends as ``{}`` (any value:
+    LangChain's :func:`~langchain_core.utils.json_schema.dereference_refs`)."""
+    if not any(key in schema for key in _DEFS):
+        return schema
+    inlined = dereference_refs(schema)
+    return {k: v for k, v in inlined.items() if k not in _DEFS}
+
+
 def _call_schema(tool: dict[str, Any]) -> dict[str, Any]:
     """The JSON schema of one Hermes call body of ``tool`` (an OpenAI tool dict)."""
     fn = tool.get("function", tool)
-    params = fn.get("parameters") or {"type": "object", "properties": {}}
+    params = _inline_refs(fn.get("parameters") or {"type": "object", "properties": {}})
     return {
         "type": "object",
         "properties": {"name": {"const": fn.get("name", "")}, "arguments": params},
@@ -78,22 +94,23 @@ def _call_schema(tool: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _forced_call(tools: list[dict[str, Any]], name: str | None) -> dict[str, Any]:
+def _call_format(tools: list[dict[str, Any]], name: str | None) -> dict[str, Any]:
+    """The structural-tag format of one Hermes call of ``name`` (``None``: any of ``tools``)."""
     chosen = [t for t in tools if name is None or t.get("function", t).get("name") == name]
     bodies = [_call_schema(t) for t in chosen]
     schema = bodies[0] if len(bodies) == 1 else {"anyOf": bodies}
-    tag = {
-        "type": "structural_tag",
-        "format": {
-            "type": "sequence",
-            "elements": [
-                {"type": "const_string", "value": "<tool_call>\n"},
-                {"type": "json_schema", "json_schema": schema},
-                {"type": "const_string", "value": "\n</tool_call>"},
-            ],
-        },
+    return {
+        "type": "sequence",
+        "elements": [
+            {"type": "const_string", "value": "<tool_call>\n"},
+            {"type": "json_schema", "json_schema": schema},
+            {"type": "const_string", "value": "\n</tool_call>"},
+        ],
     }
-    return {"structural_tag": json.dumps(tag)}
+
+
+def _structural_tag(fmt: dict[str, Any]) -> dict[str, Any]:
+    return {"structural_tag": json.dumps({"type": "structural_tag", "format": fmt})}
 
 
 def response_format_schema(response_format: Any) -> dict[str, Any] | None:
@@ -118,10 +135,12 @@ def response_format_schema(response_format: Any) -> dict[str, Any] | None:
                     "'json_schema': {'name': ..., 'schema': {...}}"
                 )
             return schema
-        if kind not in ("object", "array", "string", "number", "integer", "boolean", "null"):
+        if kind not in _JSON_TYPES:
             raise ValueError(
                 f"response_format type {kind!r} is not 'text', 'json_object' or 'json_schema'"
             )
+        if "title" not in response_format:  # a bare JSON schema: as it is
+            return dict(response_format)
     try:
         return convert_to_json_schema(response_format)
     except (ValueError, TypeError) as exc:
@@ -142,11 +161,16 @@ def output_constraint(
     Raises:
         ValueError: a malformed ``tool_choice`` or ``response_format``.
     """
-    if tools and tool_choice not in (None, False, "auto", "none"):
-        return _forced_call(tools, named_tool(tool_choice, tools))
+    if tool_choice not in (None, False, "auto", "none"):
+        if not tools:
+            raise ValueError(f"tool_choice={tool_choice!r} forces a tool call; no tool is bound")
+        return _structural_tag(_call_format(tools, named_tool(tool_choice, tools)))
     if response_format is None:
         return None
     schema = response_format_schema(response_format)
     if schema is None:
         return None
+    if tools:  # the model may call a tool first, or answer
+        answer = {"type": "json_schema", "json_schema": schema or {"type": "object"}}
+        return _structural_tag({"type": "or", "elements": [_call_format(tools, None), answer]})
     return {"json": schema} if schema else {"json_object": True}

@@ -38,8 +38,10 @@ Each message's ``response_metadata["speculative_decoding"]`` holds the call's
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
+from array import array
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any, Literal
@@ -314,8 +316,10 @@ class ChatAgentSpecVLLM(BaseChatModel):
             structured_outputs=constraint,
         )
 
-    def _message(self, result: GenerationResult, prompt_tokens: int) -> AIMessage:
-        content, calls, invalid = parse_tool_calls(result.text)
+    def _message(self, result: GenerationResult, request: GenerationRequest) -> AIMessage:
+        prompt_tokens = len(request.prompt_token_ids)
+        salt = hashlib.sha1(array("q", request.prompt_token_ids).tobytes()).hexdigest()
+        content, calls, invalid = parse_tool_calls(result.text, salt)
         metadata: dict[str, Any] = {
             "finish_reason": result.finish_reason,
             "model_name": self.backend.model_name,
@@ -346,7 +350,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
     ) -> ChatResult:
         request = self._request(messages, stop, kwargs, run_manager)
         (result,) = self.backend.generate([request])
-        message = self._message(result, len(request.prompt_token_ids))
+        message = self._message(result, request)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     async def _agenerate(
@@ -361,7 +365,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
             return await super()._agenerate(messages, stop, run_manager, **kwargs)
         request = self._request(messages, stop, kwargs, run_manager)
         result = await agenerate(request)
-        message = self._message(result, len(request.prompt_token_ids))
+        message = self._message(result, request)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     async def _astream(
@@ -377,7 +381,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
                 yield chunk
             return
         request = self._request(messages, stop, kwargs, run_manager)
-        chunker = _DeltaChunker(self, len(request.prompt_token_ids))
+        chunker = _DeltaChunker(self, request)
         async for kind, value in astream(request):
             for chunk in chunker.feed(kind, value):
                 yield chunk
@@ -392,12 +396,12 @@ class ChatAgentSpecVLLM(BaseChatModel):
         request = self._request(messages, stop, kwargs, run_manager)
         stream = getattr(self.backend, "stream", None)
         if stream is not None:  # the engine streams: pass its deltas on as they come
-            chunker = _DeltaChunker(self, len(request.prompt_token_ids))
+            chunker = _DeltaChunker(self, request)
             for kind, value in stream(request):
                 yield from chunker.feed(kind, value)
             return
         (result,) = self.backend.generate([request])
-        message = self._message(result, len(request.prompt_token_ids))
+        message = self._message(result, request)
         meta = dict(message.response_metadata)
         if message.tool_calls or message.invalid_tool_calls:
             chunks = [
@@ -460,9 +464,9 @@ class _DeltaChunker:
     whitespace, or spaces without a line break right before a final block.
     """
 
-    def __init__(self, model: ChatAgentSpecVLLM, prompt_tokens: int) -> None:
+    def __init__(self, model: ChatAgentSpecVLLM, request: GenerationRequest) -> None:
         self.model = model
-        self.prompt_tokens = prompt_tokens
+        self.request = request
         self.text = ""
         self.emitted = 0
         self.in_block = False
@@ -494,7 +498,7 @@ class _DeltaChunker:
         return [ChatGenerationChunk(message=AIMessageChunk(content=piece))]
 
     def _finish(self, result: GenerationResult) -> ChatGenerationChunk:
-        message = self.model._message(result, self.prompt_tokens)
+        message = self.model._message(result, self.request)
         meta = dict(message.response_metadata)
         calls = message.tool_calls or message.invalid_tool_calls
         chunks = [

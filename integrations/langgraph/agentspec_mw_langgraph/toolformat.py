@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Any
 
 from langchain_core.messages.tool import InvalidToolCall, ToolCall
@@ -29,7 +28,6 @@ __all__ = ["TOOL_CALL_BLOCKS", "parse_tool_calls", "render_chat_prompt", "tools_
 
 #: The block delimiters of text this format produces: code fences and tool-call blocks.
 TOOL_CALL_BLOCKS: tuple[tuple[str, str], ...] = (CODE_FENCE, HERMES_TOOL_BLOCK)
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 def tools_system_prompt(tools: list[dict[str, Any]]) -> str:
@@ -86,16 +84,55 @@ def render_chat_prompt(
     )
 
 
-def _call_id(index: int, body: str) -> str:
-    return "call_" + hashlib.sha1(f"{index}:{body}".encode()).hexdigest()[:16]
+def _call_id(salt: str, index: int, body: str) -> str:
+    return "call_" + hashlib.sha1(f"{salt}:{index}:{body}".encode()).hexdigest()[:16]
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[ToolCall], list[InvalidToolCall]]:
-    """Split model output into content, tool calls and invalid tool calls."""
+_OPEN, _CLOSE = HERMES_TOOL_BLOCK
+_DECODER = json.JSONDecoder()
+
+
+def _blocks(text: str) -> list[tuple[int, int, str]]:
+    """Each ``<tool_call>`` block of ``text``: its start, its end and its body. A body that
+    is a JSON value followed by ``</tool_call>`` ends there, so the closing tag may appear
+    inside its strings; any other body ends at the next ``</tool_call>``."""
+    out: list[tuple[int, int, str]] = []
+    pos = 0
+    while (start := text.find(_OPEN, pos)) >= 0:
+        at = start + len(_OPEN)
+        while at < len(text) and text[at].isspace():
+            at += 1
+        try:
+            _, end = _DECODER.raw_decode(text, at)
+        except ValueError:
+            end = -1
+        after = end
+        while 0 <= after < len(text) and text[after].isspace():
+            after += 1
+        if end >= 0 and text.startswith(_CLOSE, after):
+            out.append((start, after + len(_CLOSE), text[at:end]))
+        else:
+            close = text.find(_CLOSE, at)
+            if close < 0:
+                break
+            out.append((start, close + len(_CLOSE), text[at:close].strip()))
+        pos = out[-1][1]
+    return out
+
+
+def parse_tool_calls(
+    text: str, salt: str = ""
+) -> tuple[str, list[ToolCall], list[InvalidToolCall]]:
+    """Split model output into content, tool calls and invalid tool calls.
+
+    A call's id is a hash of ``salt`` (the chat model passes one of the prompt), its index
+    and its body: the same output gives the same ids in every run, and a call repeated in
+    a later turn of a conversation (a longer prompt) gets a new one."""
     calls: list[ToolCall] = []
     invalid: list[InvalidToolCall] = []
-    for i, match in enumerate(_BLOCK.finditer(text)):
-        body = match.group(1)
+    blocks = _blocks(text)
+    for i, (_, _, body) in enumerate(blocks):
+        call_id = _call_id(salt, i, body)
         try:
             data = json.loads(body)
             name, args = data["name"], data.get("arguments", {})
@@ -103,16 +140,22 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall], list[InvalidToolCa
                 args = json.loads(args)
             if not isinstance(name, str) or not isinstance(args, dict):
                 raise ValueError("name must be a string and arguments an object")
-            calls.append(ToolCall(name=name, args=args, id=_call_id(i, body), type="tool_call"))
+            calls.append(ToolCall(name=name, args=args, id=call_id, type="tool_call"))
         except (ValueError, KeyError, TypeError) as exc:
             invalid.append(
                 InvalidToolCall(
                     name=None,
                     args=body,
-                    id=_call_id(i, body),
+                    id=call_id,
                     error=str(exc),
                     type="invalid_tool_call",
                 )
             )
-    content = _BLOCK.sub("", text).strip() if (calls or invalid) else text
-    return content, calls, invalid
+    if not blocks:
+        return text, calls, invalid
+    pieces, pos = [], 0
+    for start, end, _ in blocks:
+        pieces.append(text[pos:start])
+        pos = end
+    pieces.append(text[pos:])
+    return "".join(pieces).strip(), calls, invalid

@@ -32,6 +32,7 @@ class Contact(BaseModel):
     home: Address
 
 
+ANSWER = '{"name": "A", "home": {"street": "s", "city": "c"}}'
 SAVE = {
     "type": "function",
     "function": {"name": "save", "description": "Save", "parameters": Contact.model_json_schema()},
@@ -164,3 +165,37 @@ def test_with_tools_offered_a_response_format_allows_a_call_or_the_answer(
     assert not _is_grammar_accept_string(grammar, "Sure, saved.")
     other = '<tool_call>\n{"name": "other", "arguments": {}}\n</tool_call>'
     assert not _is_grammar_accept_string(grammar, other)
+
+
+def test_strict_and_parallel_tool_calls_are_enforced_when_the_model_may_call(
+    tiny_tokenizer: Any,
+) -> None:
+    """``bind_tools(..., strict=True)`` / ``parallel_tool_calls=False`` with the model free
+    to answer or call were dropped: the calls' arguments went unchecked and several calls
+    came back. Now every call must fit its tool, and with ``parallel_tool_calls=False``
+    the output ends after the first."""
+    xgr = pytest.importorskip("xgrammar")
+    from xgrammar.testing import _is_grammar_accept_string
+
+    call = '<tool_call>\n{"name": "save", "arguments": ' + ANSWER + "}\n</tool_call>"
+    bad = '<tool_call>\n{"name": "save", "arguments": {"name": 3}}\n</tool_call>'
+    model, backend = _model(tiny_tokenizer, lambda _p: call)
+    for options, two_calls in (({"strict": True}, True), ({"parallel_tool_calls": False}, False)):
+        model.bind_tools([SAVE], **options).invoke("Save A.")
+        constraint = backend.requests[-1][1].structured_outputs
+        assert constraint is not None
+        grammar = xgr.Grammar.from_structural_tag(constraint["structural_tag"])
+        assert _is_grammar_accept_string(grammar, "I will save it. " + call)
+        assert _is_grammar_accept_string(grammar, "No call needed.")
+        assert not _is_grammar_accept_string(grammar, bad)
+        assert _is_grammar_accept_string(grammar, call + "\n" + call) == two_calls
+    model.bind_tools([SAVE]).invoke("Save A.")
+    assert backend.requests[-1][1].structured_outputs is None  # "auto": as before
+
+
+def test_an_option_the_engine_does_not_read_is_a_warning(tiny_tokenizer: Any) -> None:
+    model, backend = _model(tiny_tokenizer, lambda _p: "hi")
+    with pytest.warns(UserWarning, match="ignores frequency_penalty"):
+        model.bind(frequency_penalty=0.5).invoke("hi")
+    model.bind(max_completion_tokens=7).invoke("hi")  # ChatOpenAI's name for max_tokens
+    assert backend.requests[-1][1].max_tokens == 7

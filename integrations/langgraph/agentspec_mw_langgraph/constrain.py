@@ -19,6 +19,9 @@ are cut before verification, so outputs stay identical with and without speculat
   With tools offered (``tool_choice`` ``"auto"`` or none) the output is either one call of
   a bound tool or that JSON, as OpenAI's API lets a model call tools before it answers
   (a vLLM server constrains the whole output to the JSON, so no tool can be called there).
+* **Checked calls** (``tool_choice`` ``"auto"`` or none, with ``strict=True`` or
+  ``parallel_tool_calls=False``): free text in which every ``<tool_call>`` block is a valid
+  call of a bound tool; with ``parallel_tool_calls=False`` the output ends after it.
 
 :func:`output_constraint` returns the keyword arguments of vLLM's
 ``StructuredOutputsParams`` (the backend builds it), or ``None``.
@@ -151,12 +154,33 @@ def response_format_schema(response_format: Any) -> dict[str, Any] | None:
         ) from exc
 
 
+def _checked_calls(tools: list[dict[str, Any]], one: bool) -> dict[str, Any]:
+    """Free text in which every ``<tool_call>`` block is a valid call of a bound tool;
+    ``one``: the output ends after the first call."""
+    call = _call_format(tools, None)
+    begin, body, end = call["elements"]
+    return {
+        "type": "triggered_tags",
+        "triggers": ["<tool_call>"],
+        "tags": [{"type": "tag", "begin": begin["value"], "content": body, "end": end["value"]}],
+        "at_least_one": False,
+        "stop_after_first": one,
+    }
+
+
 def output_constraint(
-    tools: list[dict[str, Any]] | None, tool_choice: Any, response_format: Any
+    tools: list[dict[str, Any]] | None,
+    tool_choice: Any,
+    response_format: Any,
+    *,
+    strict: bool | None = None,
+    parallel_tool_calls: bool | None = None,
 ) -> dict[str, Any] | None:
     """``StructuredOutputsParams`` keyword arguments for a call, or ``None`` (see the
     module docstring). ``tools`` are the tools the prompt offers (none with
-    ``tool_choice="none"``).
+    ``tool_choice="none"``). When the model may answer in free text or call tools,
+    ``strict=True`` checks each call against its tool's schema and
+    ``parallel_tool_calls=False`` ends the output after the first call, as in OpenAI's API.
 
     Raises:
         ValueError: a malformed ``tool_choice`` or ``response_format``.
@@ -165,12 +189,12 @@ def output_constraint(
         if not tools:
             raise ValueError(f"tool_choice={tool_choice!r} forces a tool call; no tool is bound")
         return _structural_tag(_call_format(tools, named_tool(tool_choice, tools)))
-    if response_format is None:
-        return None
-    schema = response_format_schema(response_format)
-    if schema is None:
-        return None
-    if tools:  # the model may call a tool first, or answer
+    schema = None if response_format is None else response_format_schema(response_format)
+    if schema is not None and tools:  # the model may call a tool first, or answer
         answer = {"type": "json_schema", "json_schema": schema or {"type": "object"}}
         return _structural_tag({"type": "or", "elements": [_call_format(tools, None), answer]})
-    return {"json": schema} if schema else {"json_object": True}
+    if schema is not None:
+        return {"json": schema} if schema else {"json_object": True}
+    if tools and (strict or parallel_tool_calls is False):
+        return _structural_tag(_checked_calls(tools, parallel_tool_calls is False))
+    return None

@@ -41,6 +41,7 @@ import asyncio
 import hashlib
 import json
 import threading
+import warnings
 from array import array
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from operator import itemgetter
@@ -299,15 +300,24 @@ class ChatAgentSpecVLLM(BaseChatModel):
         tools = kwargs.get("tools") or None
         if kwargs.get("tool_choice") == "none":
             tools = None
+        unknown = set(kwargs) - _REQUEST_KWARGS
+        if unknown:
+            _warn_ignored(unknown)
         constraint = output_constraint(
-            tools, kwargs.get("tool_choice"), kwargs.get("response_format")
+            tools,
+            kwargs.get("tool_choice"),
+            kwargs.get("response_format"),
+            strict=kwargs.get("strict"),
+            parallel_tool_calls=kwargs.get("parallel_tool_calls"),
         )
         tokenizer = backend.get_tokenizer()
         text = render_chat_prompt(tokenizer, to_openai_messages(messages), tools)
         ids = list(tokenizer.encode(text, add_special_tokens=False))
         return GenerationRequest(
             prompt_token_ids=ids,
-            max_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
+            max_tokens=int(
+                kwargs.get("max_tokens", kwargs.get("max_completion_tokens", self.max_tokens))
+            ),
             temperature=float(kwargs.get("temperature", self.temperature)),
             top_p=float(kwargs.get("top_p", self.top_p)),
             seed=kwargs.get("seed", self.seed),
@@ -447,6 +457,37 @@ def _token_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
             pieces.append(text[len(emitted) :])
             emitted = text
     return pieces
+
+
+#: Call options the engine reads (``bind`` / ``bind_tools`` / ``invoke`` keyword arguments).
+_REQUEST_KWARGS = frozenset(
+    (
+        "tools",
+        "tool_choice",
+        "response_format",
+        "strict",
+        "parallel_tool_calls",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+    )
+)
+_warned_ignored: set[str] = set()
+
+
+def _warn_ignored(names: set[str]) -> None:
+    """Warn once per process for each call option the embedded engine does not read."""
+    new = sorted(names - _warned_ignored)
+    if new:
+        _warned_ignored.update(new)
+        warnings.warn(
+            f"ChatAgentSpecVLLM ignores {', '.join(new)} (it reads "
+            f"{', '.join(sorted(_REQUEST_KWARGS))}; set the rest on the engine)",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 _TAG = "<tool_call>"

@@ -199,3 +199,26 @@ def test_an_option_the_engine_does_not_read_is_a_warning(tiny_tokenizer: Any) ->
         model.bind(frequency_penalty=0.5).invoke("hi")
     model.bind(max_completion_tokens=7).invoke("hi")  # ChatOpenAI's name for max_tokens
     assert backend.requests[-1][1].max_tokens == 7
+
+
+def test_a_pydantic_response_format_gives_the_parsed_object(tiny_tokenizer: Any) -> None:
+    """As ``ChatOpenAI``: ``additional_kwargs["parsed"]`` holds the validated model (it was
+    missing: code ported from ChatOpenAI got a KeyError)."""
+    from .fake_engine import FakeStreamingBackend
+
+    want = Contact(name="A", home=Address(street="s", city="c"))
+    model, _ = _model(tiny_tokenizer, lambda _p: ANSWER)
+    assert model.bind(response_format=Contact).invoke("A?").additional_kwargs == {"parsed": want}
+    streamed = ChatAgentSpecVLLM(engine=FakeStreamingBackend(tiny_tokenizer, lambda _p: ANSWER))
+    chunks = list(streamed.bind(response_format=Contact).stream("A?"))
+    joined = chunks[0]
+    for chunk in chunks[1:]:
+        joined += chunk
+    assert joined.additional_kwargs == {"parsed": want} and joined.content == ANSWER
+    cut, _ = _model(tiny_tokenizer, lambda _p: ANSWER[:20])
+    assert cut.bind(response_format=Contact).invoke("A?").additional_kwargs == {"parsed": None}
+    schema = {
+        "type": "json_schema",
+        "json_schema": {"name": "c", "schema": Contact.model_json_schema()},
+    }
+    assert model.bind(response_format=schema).invoke("A?").additional_kwargs == {}

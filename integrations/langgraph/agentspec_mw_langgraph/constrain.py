@@ -34,8 +34,9 @@ from typing import Any
 
 from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.json_schema import dereference_refs
+from pydantic import BaseModel, ValidationError
 
-__all__ = ["named_tool", "output_constraint", "response_format_schema"]
+__all__ = ["named_tool", "output_constraint", "parsed_response", "response_format_schema"]
 
 _ANY = ("any", "required")
 _DEFS = ("$defs", "definitions")
@@ -114,6 +115,18 @@ def _call_format(tools: list[dict[str, Any]], name: str | None) -> dict[str, Any
 
 def _structural_tag(fmt: dict[str, Any]) -> dict[str, Any]:
     return {"structural_tag": json.dumps({"type": "structural_tag", "format": fmt})}
+
+
+def parsed_response(response_format: Any, content: str) -> dict[str, Any]:
+    """``{"parsed": ...}`` for a message's ``additional_kwargs`` when ``response_format`` is
+    a pydantic model, as ``ChatOpenAI`` gives it: the content validated into the model,
+    ``None`` when it does not validate (an output cut at ``max_tokens``); else ``{}``."""
+    if not (isinstance(response_format, type) and issubclass(response_format, BaseModel)):
+        return {}
+    try:
+        return {"parsed": response_format.model_validate_json(content)}
+    except ValidationError:
+        return {"parsed": None}
 
 
 def response_format_schema(response_format: Any) -> dict[str, Any] | None:

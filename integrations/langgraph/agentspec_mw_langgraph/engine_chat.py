@@ -70,7 +70,7 @@ from agentspec_mw_langgraph.backend import (
     GenerationRequest,
     GenerationResult,
 )
-from agentspec_mw_langgraph.constrain import output_constraint
+from agentspec_mw_langgraph.constrain import output_constraint, parsed_response
 from agentspec_mw_langgraph.context import deliver_wire_tags
 from agentspec_mw_langgraph.handler import AgentSpecCallbackHandler
 from agentspec_mw_langgraph.messages import to_openai_messages
@@ -326,7 +326,9 @@ class ChatAgentSpecVLLM(BaseChatModel):
             structured_outputs=constraint,
         )
 
-    def _message(self, result: GenerationResult, request: GenerationRequest) -> AIMessage:
+    def _message(
+        self, result: GenerationResult, request: GenerationRequest, response_format: Any = None
+    ) -> AIMessage:
         prompt_tokens = len(request.prompt_token_ids)
         salt = hashlib.sha1(array("q", request.prompt_token_ids).tobytes()).hexdigest()
         content, calls, invalid = parse_tool_calls(result.text, salt)
@@ -341,6 +343,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
             }
         return AIMessage(
             content=content,
+            additional_kwargs=parsed_response(response_format, str(content)) if not calls else {},
             tool_calls=calls,
             invalid_tool_calls=invalid,
             response_metadata=metadata,
@@ -360,7 +363,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
     ) -> ChatResult:
         request = self._request(messages, stop, kwargs, run_manager)
         (result,) = self.backend.generate([request])
-        message = self._message(result, request)
+        message = self._message(result, request, kwargs.get("response_format"))
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     async def _agenerate(
@@ -375,7 +378,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
             return await super()._agenerate(messages, stop, run_manager, **kwargs)
         request = self._request(messages, stop, kwargs, run_manager)
         result = await agenerate(request)
-        message = self._message(result, request)
+        message = self._message(result, request, kwargs.get("response_format"))
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     async def _astream(
@@ -391,7 +394,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
                 yield chunk
             return
         request = self._request(messages, stop, kwargs, run_manager)
-        chunker = _DeltaChunker(self, request)
+        chunker = _DeltaChunker(self, request, kwargs.get("response_format"))
         async for kind, value in astream(request):
             for chunk in chunker.feed(kind, value):
                 yield chunk
@@ -406,12 +409,12 @@ class ChatAgentSpecVLLM(BaseChatModel):
         request = self._request(messages, stop, kwargs, run_manager)
         stream = getattr(self.backend, "stream", None)
         if stream is not None:  # the engine streams: pass its deltas on as they come
-            chunker = _DeltaChunker(self, request)
+            chunker = _DeltaChunker(self, request, kwargs.get("response_format"))
             for kind, value in stream(request):
                 yield from chunker.feed(kind, value)
             return
         (result,) = self.backend.generate([request])
-        message = self._message(result, request)
+        message = self._message(result, request, kwargs.get("response_format"))
         meta = dict(message.response_metadata)
         if message.tool_calls or message.invalid_tool_calls:
             chunks = [
@@ -505,9 +508,12 @@ class _DeltaChunker:
     whitespace, or spaces without a line break right before a final block.
     """
 
-    def __init__(self, model: ChatAgentSpecVLLM, request: GenerationRequest) -> None:
+    def __init__(
+        self, model: ChatAgentSpecVLLM, request: GenerationRequest, response_format: Any = None
+    ) -> None:
         self.model = model
         self.request = request
+        self.response_format = response_format
         self.text = ""
         self.emitted = 0
         self.in_block = False
@@ -539,7 +545,7 @@ class _DeltaChunker:
         return [ChatGenerationChunk(message=AIMessageChunk(content=piece))]
 
     def _finish(self, result: GenerationResult) -> ChatGenerationChunk:
-        message = self.model._message(result, self.request)
+        message = self.model._message(result, self.request, self.response_format)
         meta = dict(message.response_metadata)
         calls = message.tool_calls or message.invalid_tool_calls
         chunks = [
@@ -562,6 +568,7 @@ class _DeltaChunker:
         return ChatGenerationChunk(
             message=AIMessageChunk(
                 content=rest,
+                additional_kwargs=message.additional_kwargs,
                 tool_call_chunks=chunks,
                 response_metadata=meta,
                 usage_metadata=message.usage_metadata,

@@ -9,9 +9,9 @@ are cut before verification, so outputs stay identical with and without speculat
   tool call in the Hermes format the prompt teaches, ``<tool_call>\\n{"name": ..., "arguments":
   {...}}\\n</tool_call>``, the name one of the bound tools' (the named one) and the
   arguments valid against its parameter schema (its ``$ref`` s inlined) -- an xgrammar
-  structural tag. One call,
-  not several: what ``with_structured_output`` and ``create_agent``'s ``ToolStrategy``
-  need. ``True`` with several tools means any of them (with one tool, that tool).
+  structural tag. One call, not several: what ``with_structured_output`` and
+  ``create_agent``'s ``ToolStrategy`` need. ``True`` with several tools means any of them
+  (with one tool, that tool).
 * **Response format** (``response_format``, as ``ChatOpenAI`` takes it):
   ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`` (or a pydantic
   model, a TypedDict or a JSON-schema dict) -> JSON valid against the schema;
@@ -36,8 +36,11 @@ from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.json_schema import dereference_refs
 from pydantic import BaseModel, ValidationError
 
+from agentspec_mw_langgraph.derive import HERMES_TOOL_BLOCK
+
 __all__ = ["named_tool", "output_constraint", "parsed_response", "response_format_schema"]
 
+_OPEN, _CLOSE = HERMES_TOOL_BLOCK  # the Hermes call block the prompt teaches
 _ANY = ("any", "required")
 _DEFS = ("$defs", "definitions")
 _JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
@@ -106,9 +109,9 @@ def _call_format(tools: list[dict[str, Any]], name: str | None) -> dict[str, Any
     return {
         "type": "sequence",
         "elements": [
-            {"type": "const_string", "value": "<tool_call>\n"},
+            {"type": "const_string", "value": f"{_OPEN}\n"},
             {"type": "json_schema", "json_schema": schema},
-            {"type": "const_string", "value": "\n</tool_call>"},
+            {"type": "const_string", "value": f"\n{_CLOSE}"},
         ],
     }
 
@@ -174,7 +177,7 @@ def _checked_calls(tools: list[dict[str, Any]], one: bool) -> dict[str, Any]:
     begin, body, end = call["elements"]
     return {
         "type": "triggered_tags",
-        "triggers": ["<tool_call>"],
+        "triggers": [_OPEN],
         "tags": [{"type": "tag", "begin": begin["value"], "content": body, "end": end["value"]}],
         "at_least_one": False,
         "stop_after_first": one,

@@ -193,7 +193,12 @@ def test_strict_and_parallel_tool_calls_are_enforced_when_the_model_may_call(
     assert backend.requests[-1][1].structured_outputs is None  # "auto": as before
 
 
-def test_an_option_the_engine_does_not_read_is_a_warning(tiny_tokenizer: Any) -> None:
+def test_an_option_the_engine_does_not_read_is_a_warning(
+    tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentspec_mw_langgraph import engine_chat
+
+    monkeypatch.setattr(engine_chat, "_warned_ignored", set())  # warned once per process
     model, backend = _model(tiny_tokenizer, lambda _p: "hi")
     with pytest.warns(UserWarning, match="ignores frequency_penalty"):
         model.bind(frequency_penalty=0.5).invoke("hi")

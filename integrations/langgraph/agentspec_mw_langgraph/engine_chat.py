@@ -38,6 +38,8 @@ Each message's ``response_metadata["speculative_decoding"]`` holds the call's
 from __future__ import annotations
 
 import asyncio
+import difflib
+import functools
 import hashlib
 import json
 import threading
@@ -45,6 +47,7 @@ import warnings
 from array import array
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from operator import itemgetter
+from pathlib import PurePath
 from typing import Any, Literal
 
 from langchain_core.callbacks import (
@@ -53,6 +56,7 @@ from langchain_core.callbacks import (
 )
 from langchain_core.callbacks.manager import BaseRunManager
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models.base import LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
@@ -62,7 +66,7 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from agentspec_mw.default_model import check_model
+from agentspec_mw.default_model import DEFAULT_MODEL_NAME, check_model, resolve_model
 from agentspec_mw.errors import MissingDependencyError
 from agentspec_mw.tags import tags_to_wire
 from agentspec_mw_langgraph.backend import (
@@ -72,6 +76,7 @@ from agentspec_mw_langgraph.backend import (
 )
 from agentspec_mw_langgraph.constrain import output_constraint, parsed_response
 from agentspec_mw_langgraph.context import deliver_wire_tags
+from agentspec_mw_langgraph.derive import HERMES_TOOL_BLOCK
 from agentspec_mw_langgraph.handler import AgentSpecCallbackHandler
 from agentspec_mw_langgraph.messages import to_openai_messages
 from agentspec_mw_langgraph.shared import backend_for, shared_engine
@@ -137,8 +142,35 @@ class ChatAgentSpecVLLM(BaseChatModel):
     stop: list[str] | None = None
     """Stop strings (merged with the ``stop`` of each call; a string is one stop string)."""
 
+    streaming: bool = False
+    """``invoke`` streams from the engine and assembles the message (as ChatOpenAI's
+    ``streaming``); ``stream``/``astream`` stream either way."""
+
     _backend: EngineBackend | None = PrivateAttr(default=None)
+    _built_here: bool = PrivateAttr(default=False)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        """A misspelt or foreign keyword (``model_name``, ``max_token``) is an error, not a
+        silently ignored setting."""
+        if isinstance(data, dict):
+            fields = set(cls.model_fields)
+            unknown = [key for key in data if isinstance(key, str) and key not in fields]
+            if unknown:
+                hints = []
+                for key in unknown:
+                    near = _FOREIGN_FIELDS.get(key) or next(
+                        iter(difflib.get_close_matches(key, sorted(fields), n=1)), None
+                    )
+                    hints.append(f"{key!r}" + (f" (did you mean {near!r}?)" if near else ""))
+                raise ValueError(
+                    f"ChatAgentSpecVLLM got unknown keyword(s) {', '.join(hints)}; its settings "
+                    f"are {', '.join(f for f in cls.model_fields if f not in _BASE_FIELDS)} "
+                    "and BaseChatModel's (callbacks, tags, metadata, ...)"
+                )
+        return data
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -201,6 +233,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
 
                     engine = shared_engine(settings, build) if self.share_engine else build()
                     self.engine = engine
+                    self._built_here = True
                 self._backend = backend_for(engine)
             return self._backend
 
@@ -210,6 +243,54 @@ class ChatAgentSpecVLLM(BaseChatModel):
         if self._backend is not None:
             return self._backend
         return await asyncio.to_thread(lambda: self.backend)
+
+    @property
+    def model_label(self) -> str:
+        """The model's name in ``response_metadata["model_name"]`` and LangSmith's
+        ``ls_model_name``: ``model``, the default model's name, or a given engine's."""
+        if self.model is not None:
+            return self.model
+        if self.engine is None or self._built_here:
+            return DEFAULT_MODEL_NAME
+        name = self.backend.model_name  # vLLM's: the folder it loaded
+        folder = PurePath(name)
+        if folder.parent.name == "models" and folder.name.startswith(f"{DEFAULT_MODEL_NAME}-"):
+            return DEFAULT_MODEL_NAME  # the default model's converted folder (default_model)
+        return name
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "vllm"
+        params["ls_model_name"] = self.model_label
+        return params
+
+    def _tokenizer(self) -> Any:
+        """The engine's tokenizer; before an engine is built here, the same model's
+        tokenizer loaded alone (counting tokens does not start an engine)."""
+        if self._backend is not None or self.engine is not None:
+            return self.backend.get_tokenizer()
+        return _standalone_tokenizer(resolve_model(self.model))
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """``text``'s token ids under the model's own tokenizer (no special tokens), or
+        ``custom_get_token_ids``'s."""
+        if self.custom_get_token_ids is not None:
+            return self.custom_get_token_ids(text)
+        return list(self._tokenizer().encode(text, add_special_tokens=False))
+
+    def get_num_tokens_from_messages(
+        self, messages: list[BaseMessage], tools: Sequence[Any] | None = None
+    ) -> int:
+        """Tokens of the prompt the engine gets for ``messages`` (and ``tools``): the
+        model's chat template rendered as a call renders it, generation prompt included,
+        so ``trim_messages(token_counter=model)`` keeps what fits ``max_model_len``
+        (with ``custom_get_token_ids``: LangChain's per-message count over it)."""
+        if self.custom_get_token_ids is not None:
+            return super().get_num_tokens_from_messages(messages, tools)
+        formatted = [convert_to_openai_tool(t) for t in tools] if tools else None
+        tokenizer = self._tokenizer()
+        text = render_chat_prompt(tokenizer, to_openai_messages(messages), formatted)
+        return len(tokenizer.encode(text, add_special_tokens=False))
 
     def bind_tools(
         self,
@@ -315,11 +396,14 @@ class ChatAgentSpecVLLM(BaseChatModel):
         ids = list(tokenizer.encode(text, add_special_tokens=False))
         return GenerationRequest(
             prompt_token_ids=ids,
-            max_tokens=int(
-                kwargs.get("max_tokens", kwargs.get("max_completion_tokens", self.max_tokens))
+            max_tokens=_option(
+                "max_tokens",
+                _first(kwargs.get("max_tokens"), kwargs.get("max_completion_tokens")),
+                self.max_tokens,
+                int,
             ),
-            temperature=float(kwargs.get("temperature", self.temperature)),
-            top_p=float(kwargs.get("top_p", self.top_p)),
+            temperature=_option("temperature", kwargs.get("temperature"), self.temperature, float),
+            top_p=_option("top_p", kwargs.get("top_p"), self.top_p, float),
             seed=kwargs.get("seed", self.seed),
             stop=tuple([*_stop_list(self.stop), *_stop_list(stop)]),
             extra_args=_call_wire_tags(run_manager),
@@ -334,7 +418,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
         content, calls, invalid = parse_tool_calls(result.text, salt)
         metadata: dict[str, Any] = {
             "finish_reason": result.finish_reason,
-            "model_name": self.backend.model_name,
+            "model_name": self.model_label,
         }
         if result.num_draft_tokens is not None:
             metadata["speculative_decoding"] = {
@@ -493,7 +577,44 @@ def _warn_ignored(names: set[str]) -> None:
         )
 
 
-_TAG = "<tool_call>"
+_BASE_FIELDS = frozenset(BaseChatModel.model_fields)
+
+_FOREIGN_FIELDS = {
+    "model_name": "model",
+    "max_completion_tokens": "max_tokens",
+    "max_new_tokens": "max_tokens",
+    "num_speculative_tokens": "k",
+    "speculative_method": "speculative",
+    "stop_sequences": "stop",
+}
+"""Other chat models' names for ChatAgentSpecVLLM's settings (ChatOpenAI, vLLM, HF)."""
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def _option(name: str, value: Any, default: Any, kind: type[int] | type[float]) -> Any:
+    """A call's numeric option as ``kind`` (``None``: the model's ``default``, as LangChain
+    leaves unset options ``None``), or a ``ValueError`` that names it."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{name}={value!r:.60} must be a number")
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r:.60} must be a number") from None
+
+
+@functools.lru_cache(maxsize=4)
+def _standalone_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+_TAG = HERMES_TOOL_BLOCK[0]  # where streamed text turns into a tool call
 
 
 class _DeltaChunker:

@@ -148,6 +148,19 @@ def test_async_engine_built_inside_a_loop_streams_and_matches(reference: dict[st
             shutdown(engine)
 
 
+def test_token_count_without_an_engine_is_the_engines(probe_llm: Any) -> None:
+    """The default model's tokenizer loaded alone counts the prompt the engine gets, and
+    the engine's output names the model, not its cache folder."""
+    from agentspec_mw.default_model import DEFAULT_MODEL_NAME
+
+    messages = [SystemMessage("You are terse."), HumanMessage("Name three teas.")]
+    alone = ChatAgentSpecVLLM().get_num_tokens_from_messages(messages)
+    reply = ChatAgentSpecVLLM(engine=probe_llm, max_tokens=MAX_TOKENS).invoke(messages)
+    assert reply.usage_metadata is not None
+    assert alone == reply.usage_metadata["input_tokens"]
+    assert reply.response_metadata["model_name"] == DEFAULT_MODEL_NAME
+
+
 def test_agentspec_proposer_is_lossless(reference: dict[str, Any]) -> None:
     """The wrapped graph on the AgentSpec drafter gives the reference (greedy) outputs.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -311,6 +312,27 @@ def test_unreadable_draft_rows_are_dropped_and_the_rest_checked_as_a_whole() -> 
     batch.remove("junk")
     batch.remove("obj")
     assert step(session, batch, {"ok": [1], "np": [1]}) == [[3, 4, 5], [6, 7]]
+
+
+class _DuckDrafts(ProbeProposer):
+    """``duck``: an object with ``token_ids`` and no ``probs`` (no estimates to count)."""
+
+    def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+        duck = SimpleNamespace(token_ids=(8, 9))
+        return [duck if rid == "duck" else Draft((3, 4)) for rid in req_ids]  # type: ignore[misc]
+
+
+def test_a_draft_without_estimates_costs_no_row() -> None:
+    """Session 67's review: a draft object without ``probs`` cost every row of its step
+    (an ``adapter:AttributeError``); its ids are a draft like any other."""
+    metrics = DrafterMetrics(prometheus=False)
+    session = DraftSession(_DuckDrafts(), k=4, metrics=metrics, vocab_size=100)
+    batch = Batch()
+    for rid in ("ok", "duck"):
+        batch.add(rid, [1, 2])
+    for _ in range(2):
+        assert step(session, batch, {"ok": [1], "duck": [1]}) == [[3, 4], [8, 9]]
+    assert metrics.snapshot().faults == {}
 
 
 @pytest.mark.parametrize(

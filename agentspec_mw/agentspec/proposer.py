@@ -68,7 +68,15 @@ from agentspec_mw.agentspec.ngram_index import NgramIndex
 from agentspec_mw.agentspec.slots import SlotTable
 from agentspec_mw.agentspec.workspace import Workspaces
 from agentspec_mw.costmodel import StepTimeFn, get_cost_model
-from agentspec_mw.proposer import EMPTY_DRAFT, Draft, ProposerEnv, StepContext, TokenIds
+from agentspec_mw.proposer import (
+    DECODINGS,
+    EMPTY_DRAFT,
+    Decoding,
+    Draft,
+    ProposerEnv,
+    StepContext,
+    TokenIds,
+)
 from agentspec_mw.tags import StructureTags
 
 __all__ = ["AgentSpecProposer", "warm_kernels"]
@@ -224,14 +232,28 @@ class AgentSpecProposer:
         return self._calib.verified
 
     # -- lifecycle -----------------------------------------------------------------------
-    def start(self, req_id: str, prompt_ids: TokenIds, tags: StructureTags | None = None) -> None:
+    def start(
+        self,
+        req_id: str,
+        prompt_ids: TokenIds,
+        tags: StructureTags | None = None,
+        *,
+        decoding: Decoding = "greedy",
+    ) -> None:
         """Register a request: its identity (tags, or derived from the prompt,
         :func:`.identity.identity`) and block.
+
+        ``decoding`` picks the request's calibration row within its scope: a draft token
+        of a sampled request is accepted with the model's probability of it, of a greedy
+        one when it is the argmax, so each regime learns its own acceptance (from the same
+        prior); the history the drafts come from is the scope's, whatever the regime.
 
         Nothing in ``tags`` makes this raise: unusable block delimiters fall back to the
         default grammar (:mod:`.grammars`). Prompt ids that are not integers in
         ``[0, 2**31)`` raise ``ValueError`` (before anything changes).
         """
+        if decoding not in DECODINGS:
+            raise ValueError(f"decoding={decoding!r} must be one of {', '.join(DECODINGS)}")
         prompt = _token_ids(prompt_ids, "start", req_id, copy=False)
         if req_id in self._reqs:
             self.stop(req_id)
@@ -240,14 +262,15 @@ class AgentSpecProposer:
         scope, agent, group = identity(
             prompt, tags, cfg.tagfree_agent_tokens, cfg.tagfree_query_tokens
         )
-        if self._pend_stop and (scope not in self._scopes or (tags is not None and tags.blocks)):
+        cal_key = scope if decoding == "greedy" else (scope, decoding)
+        if self._pend_stop and (cal_key not in self._scopes or (tags is not None and tags.blocks)):
             # a new scope (or a grammar) may take the row of one whose last request just
             # stopped: apply the queued calls first (in order, so that request's last
             # counts go to its own scope), else the row looks live and the newcomer gets
             # the frozen prior (or the default blocks)
             self._flush()
         gid, glabel = self._grammars.acquire(None if tags is None else tags.blocks, scope)
-        cal = self._scopes.acquire(scope)
+        cal = self._scopes.acquire(cal_key)
         slots = self._slots
         s = slots.acquire(prompt)
         row = slots.si[s]

@@ -22,6 +22,7 @@ next request).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 from typing import NamedTuple
 
 import numpy as np
@@ -66,7 +67,7 @@ class ScopeStates:
         self.prior = prior
         self.n_fine = n_fine
         self.max_scopes = max_scopes
-        self._rows: OrderedDict[str, int] = OrderedDict()  # scope -> row, least recent first
+        self._rows: OrderedDict[Hashable, int] = OrderedDict()  # key -> row, least recent first
         self.overflows = 0
         """Requests that got :data:`FROZEN` because every row was in use."""
         self._free: list[int] = []  # allocated rows without a scope (popped lowest first)
@@ -108,8 +109,9 @@ class ScopeStates:
         """Whether ``scope`` holds a row."""
         return scope in self._rows
 
-    def acquire(self, scope: str) -> int:
-        """The row of ``scope`` for one more live request (see the module docstring)."""
+    def acquire(self, scope: Hashable) -> int:
+        """The row of ``scope`` for one more live request (see the module docstring): a
+        scope name, or a scope and a decoding regime (the proposer's calibration key)."""
         row = self._rows.get(scope)
         if row is None:
             row = self._new_row()

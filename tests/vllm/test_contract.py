@@ -156,6 +156,42 @@ def test_build_batch_context_reads_rows_in_order() -> None:
     assert ctx.finished_req_ids == {"r0"} and ctx.max_num_batched_tokens == 256
 
 
+def test_decoding_is_read_off_vllms_sampling_params() -> None:
+    """The regime each request calibrates in, from vLLM's own ``SamplingParams``: greedy
+    under vLLM's sampling epsilon, sampled above, constrained with structured outputs."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from agentspec_mw_vllm.context import decoding_of
+
+    json_schema = StructuredOutputsParams(json={"type": "object"})
+    assert decoding_of(SamplingParams(temperature=0.0)) == "greedy"
+    assert decoding_of(SamplingParams(temperature=1e-6)) == "sampled"  # vLLM raises it to 0.01
+    assert decoding_of(SamplingParams(temperature=0.7)) == "sampled"
+    assert decoding_of(SamplingParams(temperature=0, structured_outputs=json_schema)) == (
+        "constrained"
+    )
+    assert decoding_of(SamplingParams(temperature=0.7, structured_outputs=json_schema)) == (
+        "sampled"
+    )
+    assert decoding_of(None) is None
+    assert decoding_of(SamplingParams()) == "sampled"  # vLLM's default temperature is 1
+    batch = SimpleNamespace(num_reqs=2, req_ids=["g", "s"], num_prompt_tokens=[3, 4])
+    runner = SimpleNamespace(
+        input_batch=batch,
+        requests={
+            "g": SimpleNamespace(sampling_params=SamplingParams(temperature=0)),
+            "s": SimpleNamespace(sampling_params=SamplingParams(temperature=0.9)),
+        },
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=256),
+        max_model_len=1024,
+    )
+    so = SimpleNamespace(
+        scheduled_spec_decode_tokens={}, num_scheduled_tokens={}, finished_req_ids=set()
+    )
+    assert list(build_batch_context(runner, so).decoding) == ["greedy", "sampled"]
+
+
 class _CountingRequests(dict):  # type: ignore[type-arg]
     """vLLM's request states, counting the lookups made in them."""
 

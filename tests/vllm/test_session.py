@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -67,6 +68,7 @@ class Batch:
         scheduled: dict[str, int] | None = None,
         max_tokens: list[int | None] | None = None,
         finished: frozenset[str] = frozenset(),
+        decoding: list[Any] | None = None,
     ) -> BatchContext:
         return BatchContext(
             req_ids=list(self.ids),
@@ -78,6 +80,7 @@ class Batch:
             max_model_len=max_len,
             max_tokens=max_tokens or (),
             finished_req_ids=finished,
+            decoding=decoding or (),
         )
 
 
@@ -312,6 +315,35 @@ def test_unreadable_draft_rows_are_dropped_and_the_rest_checked_as_a_whole() -> 
     batch.remove("junk")
     batch.remove("obj")
     assert step(session, batch, {"ok": [1], "np": [1]}) == [[3, 4, 5], [6, 7]]
+
+
+class _RegimeProbe(ProbeProposer):
+    """Records the ``decoding`` each request started with."""
+
+    def __init__(self) -> None:
+        super().__init__(draft_len=1)
+        self.decoding: dict[str, str] = {}
+
+    def start(
+        self, req_id: str, prompt_ids: Any, tags: Any = None, *, decoding: str = "greedy"
+    ) -> None:
+        self.decoding[req_id] = decoding
+        super().start(req_id, prompt_ids, tags)
+
+
+def test_decoding_reaches_a_proposer_that_takes_it_and_only_that() -> None:
+    regime = _RegimeProbe()
+    session = DraftSession(regime, k=4, metrics=DrafterMetrics(prometheus=False))
+    batch = Batch()
+    for rid in "abcd":
+        batch.add(rid, [1, 2])
+    tokens = dict.fromkeys("abcd", [3])
+    step(session, batch, tokens, decoding=["sampled", "greedy", "constrained", None])
+    assert regime.decoding == {"a": "sampled", "b": "greedy", "c": "constrained", "d": "greedy"}
+    plain = ProbeProposer(draft_len=1)  # start(req_id, prompt_ids, tags): never passed it
+    session = DraftSession(plain, k=4, metrics=DrafterMetrics(prometheus=False))
+    assert step(session, batch, tokens, decoding=["sampled"] * 4) == [[3]] * 4
+    assert set(plain.tokens) == set("abcd") and session.metrics.snapshot().faults == {}
 
 
 class _DuckDrafts(ProbeProposer):

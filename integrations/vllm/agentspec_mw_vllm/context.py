@@ -11,7 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BatchContext"]
+from agentspec_mw.proposer import Decoding
+
+__all__ = ["BatchContext", "decoding_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +37,15 @@ class BatchContext:
             scheduling the step (waiting requests less their prefix-cache hits, and the
             rest of partly prefilled ones: :mod:`agentspec_mw_vllm.queue`); ``None`` when
             the scheduler did not count them.
+        decoding: each row's decoding regime (``"greedy"``, ``"sampled"``,
+            ``"constrained"``: :func:`decoding_of` its ``SamplingParams``; ``None``: not
+            known); empty when the host does not read it.
         num_spec_tokens: the draft length vLLM asks for next (``SchedulerOutput.
             num_spec_tokens_to_schedule``: the configured ``k``, or less where vLLM's
             dynamic speculative decoding picks it by batch size; it passes the same to its
             own n-gram drafter); ``None`` when not known (the drafter's ``k`` applies).
 
-    ``extra_args`` and ``max_tokens`` are indexed by row; the plugin's read a row's
+    ``extra_args``, ``max_tokens`` and ``decoding`` are indexed by row; the plugin's read a row's
     ``SamplingParams`` only when indexed, and the session indexes them once per request,
     when it first sees it (a request's sampling params do not change).
     """
@@ -56,3 +61,21 @@ class BatchContext:
     max_tokens: Sequence[int | None] = ()
     num_waiting_prompt_tokens: int | None = None
     num_spec_tokens: int | None = None
+    decoding: Sequence[Decoding | None] = ()
+
+
+_SAMPLING_EPS = 1e-5  # vLLM's: a temperature under it is greedy (vllm/sampling_params.py)
+
+
+def decoding_of(params: Any) -> Decoding | None:
+    """A request's decoding regime from its ``SamplingParams`` (read by attribute, so no
+    vLLM import): ``sampled`` at a temperature vLLM samples at, else ``constrained`` with
+    structured outputs, else ``greedy``; ``None`` for no params."""
+    if params is None:
+        return None
+    temperature = getattr(params, "temperature", 0.0)
+    if isinstance(temperature, (int, float)) and temperature >= _SAMPLING_EPS:
+        return "sampled"
+    if getattr(params, "structured_outputs", None) is not None:
+        return "constrained"
+    return "greedy"

@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
 from agentspec_mw.errors import AgentSpecError
-from agentspec_mw_vllm.context import BatchContext
+from agentspec_mw_vllm.context import BatchContext, decoding_of
 from agentspec_mw_vllm.queue import WAITING_ATTR, QueueReader
 
 __all__ = [
@@ -131,7 +131,7 @@ def _max_tokens(params: Any) -> int | None:
 class _RowParams(Sequence[Any]):
     """One sampling parameter of each row (``read`` of its ``SamplingParams``), looked up in
     the runner's request states only when a row's value is asked for: the adapter asks for
-    a request's ``extra_args`` and ``max_tokens`` once, when it first sees the request, so
+    a request's ``extra_args``, ``max_tokens`` and decoding once, when it first sees it, so
     a step does not read them for every row (the context's read at 256 rows went from ~115
     to ~27 µs: ``benchmarks/adapter_speed.py --mode parts``, 2026-12-06). Valid for the
     draft call it was built for (the states do not change during it)."""
@@ -161,7 +161,7 @@ class _RowParams(Sequence[Any]):
 
 def build_batch_context(runner: Any, scheduler_output: Any) -> BatchContext:
     """Read the batch context off a model runner and its step's ``SchedulerOutput``
-    (each row's ``extra_args`` and ``max_tokens`` are read when asked for)."""
+    (each row's ``extra_args``, ``max_tokens`` and decoding are read when asked for)."""
     batch = runner.input_batch
     n = batch.num_reqs
     req_ids = list(batch.req_ids[:n])
@@ -178,6 +178,7 @@ def build_batch_context(runner: Any, scheduler_output: Any) -> BatchContext:
         max_tokens=_RowParams(runner.requests, req_ids, _max_tokens),
         num_waiting_prompt_tokens=getattr(scheduler_output, WAITING_ATTR, None),
         num_spec_tokens=getattr(scheduler_output, "num_spec_tokens_to_schedule", None),
+        decoding=_RowParams(runner.requests, req_ids, decoding_of),
     )
 
 

@@ -55,6 +55,7 @@ bad row.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -67,7 +68,7 @@ import numpy as np
 
 from agentspec_mw.costfit import MeasuredStepTime
 from agentspec_mw.errors import TagError
-from agentspec_mw.proposer import Proposer, StepContext
+from agentspec_mw.proposer import Decoding, Proposer, StepContext
 from agentspec_mw.tags import StructureTags, tags_from_wire
 from agentspec_mw_vllm.context import BatchContext
 from agentspec_mw_vllm.metrics import DrafterMetrics, Verified, get_metrics
@@ -174,6 +175,19 @@ def _rejection_reason(exc: TagError) -> str:
     return "invalid"
 
 
+def _takes_keyword(method: Any, name: str) -> bool:
+    """Whether ``method`` takes keyword ``name`` (named, not only ``**kwargs``)."""
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):  # no signature to read (a builtin, a C extension)
+        return False
+    param = params.get(name)
+    return param is not None and param.kind in (
+        inspect.Parameter.KEYWORD_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+
+
 def _survival(probs: Sequence[float], n: int) -> list[float] | None:
     """The survival of each of a draft's first ``n`` tokens from its per-token ``probs``
     (each given the earlier tokens right), or ``None`` where there are not ``n`` usable
@@ -251,6 +265,8 @@ class DraftSession:
         self._block_of: Callable[[str], str | None] | None = (
             block_of if callable(block_of) else None
         )
+        self._takes_decoding = _takes_keyword(proposer.start, "decoding")
+        """Whether the proposer's ``start`` takes the request's decoding regime."""
 
     @property
     def live_requests(self) -> frozenset[str]:
@@ -285,6 +301,7 @@ class DraftSession:
         extra: Mapping[str, Any] | None,
         prompt: np.ndarray,
         max_tokens: int | None,
+        decoding: Decoding | None = None,
     ) -> _Request:
         tags = decode_tags(extra, self.metrics, req_id)
         state = _Request(
@@ -297,7 +314,10 @@ class DraftSession:
         )
         self._reqs[req_id] = state
         try:
-            self.proposer.start(req_id, prompt, tags)
+            if decoding is None:
+                self.proposer.start(req_id, prompt, tags)
+            else:  # only for a proposer whose start takes it
+                self.proposer.start(req_id, prompt, tags, decoding=decoding)  # type: ignore[call-arg]
         except Exception as exc:
             state.broken = True
             self._fault("start", exc)
@@ -396,6 +416,8 @@ class DraftSession:
             spec = ctx.scheduled_spec_decode_tokens
             limits = ctx.max_tokens
             n_limits = len(limits)
+            decodings = ctx.decoding if self._takes_decoding else ()
+            n_decodings = len(decodings)
             get_state = self._reqs.get
             prompt_lens = ctx.num_prompt_tokens
             k = self.k if ctx.num_spec_tokens is None else max(0, min(self.k, ctx.num_spec_tokens))
@@ -429,7 +451,8 @@ class DraftSession:
                 if state is None:
                     prompt = np.array(token_ids_cpu[i, : prompt_lens[i]], dtype=np.int32)
                     limit = limits[i] if i < n_limits else None
-                    state = self._admit(rid, ctx.extra_args[i], prompt, limit)
+                    decoding = decodings[i] if i < n_decodings else None
+                    state = self._admit(rid, ctx.extra_args[i], prompt, limit, decoding)
                 else:
                     drafted = len(spec.get(rid, ()))
                     if drafted:

@@ -1,4 +1,5 @@
-"""The memory figure the docs give per isolation scope is the code's."""
+"""The memory figure the docs give per learned state (a scope's, per decoding regime) is
+the code's."""
 
 from __future__ import annotations
 
@@ -21,6 +22,6 @@ def test_documented_bytes_per_scope_match_the_arrays() -> None:
     arrays = (s.succ, s.tot, s.table, s.fsucc, s.ftot, s.ledger)
     per_row_mb = sum(a.nbytes / a.shape[0] for a in arrays) / 1e6
     doc = inspect.getsource(config).split("calib_max_scopes: int")[1]
-    found = re.search(r"About ([0-9.]+) MB per\s+scope", doc)
+    found = re.search(r"About ([0-9.]+) MB each", doc)
     assert found is not None, doc
     assert abs(float(found.group(1)) - per_row_mb) < 0.05, per_row_mb

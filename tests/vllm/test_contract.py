@@ -160,10 +160,12 @@ def test_decoding_is_read_off_vllms_sampling_params() -> None:
     """The regime each request calibrates in, from vLLM's own ``SamplingParams``: greedy
     under vLLM's sampling epsilon, sampled above, constrained with structured outputs."""
     from vllm import SamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.sampling_params import _SAMPLING_EPS, StructuredOutputsParams
 
+    from agentspec_mw_vllm import context
     from agentspec_mw_vllm.context import decoding_of
 
+    assert context._SAMPLING_EPS == _SAMPLING_EPS  # the copy (context imports no vLLM)
     json_schema = StructuredOutputsParams(json={"type": "object"})
     assert decoding_of(SamplingParams(temperature=0.0)) == "greedy"
     assert decoding_of(SamplingParams(temperature=1e-6)) == "sampled"  # vLLM raises it to 0.01

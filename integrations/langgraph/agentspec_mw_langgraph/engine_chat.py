@@ -47,7 +47,6 @@ import warnings
 from array import array
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from operator import itemgetter
-from pathlib import PurePath
 from typing import Any, Literal
 
 from langchain_core.callbacks import (
@@ -66,7 +65,12 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from agentspec_mw.default_model import DEFAULT_MODEL_NAME, check_model, resolve_model
+from agentspec_mw.default_model import (
+    DEFAULT_MODEL_NAME,
+    check_model,
+    model_display_name,
+    resolve_model,
+)
 from agentspec_mw.errors import MissingDependencyError
 from agentspec_mw.tags import tags_to_wire
 from agentspec_mw_langgraph.backend import (
@@ -252,11 +256,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
             return self.model
         if self.engine is None or self._built_here:
             return DEFAULT_MODEL_NAME
-        name = self.backend.model_name  # vLLM's: the folder it loaded
-        folder = PurePath(name)
-        if folder.parent.name == "models" and folder.name.startswith(f"{DEFAULT_MODEL_NAME}-"):
-            return DEFAULT_MODEL_NAME  # the default model's converted folder (default_model)
-        return name
+        return model_display_name(self.backend.model_name)  # vLLM's: the folder it loaded
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = super()._get_ls_params(stop=stop, **kwargs)

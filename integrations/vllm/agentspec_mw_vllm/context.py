@@ -45,9 +45,9 @@ class BatchContext:
             dynamic speculative decoding picks it by batch size; it passes the same to its
             own n-gram drafter); ``None`` when not known (the drafter's ``k`` applies).
 
-    ``extra_args``, ``max_tokens`` and ``decoding`` are indexed by row; the plugin's read a row's
-    ``SamplingParams`` only when indexed, and the session indexes them once per request,
-    when it first sees it (a request's sampling params do not change).
+    ``extra_args``, ``max_tokens`` and ``decoding`` are indexed by row; the plugin's read
+    a row's ``SamplingParams`` only when indexed, and the session indexes them once per
+    request, when it first sees it (a request's sampling params do not change).
     """
 
     req_ids: Sequence[str]

@@ -362,6 +362,26 @@ def test_summary_medians_ratios_and_mismatches() -> None:
     ]
 
 
+def test_sampled_runs_are_not_compared_token_for_token() -> None:
+    """At temperature > 0 each method's outputs are other samples of the same distribution:
+    a differing output is no mismatch, the table's ``same`` column says ``-`` and the
+    report says why, instead of "identical"."""
+    config = BenchConfig(
+        ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=3, temperature=0.8
+    )
+    results = _results(config)  # suffix's repeat 2 differs from none's
+    rows, mismatches = summarize(results, dict.fromkeys(results, 1.0), config)
+    assert mismatches == []
+    assert [row.identical_to_none for row in rows] == [None, None]
+    text = format_report(_report(config, rows, mismatches))
+    assert "outputs identical" not in text
+    assert "sampled at temperature 0.8" in text
+    suffix = next(line.split() for line in text.splitlines() if " suffix " in line)
+    assert suffix[-2] == "-"
+    with pytest.raises(pydantic.ValidationError):
+        BenchConfig(temperature=-0.1)
+
+
 def test_preemptions_are_summed_over_the_repeats_and_printed() -> None:
     config = BenchConfig(ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=3)
     results = _results(config)

@@ -387,6 +387,69 @@ def test_the_rejection_samplers_top_k_passes_over_no_rows_while_vllms_own_raises
         plugin._vllm_top_k_top_p(empty, no_k, None)
 
 
+def _recovered_case(requests: int) -> tuple[list[int], Any, Any, Any]:
+    """Requests cycling through 0, 2 and 1 draft tokens over a 6-token vocabulary: the
+    drafts per request, their cumulative count, the draft tokens (position ``j`` of a
+    request drafts token ``j + 1``) and the target's probabilities per draft position."""
+    import torch
+
+    per = [(0, 2, 1)[i % 3] for i in range(requests)]
+    base = torch.tensor([0.05, 0.4, 0.25, 0.1, 0.15, 0.05])
+    probs = torch.stack([base.roll(j) for n in per for j in range(n)]).contiguous()
+    drafts = torch.tensor([j + 1 for n in per for j in range(n)], dtype=torch.int32)
+    cu = torch.cumsum(torch.tensor(per, dtype=torch.int32), 0).to(torch.int32)
+    return per, cu, drafts, probs
+
+
+@pytest.mark.skipif(not is_cpu_build(), reason="the fix applies to vLLM's CPU build only")
+def test_recovered_tokens_draw_noise_only_for_drafting_requests_same_distribution() -> None:
+    """The rejection sampler's recovered tokens (drawn in case a draft is rejected) come
+    from the target's distribution less the draft token; the plugin draws their noise only
+    for requests with drafts, by ``-log U`` except for seeded requests, which use their
+    generator as vLLM does (the same tokens). Drop ``_install_recovered_fix`` once vLLM's
+    own draws for the drafting requests only."""
+    import torch
+    from vllm.platforms import current_platform
+    from vllm.v1.sample import rejection_sampler
+
+    plugin.register()
+    assert rejection_sampler.sample_recovered_tokens is plugin.recovered_tokens_rows
+    assert plugin._vllm_recovered is not None
+    current_platform.import_kernels()
+    current_platform.register_triton_kernel_overrides()  # what the engine does at start
+    per, cu, drafts, probs = _recovered_case(3 * 6000)
+    meta = SimpleNamespace(generators={})
+    args = (2, per, cu, drafts, None, probs, meta, torch.device("cpu"))
+    torch.manual_seed(0)
+    ours = plugin.recovered_tokens_rows(*args)
+    theirs = plugin._vllm_recovered(*args)
+    for j in range(2):  # each draft position: the target less its draft token
+        want = probs[j].clone()
+        want[j + 1] = 0.0
+        want /= want.sum()
+        for got in (ours, theirs):
+            freq = torch.bincount(got[j::3].long(), minlength=6).double() / 6000
+            assert torch.allclose(freq, want.double(), atol=0.025), (j, freq, want)
+    # a seeded request draws the same recovered tokens as with vLLM's own
+    per, cu, drafts, probs = _recovered_case(3)
+    made = []
+    for sample in (plugin.recovered_tokens_rows, plugin._vllm_recovered):
+        meta = SimpleNamespace(generators={1: torch.Generator().manual_seed(7)})
+        made.append(sample(2, per, cu, drafts, None, probs, meta, torch.device("cpu"))[:2])
+    assert made[0].tolist() == made[1].tolist()
+    nothing = plugin.recovered_tokens_rows(
+        1,
+        [0, 0],
+        torch.zeros(2, dtype=torch.int32),
+        torch.zeros(0, dtype=torch.int32),
+        None,
+        torch.zeros((0, 6)),
+        SimpleNamespace(generators={}),
+        torch.device("cpu"),
+    )
+    assert nothing.shape == (0,)
+
+
 def _child_numba_layer(register: bool) -> tuple[str | None, str]:
     """In a child process: import numba, register the plugin (as vLLM does in each of its
     processes), run a threaded numba kernel, and report the environment's and numba's

@@ -446,6 +446,7 @@ def run_bench(
                 model=config.model,
                 k=config.k,
                 max_tokens=config.max_tokens,
+                temperature=config.temperature,
                 max_num_seqs=config.max_num_seqs,
                 kv_cache_mib=config.kv_cache_mib,
                 apps=config.apps,

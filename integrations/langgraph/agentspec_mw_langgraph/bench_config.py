@@ -126,6 +126,11 @@ class BenchConfig(BaseModel):
     """Draft tokens per request per step."""
     max_tokens: int = Field(default=48, ge=1)
     """Tokens per LLM call at most."""
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    """Sampling temperature of every LLM call (0: greedy). Sampled calls are lossless in
+    distribution, not token for token: their outputs are not compared with ``none``'s
+    (:attr:`~.bench_report.BenchRow.identical_to_none` is ``None``), and each method's
+    workflows may take other paths."""
     max_num_seqs: int = Field(default=64, ge=1)
     """The engine's concurrent requests at most."""
     kv_cache_mib: int = Field(default=1024, ge=64)

@@ -36,6 +36,11 @@ def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _same(identical: bool | None) -> str:
+    """The table's ``same`` column: ``yes``, ``NO``, or ``-`` (sampled: not compared)."""
+    return "-" if identical is None else "yes" if identical else "NO"
+
+
 def _has_throughput(row: BenchRow) -> bool:
     """Whether ``row``'s method produced tokens in some repeat."""
     return any(t > 0 for t in row.tokens_per_s_repeats) or row.tokens_per_s > 0
@@ -195,7 +200,7 @@ def format_report(report: BenchReport) -> str:
             f"{_f(r.tpot_p99_ms, '.1f'):>7} {_f(r.ttft_p50_ms, '.0f'):>7} {r.latency_p50_s:>6.1f} "
             f"{_f(r.batch, '.1f'):>5} {_f(r.acceptance, '.1%'):>6} {_f(r.rejection, '.1%'):>6} "
             f"{_f(r.proposer_ms_per_step, '.3f'):>7} {_f(r.fit_error_median, '.1%'):>7} "
-            f"{r.preemptions:>7} {'yes' if r.identical_to_none else 'NO':>4} {r.load_avg:>4.1f}"
+            f"{r.preemptions:>7} {_same(r.identical_to_none):>4} {r.load_avg:>4.1f}"
         )
     top = max(report.config.ns)
     for app in report.config.apps:
@@ -261,8 +266,14 @@ def format_report(report: BenchReport) -> str:
             lines.append("the fit after the last repeat: " + "; ".join(models))
     lines.append("")
     lines += verdict_lines(report.rows)
-    verdict = "yes" if not report.mismatches else "NO: " + "; ".join(report.mismatches)
-    lines.append(f"outputs identical to none in every run: {verdict}")
+    if report.config.temperature > 0:
+        lines.append(
+            f"outputs sampled at temperature {report.config.temperature:g}: lossless in "
+            "distribution, not compared with none's token for token"
+        )
+    else:
+        verdict = "yes" if not report.mismatches else "NO: " + "; ".join(report.mismatches)
+        lines.append(f"outputs identical to none in every run: {verdict}")
     return "\n".join(lines)
 
 

@@ -102,7 +102,9 @@ class BenchRow(BaseModel):
     reliability: list[list[float]] = []
     """Per tenth of predicted survival, summed over the repeats: ``[positions, Σ predicted,
     accepted]`` (:attr:`agentspec_mw_vllm.metrics.MetricsSnapshot.reliability`)."""
-    identical_to_none: bool
+    identical_to_none: bool | None
+    """Every run's outputs token for token ``none``'s (``None``: sampled calls, not
+    compared: :attr:`~.bench_config.BenchConfig.temperature`)."""
     load_avg: float
     """Mean 1-minute load average at the start of this row's runs."""
 
@@ -251,8 +253,10 @@ def summarize(
                 ratios = [
                     t / q for t, q in zip(tput, map(_throughput, bases), strict=True) if q > 0
                 ]
-                identical = True
+                identical: bool | None = None if config.temperature > 0 else True
                 for r, (x, b) in enumerate(zip(runs, bases, strict=True)):
+                    if identical is None:
+                        break  # sampled: the same distribution, other tokens
                     if x.views != b.views or x.token_hashes != b.token_hashes:
                         identical = False
                         mismatches.append(

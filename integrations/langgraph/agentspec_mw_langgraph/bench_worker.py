@@ -65,6 +65,7 @@ class WorkerSpec(BaseModel):
     model: str | None = None
     k: int = Field(default=8, ge=1)
     max_tokens: int = Field(default=48, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0)
     max_model_len: int = Field(default=2048, ge=64)
     max_num_seqs: int = Field(default=64, ge=1)
     kv_cache_mib: int = Field(default=1024, ge=64)
@@ -304,7 +305,9 @@ class Worker:
             **options,
         )
         self.backend = _timed_backend(self.llm)
-        chat = ChatAgentSpecVLLM(engine=self.backend, max_tokens=spec.max_tokens)
+        chat = ChatAgentSpecVLLM(
+            engine=self.backend, max_tokens=spec.max_tokens, temperature=spec.temperature
+        )
         self.graphs: dict[str, Any] = {}
         self.shapes = {name: resolve_app(name) for name in spec.apps}  # imports by path
         for name, shape in self.shapes.items():

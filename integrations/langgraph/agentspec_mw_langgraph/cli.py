@@ -119,6 +119,12 @@ def _add_bench(sub: Any) -> None:
     )
     p.add_argument("--k", type=int, default=None, help="draft tokens per step (8)")
     p.add_argument("--max-tokens", type=int, default=None, help="per LLM call (48)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="of every LLM call (0: greedy); sampled outputs are not compared with none's",
+    )
     p.add_argument("--max-num-seqs", type=int, default=None, help="engine batch limit (64)")
     p.add_argument("--model", default=None, help="HF model id or folder (default model)")
     p.add_argument(
@@ -171,6 +177,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         "min_workflows": args.min_workflows,
         "k": args.k,
         "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
         "max_num_seqs": args.max_num_seqs,
         "model": args.model,
         "preload": args.preload,

@@ -287,6 +287,8 @@ def plot_report(report: BenchReport, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     apps = list(report.config.apps)
+    t = report.config.temperature
+    sampled = f" (sampled, temperature {t:g})" if t > 0 else ""
     fig, axes = plt.subplots(len(apps), 2, figsize=(11, 3.6 * len(apps)), squeeze=False)
     for i, app in enumerate(apps):
         ax1, ax2 = axes[i]
@@ -313,10 +315,10 @@ def plot_report(report: BenchReport, path: str | Path) -> Path:
             ax.minorticks_off()
             ax.set_xlabel("concurrent workflows N")
         ax1.set_ylabel("output tokens/s")
-        ax1.set_title(f"{app}: throughput")
+        ax1.set_title(f"{app}: throughput{sampled}")
         ax2.set_ylabel("speedup over none\n(median of per-repeat ratios)")
         ax2.axhline(1.0, color="grey", lw=0.8)
-        ax2.set_title(f"{app}: speedup")
+        ax2.set_title(f"{app}: speedup{sampled}")
         ax2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -450,6 +450,23 @@ def test_recovered_tokens_draw_noise_only_for_drafting_requests_same_distributio
     assert nothing.shape == (0,)
 
 
+@pytest.mark.skipif(not is_cpu_build(), reason="the fixes apply to vLLM's CPU build only")
+def test_a_cpu_fix_leaves_a_vllm_function_with_other_parameters_alone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another vLLM whose function takes other arguments keeps its own (a warning says so)."""
+    from vllm.v1.sample import rejection_sampler
+
+    def changed(max_spec_len: int, metadata: Any) -> None:
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(rejection_sampler, "sample_recovered_tokens", changed)
+    with caplog.at_level(logging.WARNING, logger="agentspec_mw_vllm.plugin"):
+        got = plugin._replace_on_cpu("sample_recovered_tokens", plugin.recovered_tokens_rows)
+    assert got is None and rejection_sampler.sample_recovered_tokens is changed
+    assert "sample_recovered_tokens takes other arguments" in caplog.text
+
+
 def _child_numba_layer(register: bool) -> tuple[str | None, str]:
     """In a child process: import numba, register the plugin (as vLLM does in each of its
     processes), run a threaded numba kernel, and report the environment's and numba's

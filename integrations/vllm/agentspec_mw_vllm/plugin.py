@@ -314,7 +314,8 @@ def _install_expand_fix() -> None:
 def _replace_on_cpu(name: str, replacement: Callable[..., Any]) -> Callable[..., Any] | None:
     """On vLLM's CPU build, set the rejection sampler module's ``name`` to ``replacement``
     (its own code looks it up there at each call); vLLM's own function, or ``None`` when
-    nothing was replaced (another build, no such function, or replaced already)."""
+    nothing was replaced (another build, no such function, one whose parameters differ from
+    the replacement's, or replaced already)."""
     try:
         from vllm.v1.sample import rejection_sampler
     except ImportError:
@@ -325,6 +326,13 @@ def _replace_on_cpu(name: str, replacement: Callable[..., Any]) -> Callable[...,
     from agentspec_mw_vllm.engine import is_cpu_build
 
     if not is_cpu_build():
+        return None
+    if list(inspect.signature(own).parameters) != list(inspect.signature(replacement).parameters):
+        logger.warning(
+            "vLLM's rejection_sampler.%s takes other arguments than this plugin's fix for it "
+            "expects; left as it is",
+            name,
+        )
         return None
     setattr(rejection_sampler, name, replacement)
     return own  # type: ignore[no-any-return]

@@ -6,8 +6,9 @@ ratio: :func:`~agentspec_mw_langgraph.bench_report.better_peer`, the verdict's r
 over untagged AgentSpec, each the median of the per-repeat ratios
 (:func:`~agentspec_mw_langgraph.bench.paired_ratio`; every method of a repeat ran back to
 back), and both AgentSpec engines' acceptance. Then the same ratios pooled: every repeat of
-every report of one configuration — the app, N, tokens per call and workflows per run (a
-report from before ``min_workflows`` ran N per run) — with its count, range and median.
+every report of one configuration — the app, N, tokens per call, workflows per run (a
+report from before ``min_workflows`` ran N per run) and temperature — with its count, range
+and median.
 The bars (issue 29, on the demo app; the other apps are the "not in the repository" check):
 
 * AgentSpec >= 1.0x no speculation at every N;
@@ -57,6 +58,8 @@ class Config:
     n: int
     max_tokens: int
     workflows: int
+    temperature: float = 0.0
+    """Sampled runs (> 0) pool apart: the bars are greedy's."""
 
 
 @dataclass
@@ -110,9 +113,11 @@ def analyse(
             ours, none = by.get("agentspec"), by.get("none")
             if ours is None or none is None:
                 continue
-            pool = pools[Config(app, n, max_tokens, max(n, least))]
+            temp = report.config.temperature
+            pool = pools[Config(app, n, max_tokens, max(n, least), temp)]
             pool.runs += 1
-            parts = [f"{name} {app} N={n} ({max_tokens} tok, {max(n, least)} wf/run):"]
+            sampled = f", temperature {temp:g}" if temp > 0 else ""
+            parts = [f"{name} {app} N={n} ({max_tokens} tok, {max(n, least)} wf/run{sampled}):"]
             per = _per_repeat(ours, none)
             pool.vs_none += per
             parts.append(f"{_ratio(ours, none)} none")
@@ -153,10 +158,12 @@ def bar_lines(pools: dict[Config, Pool]) -> list[str]:
             return "-"
         return "met" if statistics.median(values) >= bar else "MISS"
 
-    for cfg in sorted(pools, key=lambda c: (c.app, c.max_tokens, c.workflows, c.n)):
+    for cfg in sorted(pools, key=lambda c: (c.app, c.temperature, c.max_tokens, c.workflows, c.n)):
         p = pools[cfg]
+        sampled = f", temperature {cfg.temperature:g}" if cfg.temperature > 0 else ""
         where = (
-            f"{cfg.app} N={cfg.n}, {cfg.max_tokens} tok, {cfg.workflows} wf/run, {p.runs} run(s)"
+            f"{cfg.app} N={cfg.n}, {cfg.max_tokens} tok, {cfg.workflows} wf/run{sampled}, "
+            f"{p.runs} run(s)"
         )
         out.append(
             f"{where}: vs none {_summary(p.vs_none)} (>= {VS_NONE}: {verdict(p.vs_none, VS_NONE)})"

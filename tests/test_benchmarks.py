@@ -645,8 +645,15 @@ def test_bench_bars_pools_repeats_per_configuration(
             row("agentspec-untagged", 32, [300.0], 0.76),
         ],
     )
-    assert tool.main([old, new]) == 0
+    sampled = report(
+        "sampled.json",
+        {"max_tokens": 32, "min_workflows": 8, "temperature": 0.7},
+        [row("none", 32, [300.0]), row("agentspec", 32, [270.0])],
+    )
+    assert tool.main([old, new, sampled]) == 0
     out = capsys.readouterr().out
+    # a sampled run pools apart (the bars are greedy's)
+    assert "demo N=32, 32 tok, 32 wf/run, temperature 0.7, 1 run(s): vs none median 0.900" in out
     assert "old demo N=1 (32 tok, 1 wf/run): 1.150x none 1.004x suffix" in out
     assert "new demo N=1 (32 tok, 8 wf/run): 1.050x none 1.050x suffix" in out
     # N = 32 pools both runs (32 workflows per run either way): 1.1, 1.0, 1.2 over none

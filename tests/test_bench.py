@@ -31,6 +31,7 @@ from agentspec_mw_langgraph.bench import (
     speed_adjusted_ratio,
     summarize,
     verdict_lines,
+    worker_spec,
     write_fit_steps,
 )
 from agentspec_mw_langgraph.bench_apps import (
@@ -43,7 +44,7 @@ from agentspec_mw_langgraph.bench_apps import (
     resolve_app,
     topic_count,
 )
-from agentspec_mw_langgraph.bench_worker import RunResult, run_workflows
+from agentspec_mw_langgraph.bench_worker import RunResult, chat_model, run_workflows
 from agentspec_mw_vllm import preload
 from agentspec_mw_vllm.engine import engine_counters
 
@@ -380,6 +381,11 @@ def test_sampled_runs_are_not_compared_token_for_token() -> None:
     assert suffix[-2] == "-"
     with pytest.raises(pydantic.ValidationError):
         BenchConfig(temperature=-0.1)
+    # every engine process's graphs are built on a chat model sampling at that temperature
+    spec = worker_spec(config, "suffix")
+    assert (spec.speculative, spec.temperature) == ("suffix", 0.8)
+    chat = chat_model(spec, backend=object())
+    assert (chat.temperature, chat.max_tokens) == (0.8, config.max_tokens)
 
 
 def test_preemptions_are_summed_over_the_repeats_and_printed() -> None:

@@ -102,6 +102,7 @@ __all__ = [
     "speed_adjusted_ratio",
     "summarize",
     "verdict_lines",
+    "worker_spec",
     "write_fit_steps",
 ]
 
@@ -395,6 +396,23 @@ def _write_outputs(
     return written, failed
 
 
+def worker_spec(config: BenchConfig, label: str) -> WorkerSpec:
+    """What the engine process of ``label`` (a method, or its no-preload variant) runs."""
+    speculative, tagged = METHODS[label.removesuffix(NO_PRELOAD)]
+    return WorkerSpec(
+        label=label,
+        speculative=speculative,
+        tagged=tagged,
+        model=config.model,
+        k=config.k,
+        max_tokens=config.max_tokens,
+        temperature=config.temperature,
+        max_num_seqs=config.max_num_seqs,
+        kv_cache_mib=config.kv_cache_mib,
+        apps=config.apps,
+    )
+
+
 def run_bench(
     config: BenchConfig,
     *,
@@ -437,20 +455,7 @@ def run_bench(
         logs = out_file(out, ".<method>.log")
         echo(f"starting {len(labels)} engines ({', '.join(labels)}); logs in {logs}")
         for label in labels:
-            method = label.removesuffix(NO_PRELOAD)
-            speculative, tagged = METHODS[method]
-            spec = WorkerSpec(
-                label=label,
-                speculative=speculative,
-                tagged=tagged,
-                model=config.model,
-                k=config.k,
-                max_tokens=config.max_tokens,
-                temperature=config.temperature,
-                max_num_seqs=config.max_num_seqs,
-                kv_cache_mib=config.kv_cache_mib,
-                apps=config.apps,
-            )
+            spec = worker_spec(config, label)
             engines[label] = _Engine(spec, engine_env(label), _log_path(out, label))
         starts = {label: e.wait_ready(config.run_timeout_s) for label, e in engines.items()}
         echo("engines ready: " + ", ".join(f"{k} {v:.0f} s" for k, v in starts.items()))

@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 _T = TypeVar("_T")
 
-__all__ = ["MARK", "RunResult", "WorkerSpec", "main"]
+__all__ = ["MARK", "RunResult", "WorkerSpec", "chat_model", "main"]
 
 #: Prefix of the protocol lines on the worker's stdout.
 MARK = "@@agentspec-bench@@ "
@@ -276,13 +276,21 @@ def _bins_delta(
     ]
 
 
+def chat_model(spec: WorkerSpec, backend: Any) -> Any:
+    """The chat model every graph of the process is built on (``backend``: the engine)."""
+    from agentspec_mw_langgraph.engine_chat import ChatAgentSpecVLLM
+
+    return ChatAgentSpecVLLM(
+        engine=backend, max_tokens=spec.max_tokens, temperature=spec.temperature
+    )
+
+
 class Worker:
     """The engine, the graphs and the instrumentation of one process."""
 
     def __init__(self, spec: WorkerSpec) -> None:
         from agentspec_mw_langgraph.bench_apps import resolve_app
         from agentspec_mw_langgraph.config import TaggingConfig
-        from agentspec_mw_langgraph.engine_chat import ChatAgentSpecVLLM
         from agentspec_mw_langgraph.wrap import with_agentspec
         from agentspec_mw_vllm.engine import apply_env_defaults, build_llm
 
@@ -305,9 +313,7 @@ class Worker:
             **options,
         )
         self.backend = _timed_backend(self.llm)
-        chat = ChatAgentSpecVLLM(
-            engine=self.backend, max_tokens=spec.max_tokens, temperature=spec.temperature
-        )
+        chat = chat_model(spec, self.backend)
         self.graphs: dict[str, Any] = {}
         self.shapes = {name: resolve_app(name) for name in spec.apps}  # imports by path
         for name, shape in self.shapes.items():

@@ -253,15 +253,16 @@ def summarize(
                 ratios = [
                     t / q for t, q in zip(tput, map(_throughput, bases), strict=True) if q > 0
                 ]
-                identical: bool | None = None if config.temperature > 0 else True
-                for r, (x, b) in enumerate(zip(runs, bases, strict=True)):
-                    if identical is None:
-                        break  # sampled: the same distribution, other tokens
-                    if x.views != b.views or x.token_hashes != b.token_hashes:
-                        identical = False
-                        mismatches.append(
-                            f"{label} {app} N={n} repeat {r}: outputs differ: {_difference(x, b)}"
-                        )
+                identical: bool | None = None  # sampled: the same distribution, other tokens
+                if config.temperature == 0:
+                    identical = True
+                    for r, (x, b) in enumerate(zip(runs, bases, strict=True)):
+                        if x.views != b.views or x.token_hashes != b.token_hashes:
+                            identical = False
+                            mismatches.append(
+                                f"{label} {app} N={n} repeat {r}: outputs differ: "
+                                f"{_difference(x, b)}"
+                            )
                 tpots = [t for x in runs for t in x.tpot_s]
                 ttft50 = _pct([t for x in runs for t in x.ttft_s], 50)
                 lats = [t for x in runs for t in x.workflow_latency_s]

@@ -69,6 +69,8 @@ class FakeEngine:
 
     STARTED: list[str] = []
     CLOSED: list[str] = []
+    ENDING: list[str] = []
+    """``stop <label>`` and ``close <label>``, in the order they came."""
     EDIT: dict[str, Callable[[RunResult, int], RunResult]] = {}
     WALL = 1.0
 
@@ -96,14 +98,19 @@ class FakeEngine:
         edit = FakeEngine.EDIT.get(self.spec.label)
         return edit(res, self.runs) if edit else res
 
+    def request_stop(self) -> None:
+        FakeEngine.ENDING.append(f"stop {self.spec.label}")
+
     def close(self) -> None:
         FakeEngine.CLOSED.append(self.spec.label)
+        FakeEngine.ENDING.append(f"close {self.spec.label}")
 
 
 @pytest.fixture
 def fake_engines(monkeypatch: pytest.MonkeyPatch) -> type[FakeEngine]:
     monkeypatch.setattr(FakeEngine, "STARTED", [])
     monkeypatch.setattr(FakeEngine, "CLOSED", [])
+    monkeypatch.setattr(FakeEngine, "ENDING", [])
     monkeypatch.setattr(FakeEngine, "EDIT", {})
     monkeypatch.setattr(bench, "_Engine", FakeEngine)
     monkeypatch.setattr(bench, "engine_env", lambda label: {})
@@ -154,6 +161,8 @@ def test_run_bench_refuses_repeats_before_any_engine_starts(
     assert fake_engines.STARTED == []
     _quiet(_small(), tmp_path / "b")  # the engines it starts, it closes
     assert sorted(fake_engines.STARTED) == sorted(fake_engines.CLOSED) == ["none", "suffix"]
+    # every engine is asked to stop before the bench waits for the first one
+    assert fake_engines.ENDING == ["stop none", "stop suffix", "close none", "close suffix"]
 
 
 # 3: unwritable outputs
@@ -465,6 +474,46 @@ def test_the_run_timeout_has_a_generous_default_and_reaches_the_cli(
     assert seen[-1].run_timeout_s == 90.0
     with pytest.raises(pydantic.ValidationError, match="run_timeout_s"):
         BenchConfig(run_timeout_s=0)
+
+
+_SLOW_STOP_WORKER = textwrap.dedent(
+    """\
+    import json, sys, time
+
+    print("@@agentspec-bench@@ " + json.dumps({"kind": "ready", "start_s": 0.0}), flush=True)
+    for line in sys.stdin:
+        if json.loads(line).get("cmd") == "stop":
+            time.sleep(2.0)  # an engine's shutdown takes seconds (vLLM's: ~4.5 s here)
+            break
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_engines_asked_to_stop_together_shut_down_together(tmp_path: Path) -> None:
+    """``request_stop`` returns at once, so three engines that each take 2 s to end are all
+    gone ~2 s after the last is asked (closed one by one they took 6); ``close`` after it
+    sends nothing twice, and a second ``close`` is harmless."""
+    (tmp_path / "slow_stop_worker.py").write_text(_SLOW_STOP_WORKER)
+
+    class Engine(bench._Engine):
+        worker_module = "slow_stop_worker"
+
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    engines = [
+        Engine(bench.worker_spec(_small(methods=("none",)), "none"), env, tmp_path / f"e{i}.log")
+        for i in range(3)
+    ]
+    for e in engines:
+        e.wait_ready(30)
+    started = time.monotonic()
+    for e in engines:
+        e.request_stop()
+    for e in engines:
+        e.close()
+    assert time.monotonic() - started < 5.0
+    assert all(e.proc.returncode == 0 for e in engines)  # stopped, not killed
+    engines[0].close()
 
 
 # 10: a mismatch names the workflow

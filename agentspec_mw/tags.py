@@ -99,8 +99,9 @@ class StructureTags(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    scope: str = Field(default="default", max_length=MAX_ID_CHARS)
-    """Isolation scope (tenant key). History never crosses scopes."""
+    scope: str = Field(default="default", min_length=1, max_length=MAX_ID_CHARS)
+    """Isolation scope (tenant key). History never crosses scopes. Not empty: ``""`` is a
+    client's bug (an unset variable), refused as an empty agent or query is."""
     agent_id: str | None = Field(default=None, min_length=1, max_length=MAX_ID_CHARS)
     """The agent (node + graph namespace) producing this output; ``None`` (with
     ``query_id=None``): derived from the prompt, as without tags (scope-only tags)."""

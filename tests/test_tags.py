@@ -74,6 +74,18 @@ def test_no_tags_means_none() -> None:
             },
             "segment",
         ),
+        # an empty scope is a client's bug (an unset variable), not a tenant: refused, as
+        # an empty agent or query is and as the LangGraph side's `tags_scope` is
+        ({"agentspec_v": 1, "agentspec_scope": ""}, "scope: String should have at least 1"),
+        (
+            {
+                "agentspec_v": 1,
+                "agentspec_scope": "",
+                "agentspec_agent": "a",
+                "agentspec_query": "q",
+            },
+            "scope",
+        ),
     ],
 )
 def test_malformed_wire_tags_raise_tag_error(wire: dict, match: str) -> None:  # type: ignore[type-arg]

@@ -89,3 +89,47 @@ def test_an_unknown_regime_is_refused_before_anything_changes(tiny_tokenizer: An
     with pytest.raises(ValueError, match="decoding='beam'"):
         p.start("a", [4, 5], decoding="beam")  # type: ignore[arg-type]
     assert "a" in p._reqs and len(p._reqs) == 1
+
+
+@pytest.mark.parametrize("decoding", ["sampled", "constrained"])
+def test_tag_free_traffic_keeps_a_row_of_each_regime_for_good(
+    tiny_tokenizer: Any, decoding: Decoding
+) -> None:
+    """The ``default`` scope's row of a regime other than greedy is held for good from its
+    first request, as its greedy row is: tenants that come and go while that regime is
+    idle take other rows, never its (one of them took it before and reset what it had
+    learned). With every row held by live tenants, a regime without a row learns in its
+    scope's greedy row (it got the frozen prior, which learns nothing, before)."""
+    from agentspec_mw.agentspec.scopes import FROZEN
+
+    env = ProposerEnv(
+        token_bytes=token_bytes_table(tiny_tokenizer), cost_model=PRESETS["llama8b-h100"], max_k=8
+    )
+    p = AgentSpecProposer(env, index_max_tokens=1 << 12, calib_max_scopes=4)
+
+    def row(rid: str) -> int:
+        return int(p._slots.si[p._reqs[rid], C_CAL])
+
+    p.start("s", [5, 6, 7], decoding=decoding)  # tag-free: the default scope
+    kept = row("s")
+    assert kept not in (FROZEN, p._calib.default_row)
+    p.stop("s")
+    for i in range(6):  # tenants come and go while the tag-free regime is idle
+        p.start(f"t{i}", [1, 2, 3], StructureTags(scope=f"tenant{i}"))
+        p.propose([f"t{i}"], 8, StepContext(batch_size=1, num_kv_tokens=3))
+        p.stop(f"t{i}")
+    p.start("s2", [5, 6, 7], decoding=decoding)
+    assert row("s2") == kept and (("default", decoding) in p._scopes)
+    assert p._scopes.overflows == 0
+
+    # every row held: the default greedy row and the kept one, two live tenants
+    q = AgentSpecProposer(env, index_max_tokens=1 << 12, calib_max_scopes=3)
+    q.start("a", [1, 2, 3], StructureTags(scope="tenantA"))
+    q.start("b", [1, 2, 3], StructureTags(scope="tenantB"))
+    q.start("c", [1, 2, 3], StructureTags(scope="tenantA"), decoding=decoding)
+    q.start("s", [5, 6, 7], decoding=decoding)
+    rows = {r: int(q._slots.si[q._reqs[r], C_CAL]) for r in "abcs"}
+    assert rows["c"] == rows["a"] and rows["s"] == q._calib.default_row
+    assert q._scopes.overflows == 0
+    q.start("d", [1, 2, 3], StructureTags(scope="tenantD"))  # no row, no greedy row: frozen
+    assert int(q._slots.si[q._reqs["d"], C_CAL]) == FROZEN and q._scopes.overflows == 1

@@ -270,7 +270,10 @@ class AgentSpecProposer:
             # the frozen prior (or the default blocks)
             self._flush()
         gid, glabel = self._grammars.acquire(None if tags is None else tags.blocks, scope)
-        cal = self._scopes.acquire(cal_key)
+        # a regime without a row of its own learns in the scope's greedy row, if any
+        cal = self._scopes.acquire(cal_key, None if cal_key == scope else scope)
+        if scope == "default" and cal_key != scope:  # (its greedy row is held from the start)
+            self._scopes.keep(cal_key)  # tag-free traffic keeps a row per regime for good
         slots = self._slots
         s = slots.acquire(prompt)
         row = slots.si[s]

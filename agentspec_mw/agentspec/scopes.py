@@ -16,7 +16,10 @@ request loses its row (its learned state is forgotten; it starts again from the 
 it comes back). If every row's scope has live requests, the newcomer gets row
 :data:`FROZEN`: the fixed prior, which learns nothing (its requests draft with the
 prior's calibration until a row frees up for their scope's
-next request).
+next request); a request of a decoding regime whose row cannot be had takes its scope's
+greedy row if that has one. The ``default`` scope (tag-free traffic) holds its row of each
+regime for good from the first request that gets one (:meth:`ScopeStates.keep`): tenants'
+traffic cannot evict it.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class ScopeStates:
         self._rows: OrderedDict[Hashable, int] = OrderedDict()  # key -> row, least recent first
         self.overflows = 0
         """Requests that got :data:`FROZEN` because every row was in use."""
+        self._kept: set[Hashable] = set()  # scopes whose row is held for good (keep)
         self._free: list[int] = []  # allocated rows without a scope (popped lowest first)
         self._alloc(2)
 
@@ -109,20 +113,36 @@ class ScopeStates:
         """Whether ``scope`` holds a row."""
         return scope in self._rows
 
-    def acquire(self, scope: Hashable) -> int:
+    def acquire(self, scope: Hashable, fallback: Hashable | None = None) -> int:
         """The row of ``scope`` for one more live request (see the module docstring): a
-        scope name, or a scope and a decoding regime (the proposer's calibration key)."""
+        scope name, or a scope and a decoding regime (the proposer's calibration key).
+        When ``scope`` can get no row, the row of ``fallback`` if it holds one (the same
+        tenant's greedy row for another regime: its own traffic, closer than the frozen
+        prior), else :data:`FROZEN`."""
         row = self._rows.get(scope)
         if row is None:
             row = self._new_row()
             if row == FROZEN:
-                self.overflows += 1
-                return FROZEN
-            self._rows[scope] = row
+                row = FROZEN if fallback is None else self._rows.get(fallback, FROZEN)
+                if row == FROZEN:
+                    self.overflows += 1
+                    return FROZEN
+            else:
+                self._rows[scope] = row
         else:
             self._rows.move_to_end(scope)
         self.live[row] += 1
         return row
+
+    def keep(self, scope: Hashable) -> None:
+        """Hold the row ``scope`` has now for good (one more live request, which never
+        stops): the ``default`` scope's row of each decoding regime, from its first
+        request, so that tag-free traffic keeps what it learned whatever the tenants' traffic
+        does (its greedy row is held from the start). A scope without a row is left alone."""
+        row = self._rows.get(scope)
+        if row is not None and scope not in self._kept:
+            self._kept.add(scope)
+            self.live[row] += 1
 
     def release(self, rows: np.ndarray) -> None:
         """The live requests of ``rows`` (one entry per request) stopped."""

@@ -178,6 +178,11 @@ def test_decoding_is_read_off_vllms_sampling_params() -> None:
     )
     assert decoding_of(None) is None
     assert decoding_of(SamplingParams()) == "sampled"  # vLLM's default temperature is 1
+    # top-k 1 samples the argmax: its drafts are accepted exactly as greedy ones
+    assert decoding_of(SamplingParams(temperature=0.7, top_k=1)) == "greedy"
+    assert decoding_of(SamplingParams(temperature=0.7, top_k=2)) == "sampled"
+    constrained_top1 = SamplingParams(temperature=0.7, top_k=1, structured_outputs=json_schema)
+    assert decoding_of(constrained_top1) == "constrained"
     batch = SimpleNamespace(num_reqs=2, req_ids=["g", "s"], num_prompt_tokens=[3, 4])
     runner = SimpleNamespace(
         input_batch=batch,

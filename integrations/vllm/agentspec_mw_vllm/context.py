@@ -69,12 +69,17 @@ _SAMPLING_EPS = 1e-5  # vLLM's: a temperature under it is greedy (vllm/sampling_
 
 def decoding_of(params: Any) -> Decoding | None:
     """A request's decoding regime from its ``SamplingParams`` (read by attribute, so no
-    vLLM import): ``sampled`` at a temperature vLLM samples at, else ``constrained`` with
+    vLLM import): ``sampled`` at a temperature vLLM samples at (unless ``top_k`` is 1: the
+    argmax, whose drafts are accepted exactly as greedy ones), else ``constrained`` with
     structured outputs, else ``greedy``; ``None`` for no params."""
     if params is None:
         return None
     temperature = getattr(params, "temperature", 0.0)
-    if isinstance(temperature, (int, float)) and temperature >= _SAMPLING_EPS:
+    if (
+        isinstance(temperature, (int, float))
+        and temperature >= _SAMPLING_EPS
+        and getattr(params, "top_k", 0) != 1
+    ):
         return "sampled"
     if getattr(params, "structured_outputs", None) is not None:
         return "constrained"

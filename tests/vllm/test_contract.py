@@ -471,6 +471,11 @@ def test_a_cpu_fix_leaves_a_vllm_function_with_other_parameters_alone(
     assert got is None and rejection_sampler.sample_recovered_tokens is changed
     assert "sample_recovered_tokens takes other arguments" in caplog.text
 
+    # one with no signature to read (a builtin) is left alone too, not a failed register()
+    monkeypatch.setattr(rejection_sampler, "sample_recovered_tokens", max)
+    got = plugin._replace_on_cpu("sample_recovered_tokens", plugin.recovered_tokens_rows)
+    assert got is None and rejection_sampler.sample_recovered_tokens is max
+
 
 def _child_numba_layer(register: bool) -> tuple[str | None, str]:
     """In a child process: import numba, register the plugin (as vLLM does in each of its

@@ -327,10 +327,16 @@ def _replace_on_cpu(name: str, replacement: Callable[..., Any]) -> Callable[...,
 
     if not is_cpu_build():
         return None
-    if list(inspect.signature(own).parameters) != list(inspect.signature(replacement).parameters):
+    try:  # a builtin or compiled object may have no signature to read
+        same = list(inspect.signature(own).parameters) == list(
+            inspect.signature(replacement).parameters
+        )
+    except (TypeError, ValueError):
+        same = False
+    if not same:
         logger.warning(
             "vLLM's rejection_sampler.%s takes other arguments than this plugin's fix for it "
-            "expects; left as it is",
+            "expects (or shows none); left as it is",
             name,
         )
         return None

@@ -459,17 +459,30 @@ def test_recovered_tokens_draw_noise_only_for_drafting_requests_same_distributio
 def test_a_cpu_fix_leaves_a_vllm_function_with_other_parameters_alone(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Another vLLM whose function takes other arguments keeps its own (a warning says so)."""
+    """Another vLLM whose function takes other arguments, shows no signature, or whose
+    kernel the fix calls changed, keeps its own (a warning says so)."""
     from vllm.v1.sample import rejection_sampler
 
     def changed(max_spec_len: int, metadata: Any) -> None:
         raise AssertionError("not called")
+
+    # vLLM's own, as the plugin found it (it may be installed already in this process)
+    vllm_own = plugin._vllm_recovered or rejection_sampler.sample_recovered_tokens
 
     monkeypatch.setattr(rejection_sampler, "sample_recovered_tokens", changed)
     with caplog.at_level(logging.WARNING, logger="agentspec_mw_vllm.plugin"):
         got = plugin._replace_on_cpu("sample_recovered_tokens", plugin.recovered_tokens_rows)
     assert got is None and rejection_sampler.sample_recovered_tokens is changed
     assert "sample_recovered_tokens takes other arguments" in caplog.text
+
+    # the kernel the replacement calls changed: the fix is not installed
+    monkeypatch.setattr(rejection_sampler, "sample_recovered_tokens", vllm_own)
+    monkeypatch.setattr(plugin, "_vllm_recovered", None)
+    monkeypatch.setattr(rejection_sampler, "_sample_recovered_tokens", changed)
+    with caplog.at_level(logging.WARNING, logger="agentspec_mw_vllm.plugin"):
+        plugin._install_recovered_fix()
+    assert rejection_sampler.sample_recovered_tokens is vllm_own
+    assert "_sample_recovered_tokens is not the one" in caplog.text
 
     # one with no signature to read (a builtin) is left alone too, not a failed register()
     monkeypatch.setattr(rejection_sampler, "sample_recovered_tokens", max)

@@ -432,9 +432,39 @@ def _install_recovered_fix() -> None:
     concurrent workflows (2026-12-06, docs/vllm.md, sampling). Greedy batches never draw
     it."""
     global _vllm_recovered
+    try:
+        from vllm.v1.sample import rejection_sampler
+    except ImportError:
+        return
+    # the kernel the replacement calls, as it calls it: another one would fail inside an
+    # engine step, so the fix is not installed then
+    kernel = getattr(rejection_sampler, "_sample_recovered_tokens", None)
+    try:
+        params = None if kernel is None else list(inspect.signature(kernel).parameters)
+    except (TypeError, ValueError):
+        params = None
+    if params != _RECOVERED_KERNEL_PARAMS:
+        logger.warning(
+            "vLLM's rejection_sampler._sample_recovered_tokens is not the one this plugin's "
+            "fix calls; sample_recovered_tokens left as it is"
+        )
+        return
     _vllm_recovered = (
         _replace_on_cpu("sample_recovered_tokens", recovered_tokens_rows) or _vllm_recovered
     )
+
+
+_RECOVERED_KERNEL_PARAMS = [
+    "output_token_ids",
+    "cu_num_draft_tokens",
+    "draft_token_ids",
+    "draft_probs",
+    "target_probs",
+    "inv_q",
+    "max_spec_len",
+]
+"""Parameters of vLLM's ``_sample_recovered_tokens`` that :func:`recovered_tokens_rows`
+passes (the last by keyword)."""
 
 
 #: numba's threading layer in vLLM's engine processes on the CPU build

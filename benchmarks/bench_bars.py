@@ -7,7 +7,8 @@ over untagged AgentSpec, each the median of the per-repeat ratios
 (:func:`~agentspec_mw_langgraph.bench.paired_ratio`; every method of a repeat ran back to
 back), and both AgentSpec engines' acceptance. Then the same ratios pooled: every repeat of
 every report of one configuration — the app, N, tokens per call, workflows per run (a
-report from before ``min_workflows`` ran N per run) and temperature — with its count, range
+report from before ``min_workflows`` ran N per run), temperature, model, ``k`` and whether
+vLLM's CPU preload was on (``<method>/no-preload`` rows pool apart) — with its count, range
 and median.
 The bars (issue 29, on the demo app; the other apps are the "not in the repository" check):
 
@@ -36,7 +37,7 @@ from agentspec_mw_langgraph.bench import (
     read_report,
     repeat_ratios,
 )
-from agentspec_mw_langgraph.bench_config import PEERS
+from agentspec_mw_langgraph.bench_config import NO_PRELOAD, PEERS, BenchConfig
 from agentspec_mw_langgraph.bench_report import better_peer
 
 VS_NONE = 1.0
@@ -60,6 +61,11 @@ class Config:
     workflows: int
     temperature: float = 0.0
     """Sampled runs (> 0) pool apart: the bars are greedy's."""
+    model: str | None = None
+    """The engine's model (``None``: the default one)."""
+    k: int = BenchConfig.model_fields["k"].default
+    preload: bool = True
+    """False: the methods' ``/no-preload`` rows (``--preload off`` or ``both``)."""
 
 
 @dataclass
@@ -106,18 +112,25 @@ def analyse(
     pools: dict[Config, Pool] = defaultdict(Pool)
     for name, report in reports:
         least, max_tokens = report.config.min_workflows, report.config.max_tokens
-        cells: dict[tuple[str, int], dict[str, BenchRow]] = defaultdict(dict)
+        cells: dict[tuple[str, int, bool], dict[str, BenchRow]] = defaultdict(dict)
         for r in report.rows:
-            cells[(r.app, r.n)][r.label] = r
-        for (app, n), by in sorted(cells.items()):
+            on = not r.label.endswith(NO_PRELOAD)
+            cells[(r.app, r.n, on)][r.label.removesuffix(NO_PRELOAD)] = r
+        cfg = report.config
+        for (app, n, on), by in sorted(
+            cells.items(), key=lambda c: (c[0][0], c[0][1], not c[0][2])
+        ):
             ours, none = by.get("agentspec"), by.get("none")
             if ours is None or none is None:
                 continue
-            temp = report.config.temperature
-            pool = pools[Config(app, n, max_tokens, max(n, least), temp)]
+            temp = cfg.temperature
+            pool = pools[Config(app, n, max_tokens, max(n, least), temp, cfg.model, cfg.k, on)]
             pool.runs += 1
             sampled = f", temperature {temp:g}" if temp > 0 else ""
-            parts = [f"{name} {app} N={n} ({max_tokens} tok, {max(n, least)} wf/run{sampled}):"]
+            setup = _setup(cfg.model, cfg.k, on)
+            parts = [
+                f"{name} {app} N={n} ({max_tokens} tok, {max(n, least)} wf/run{sampled}{setup}):"
+            ]
             per = _per_repeat(ours, none)
             pool.vs_none += per
             parts.append(f"{_ratio(ours, none)} none")
@@ -140,6 +153,15 @@ def analyse(
     return lines, pools
 
 
+def _setup(model: str | None, k: int, preload: bool) -> str:
+    """What a line adds where the run's set-up is not the default one."""
+    return (
+        (f", model {model}" if model is not None else "")
+        + (f", k {k}" if k != BenchConfig.model_fields["k"].default else "")
+        + ("" if preload else ", no preload")
+    )
+
+
 def _summary(values: list[float]) -> str:
     if not values:
         return "-"
@@ -158,11 +180,24 @@ def bar_lines(pools: dict[Config, Pool]) -> list[str]:
             return "-"
         return "met" if statistics.median(values) >= bar else "MISS"
 
-    for cfg in sorted(pools, key=lambda c: (c.app, c.temperature, c.max_tokens, c.workflows, c.n)):
+    def order(c: Config) -> tuple[object, ...]:
+        return (
+            c.app,
+            str(c.model),
+            c.k,
+            not c.preload,
+            c.temperature,
+            c.max_tokens,
+            c.workflows,
+            c.n,
+        )
+
+    for cfg in sorted(pools, key=order):
         p = pools[cfg]
         sampled = f", temperature {cfg.temperature:g}" if cfg.temperature > 0 else ""
+        setup = _setup(cfg.model, cfg.k, cfg.preload)
         where = (
-            f"{cfg.app} N={cfg.n}, {cfg.max_tokens} tok, {cfg.workflows} wf/run{sampled}, "
+            f"{cfg.app} N={cfg.n}, {cfg.max_tokens} tok, {cfg.workflows} wf/run{sampled}{setup}, "
             f"{p.runs} run(s)"
         )
         out.append(

@@ -754,7 +754,10 @@ def test_bench_quick_with_an_app_by_file_path(
 def test_the_timed_steps_are_written_one_line_per_run(tmp_path: Path) -> None:
     config = BenchConfig(ns=(4,), methods=("none", "suffix"), apps=("demo",), repeats=3)
     results = _results(config)
-    assert write_fit_steps(results, tmp_path / "none.steps.jsonl") is None  # nothing timed
+    stale = tmp_path / "none.steps.jsonl"  # an earlier bench's, at the same --out
+    stale.write_text('{"label": "agentspec", "steps": [[1, 2, 3, 4, 5, 0.01]]}\n')
+    assert write_fit_steps(results, stale) is None  # nothing timed: nothing written
+    assert not stale.exists()  # and the old steps do not pass for this run's
     step = [40.0, 9000.0, 3000.0, 9000.0, 52.0, 0.09]
     key = ("suffix", "demo", 4, 1)
     results[key] = results[key].model_copy(update={"fit_steps": [step, step]})

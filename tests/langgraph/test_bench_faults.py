@@ -50,10 +50,13 @@ def _result(label: str, n: int, wall: float, **kw: Any) -> RunResult:
     return _bench_result(label, n, wall, **{"drafted": 10, "accepted": 5, **kw})
 
 
-def _rows(walls: dict[str, list[float]], **per_label: dict[str, Any]) -> list[BenchRow]:
+def _rows(
+    walls: dict[str, list[float]], preload: str = "on", **per_label: dict[str, Any]
+) -> list[BenchRow]:
     """Summarised rows of demo N=4: ``walls[label][repeat]`` seconds for 100 tokens."""
     repeats = len(next(iter(walls.values())))
-    config = BenchConfig(ns=(4,), methods=tuple(walls), apps=("demo",), repeats=repeats)
+    methods = tuple(dict.fromkeys(k.removesuffix("/no-preload") for k in walls))
+    config = BenchConfig(ns=(4,), methods=methods, apps=("demo",), repeats=repeats, preload=preload)
     results = {
         (k, "demo", 4, r): _result(k, 4, w[r], **per_label.get(k, {}))
         for k, w in walls.items()
@@ -476,6 +479,38 @@ def test_the_run_timeout_has_a_generous_default_and_reaches_the_cli(
         BenchConfig(run_timeout_s=0)
 
 
+_DYING_WORKER = textwrap.dedent(
+    """\
+    import json, sys
+
+    print("@@agentspec-bench@@ " + json.dumps({"kind": "ready", "start_s": 0.0}), flush=True)
+    print("engine crashed: out of memory", file=sys.stderr, flush=True)
+    sys.exit(3)
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_an_engine_that_died_between_runs_is_named_with_its_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine process gone before a run (killed for memory after its last result) fails
+    the bench with a ``BenchError`` naming the method, the exit code and its log's end, not
+    a bare broken pipe."""
+    (tmp_path / "dying_worker.py").write_text(_DYING_WORKER)
+
+    class Engine(bench._Engine):
+        worker_module = "dying_worker"
+
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    monkeypatch.setattr(bench, "_Engine", Engine)
+    monkeypatch.setattr(bench, "engine_env", lambda label: env)
+    monkeypatch.setattr(Engine, "wait_ready", lambda self, t=None: self.proc.wait() * 0.0)
+    with pytest.raises(BenchError, match=r"\[none\] the engine process exited \(code 3\)") as info:
+        _quiet(_small(), tmp_path / "b")
+    assert "out of memory" in str(info.value) and "b.none.log" in str(info.value)
+
+
 _SLOW_STOP_WORKER = textwrap.dedent(
     """\
     import json, sys, time
@@ -602,6 +637,50 @@ def test_bench_bars_and_the_verdict_pick_the_same_better_peer(
         pytest.approx(1.2),
         by["ngram"],
     )
+
+
+def test_runs_without_the_preload_get_their_own_verdict_and_pool(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--preload off`` labels every method ``<method>/no-preload``: the verdict still
+    judges AgentSpec against its peers and tags (it named only the fastest before) and
+    bench_bars still pools the run (it skipped it silently), apart from preloaded runs;
+    with ``both``, each variant is judged among its own methods."""
+    walls = {"none": [1.0] * 3, "suffix": [0.9] * 3, "agentspec": [0.6] * 3}
+    off = _rows({f"{k}/no-preload": v for k, v in walls.items()}, preload="off")
+    (line,) = verdict_lines(off)
+    assert line.startswith("demo N=4 without the preload: fastest is agentspec/no-preload")
+    assert "agentspec 1.67x none is 1.50x suffix/no-preload (ahead" in line
+    slower = {f"{k}/no-preload": [w * 1.2 for w in v] for k, v in walls.items()}
+    both = _rows({**walls, **slower}, preload="both")
+    on_line, off_line = verdict_lines(both)
+    assert on_line.startswith("demo N=4: fastest is agentspec (") and "no-preload" not in on_line
+    assert off_line.startswith("demo N=4 without the preload: fastest is agentspec/no-preload")
+    config = BenchConfig(ns=(4,), methods=tuple(walls), apps=("demo",), repeats=3, preload="off")
+    path = tmp_path / "off.json"
+    path.write_text(_report(config, off, []).model_dump_json())
+    assert script("bench_bars").main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "off demo N=4 (48 tok, 8 wf/run, no preload): 1.667x none 1.500x suffix" in out
+
+
+def test_bench_bars_pools_another_model_or_k_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two reports of one app and N but another model or ``k`` are not one configuration."""
+    walls = {"none": [1.0], "agentspec": [0.8]}
+    paths = []
+    for name, extra in (("a", {}), ("b", {"k": 4}), ("c", {"model": "my/model"})):
+        config = BenchConfig(ns=(4,), methods=tuple(walls), apps=("demo",), repeats=1, **extra)
+        path = tmp_path / f"{name}.json"
+        path.write_text(_report(config, _rows(walls), []).model_dump_json())
+        paths.append(str(path))
+    assert script("bench_bars").main(paths) == 0
+    out = capsys.readouterr().out
+    assert "demo N=4, 48 tok, 8 wf/run, 1 run(s): vs none median 1.250" in out
+    assert "demo N=4, 48 tok, 8 wf/run, k 4, 1 run(s)" in out
+    assert "demo N=4, 48 tok, 8 wf/run, model my/model, 1 run(s)" in out
+    assert "2 run(s)" not in out
 
 
 # 12: an --out stem with a dot

@@ -28,7 +28,8 @@ per draft call, the step-time fit's prediction error (AgentSpec with the measure
 model), per-agent acceptance (per-request metrics, by the agent tag) and AgentSpec's
 per-agent/per-block counters. Every output (final states and every request's token
 ids) must equal ``none``'s; a mismatch fails the run (:class:`BenchMismatchError`, after
-the report is written).
+the report is written). Sampled benches (``temperature`` > 0) draw other outputs each run:
+they are not compared.
 
 With ``preload="both"`` every method also runs without vLLM's CPU preload
 (:mod:`agentspec_mw_vllm.preload`) as ``<method>/no-preload``, interleaved the same way.
@@ -219,8 +220,15 @@ class _Engine:
         """
         assert self.proc.stdin is not None
         cmd = {"cmd": "run", "app": app, "topics": topics, "concurrency": concurrency}
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(cmd) + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # the process is gone (it died after its last result)
+            raise BenchError(
+                f"[{self.spec.label}] the engine process exited (code {self.proc.wait()}) "
+                f"before {app} N={concurrency} repeat {repeat}; its log ({self.log}) ends:\n"
+                f"{self._tail()}"
+            ) from None
         what = f"{self.spec.label} {app} N={concurrency} repeat {repeat}: no result"
         msg = self._read(what, timeout_s)
         msg.pop("kind")
@@ -297,15 +305,17 @@ def write_fit_steps(
     """Write the steps the measured cost model timed, one JSON line per run (``label``,
     ``app``, ``n``, ``repeat``, ``steps``: ``[num_batched, num_kv, spec_kv, draft_kv,
     emitted, seconds]`` each; ``benchmarks/fit_live_steps.py`` refits them); ``None``
-    (nothing written) when no run timed any."""
+    when no run timed any: nothing is written, and a file an earlier bench left at
+    ``path`` is removed (it would pass for this run's steps)."""
+    path = Path(path)
     lines = [
         json.dumps({"label": k[0], "app": k[1], "n": k[2], "repeat": k[3], "steps": r.fit_steps})
         for k, r in sorted(results.items())
         if r.fit_steps
     ]
     if not lines:
+        path.unlink(missing_ok=True)
         return None
-    path = Path(path)
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -472,21 +482,21 @@ def run_bench(
         echo("engines ready: " + ", ".join(f"{k} {v:.0f} s" for k, v in starts.items()))
         total = len(config.apps) * len(config.ns) * config.repeats * len(labels)
         bar = tqdm(total=total, desc="bench", unit="run", disable=not progress, file=sys.stderr)
-        offset = 0
-        for app in config.apps:
-            for n in config.ns:
-                for r in range(config.repeats):
-                    topics = bench_topics(offset, config.workflows(n))
-                    offset += len(topics)
-                    order = labels[r % len(labels) :] + labels[: r % len(labels)]
-                    for label in order:
-                        bar.set_postfix_str(f"{app} N={n} r{r} {label}")
-                        loads[(label, app, n, r)] = os.getloadavg()[0]
-                        results[(label, app, n, r)] = engines[label].run(
-                            app, topics, n, repeat=r, timeout_s=config.run_timeout_s
-                        )
-                        bar.update(1)
-        bar.close()
+        with bar:  # closed on a failure too: the error is printed on a line of its own
+            offset = 0
+            for app in config.apps:
+                for n in config.ns:
+                    for r in range(config.repeats):
+                        topics = bench_topics(offset, config.workflows(n))
+                        offset += len(topics)
+                        order = labels[r % len(labels) :] + labels[: r % len(labels)]
+                        for label in order:
+                            bar.set_postfix_str(f"{app} N={n} r{r} {label}")
+                            loads[(label, app, n, r)] = os.getloadavg()[0]
+                            results[(label, app, n, r)] = engines[label].run(
+                                app, topics, n, repeat=r, timeout_s=config.run_timeout_s
+                            )
+                            bar.update(1)
     finally:
         for engine in engines.values():  # all shut down at once
             engine.request_stop()

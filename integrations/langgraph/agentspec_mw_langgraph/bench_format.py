@@ -133,37 +133,51 @@ def verdict_lines(rows: Sequence[BenchRow]) -> list[str]:
     even; :func:`paired_ratio`): which method is fastest (and by how much over the
     runner-up), or which lead even; the methods that produced no tokens; AgentSpec against
     the better of n-gram and SuffixDecoding (the one it beats by least, :func:`better_peer`);
-    and tagged against untagged AgentSpec."""
+    and tagged against untagged AgentSpec. Methods run without vLLM's CPU preload
+    (``<method>/no-preload``) are judged among themselves, on a line of their own."""
     lines = []
     keys = sorted({(r.app, r.n) for r in rows}, key=lambda k: (k[0], k[1]))
     for app, n in keys:
-        group = {r.label: r for r in rows if (r.app, r.n) == (app, n)}
-        live = {k: r for k, r in group.items() if _has_throughput(r)}
-        text = f"{app} N={n}: {_fastest(list(live.values()))}"
-        dead = [k for k in group if k not in live]
-        if dead and live:
-            text += f"; no throughput: {', '.join(dead)}"
-        peers = [live[p] for p in PEERS if p in live]
-        if "agentspec" in live and any(p in group for p in PEERS):
-            ours = live["agentspec"]
-            text += f"; agentspec {_x(ours.ratio_to_none)} none"
-            best = better_peer(ours, peers)
-            if best is not None:
-                rel, peer = best
-                text += f" is {rel:.2f}x {peer.label} ({_standing(ours, peer)}; the better peer)"
-            else:
-                text += ", no peer with throughput to compare with"
-        if "agentspec" in live and "agentspec-untagged" in live:
-            t, u = live["agentspec"], live["agentspec-untagged"]
-            text += (
-                f"; tags: {_f(t.acceptance, '.1%')} vs {_f(u.acceptance, '.1%')} accepted, "
-                f"{_x(paired_ratio(t, u))} untagged's tok/s"
-            )
-            adjusted = speed_adjusted_ratio(t, u)
-            if adjusted is not None:
-                text += f" ({adjusted:.3f}x with each engine's step speed divided out)"
-        lines.append(text)
+        for suffix in ("", NO_PRELOAD):
+            group = {
+                r.label.removesuffix(suffix): r
+                for r in rows
+                if (r.app, r.n) == (app, n) and r.label.endswith(NO_PRELOAD) == bool(suffix)
+            }
+            if group:
+                head = f"{app} N={n}" + (" without the preload" if suffix else "")
+                lines.append(_verdict(head, group))
     return lines
+
+
+def _verdict(head: str, group: dict[str, BenchRow]) -> str:
+    """:func:`verdict_lines`' sentence for one (shape, N) and preload variant: ``group``
+    maps each method (without its ``/no-preload``) to its row."""
+    live = {k: r for k, r in group.items() if _has_throughput(r)}
+    text = f"{head}: {_fastest(list(live.values()))}"
+    dead = [k for k in group if k not in live]
+    if dead and live:
+        text += f"; no throughput: {', '.join(dead)}"
+    peers = [live[p] for p in PEERS if p in live]
+    if "agentspec" in live and any(p in group for p in PEERS):
+        ours = live["agentspec"]
+        text += f"; agentspec {_x(ours.ratio_to_none)} none"
+        best = better_peer(ours, peers)
+        if best is not None:
+            rel, peer = best
+            text += f" is {rel:.2f}x {peer.label} ({_standing(ours, peer)}; the better peer)"
+        else:
+            text += ", no peer with throughput to compare with"
+    if "agentspec" in live and "agentspec-untagged" in live:
+        t, u = live["agentspec"], live["agentspec-untagged"]
+        text += (
+            f"; tags: {_f(t.acceptance, '.1%')} vs {_f(u.acceptance, '.1%')} accepted, "
+            f"{_x(paired_ratio(t, u))} untagged's tok/s"
+        )
+        adjusted = speed_adjusted_ratio(t, u)
+        if adjusted is not None:
+            text += f" ({adjusted:.3f}x with each engine's step speed divided out)"
+    return text
 
 
 def _deciles(rows: Sequence[Sequence[float]]) -> str:

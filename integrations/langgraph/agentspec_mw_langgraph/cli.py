@@ -148,7 +148,7 @@ def _add_bench(sub: Any) -> None:
         "--out",
         default="out/bench",
         help="writes OUT.txt, OUT.png, OUT.steps.jsonl (out/bench; OUT keeps its dots, an "
-        "ending .txt/.png/.json is dropped)",
+        "ending .txt/.png/.json/.steps.jsonl is dropped)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from agentspec_mw.errors import ProposerLoadError
 from agentspec_mw.proposer import Proposer, ProposerEnv
 
-__all__ = ["BUILTIN_PROPOSERS", "make_proposer", "resolve_proposer_class"]
+__all__ = ["BUILTIN_PROPOSERS", "make_proposer", "proposer_target", "resolve_proposer_class"]
 
 BUILTIN_PROPOSERS: dict[str, str] = {
     "none": "agentspec_mw.peers.none:NoProposer",
@@ -27,8 +27,13 @@ BUILTIN_PROPOSERS: dict[str, str] = {
 }
 
 
-def resolve_proposer_class(spec: str) -> type:
-    """Return the class a builtin name or a dotted path names."""
+def proposer_target(spec: str) -> tuple[str, str]:
+    """The ``(module, class name)`` a builtin name or a dotted path names, without importing
+    anything (a cheap check of a name before an engine is built).
+
+    Raises:
+        ProposerLoadError: ``spec`` is neither.
+    """
     target = BUILTIN_PROPOSERS.get(spec, spec)
     if ":" in target:
         module_name, _, attr = target.partition(":")
@@ -39,6 +44,12 @@ def resolve_proposer_class(spec: str) -> type:
             f"proposer {spec!r} is neither a builtin ({', '.join(BUILTIN_PROPOSERS)}) "
             "nor a dotted path like 'package.module.Class'"
         )
+    return module_name, attr
+
+
+def resolve_proposer_class(spec: str) -> type:
+    """Return the class a builtin name or a dotted path names."""
+    module_name, attr = proposer_target(spec)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

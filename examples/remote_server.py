@@ -2,7 +2,11 @@
 
 Start the server (on the GPU host; see docs/deployment.md)::
 
-    agentspec serve --model Qwen/Qwen2.5-7B-Instruct --port 8000
+    agentspec serve --model Qwen/Qwen2.5-7B-Instruct --port 8000 \\
+        -- --enable-auto-tool-choice --tool-call-parser hermes
+
+(the agent calls a tool: vLLM answers a request with tools only with a tool parser, which
+``agentspec serve`` sets by itself for the default model alone)
 
 then, anywhere that can reach it::
 

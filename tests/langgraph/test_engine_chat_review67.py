@@ -31,6 +31,17 @@ def test_unknown_keyword_is_an_error(kwargs: dict[str, Any], hint: str) -> None:
         ChatAgentSpecVLLM(**kwargs)
 
 
+def test_an_unknown_drafter_is_an_error_at_construction(tiny_tokenizer: Any) -> None:
+    """A drafter name the engine could never load fails when the model is made (it failed
+    at the first call, after the engine's set-up); dotted paths and builtins pass, and a
+    given engine's drafter is the engine's."""
+    with pytest.raises(ValueError, match="proposer 'eagle3' is neither a builtin"):
+        ChatAgentSpecVLLM(speculative="eagle3")
+    for ok in ("agentspec", "ngram", "suffix", "none", "my_pkg.drafters.Mine", None):
+        ChatAgentSpecVLLM(speculative=ok)
+    ChatAgentSpecVLLM(engine=FakeBackend(tiny_tokenizer, lambda _: "ok"), speculative="eagle3")
+
+
 def test_langchain_fields_still_accepted(tiny_tokenizer: Any) -> None:
     model = ChatAgentSpecVLLM(
         engine=FakeBackend(tiny_tokenizer, lambda _: "ok"),

@@ -72,6 +72,7 @@ from agentspec_mw.default_model import (
     resolve_model,
 )
 from agentspec_mw.errors import MissingDependencyError
+from agentspec_mw.registry import proposer_target
 from agentspec_mw.tags import tags_to_wire
 from agentspec_mw_langgraph.backend import (
     EngineBackend,
@@ -183,10 +184,14 @@ class ChatAgentSpecVLLM(BaseChatModel):
 
     @model_validator(mode="after")
     def _check_model(self) -> ChatAgentSpecVLLM:
-        """A model the engine built on first use could not load fails here, not ~20 s into
-        the first call (:func:`agentspec_mw.default_model.check_model`)."""
+        """A model the engine built on first use could not load, or a drafter name that is
+        neither a builtin nor a dotted path, fails here, not seconds into the first call
+        (:func:`agentspec_mw.default_model.check_model`,
+        :func:`agentspec_mw.registry.proposer_target`)."""
         if self.engine is None:
             check_model(self.model)
+            if self.speculative is not None:
+                proposer_target(self.speculative)
         return self
 
     @property

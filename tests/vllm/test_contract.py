@@ -482,7 +482,10 @@ def test_a_cpu_fix_leaves_a_vllm_function_with_other_parameters_alone(
     with caplog.at_level(logging.WARNING, logger="agentspec_mw_vllm.plugin"):
         plugin._install_recovered_fix()
     assert rejection_sampler.sample_recovered_tokens is vllm_own
-    assert "_sample_recovered_tokens is not the one" in caplog.text
+    assert (
+        "_sample_recovered_tokens takes other arguments than this plugin's fix for "
+        "sample_recovered_tokens"
+    ) in caplog.text
 
     # one with no signature to read (a builtin) is left alone too, not a failed register()
     monkeypatch.setattr(rejection_sampler, "sample_recovered_tokens", max)

@@ -311,11 +311,24 @@ def _install_expand_fix() -> None:
     _vllm_expand = _replace_on_cpu("expand_batch_to_tokens", expand_batch_to_tokens) or _vllm_expand
 
 
-def _replace_on_cpu(name: str, replacement: Callable[..., Any]) -> Callable[..., Any] | None:
+def _param_names(fn: Any) -> list[str] | None:
+    """``fn``'s parameter names; ``None`` for no function or one without a signature to
+    read (a builtin, a compiled object)."""
+    try:
+        return None if fn is None else list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def _replace_on_cpu(
+    name: str, replacement: Callable[..., Any], calls: tuple[str, list[str]] | None = None
+) -> Callable[..., Any] | None:
     """On vLLM's CPU build, set the rejection sampler module's ``name`` to ``replacement``
     (its own code looks it up there at each call); vLLM's own function, or ``None`` when
     nothing was replaced (another build, no such function, one whose parameters differ from
-    the replacement's, or replaced already)."""
+    the replacement's or cannot be read, or replaced already). ``calls``: a function of that
+    module the replacement calls and the parameters it passes; where that function's differ,
+    nothing is replaced either (it would fail inside an engine step)."""
     try:
         from vllm.v1.sample import rejection_sampler
     except ImportError:
@@ -327,19 +340,20 @@ def _replace_on_cpu(name: str, replacement: Callable[..., Any]) -> Callable[...,
 
     if not is_cpu_build():
         return None
-    try:  # a builtin or compiled object may have no signature to read
-        same = list(inspect.signature(own).parameters) == list(
-            inspect.signature(replacement).parameters
-        )
-    except (TypeError, ValueError):
-        same = False
-    if not same:
-        logger.warning(
-            "vLLM's rejection_sampler.%s takes other arguments than this plugin's fix for it "
-            "expects (or shows none); left as it is",
-            name,
-        )
-        return None
+    expected = [(name, _param_names(replacement))]
+    if calls is not None:
+        expected.append(calls)
+    for fn_name, params in expected:
+        fn = own if fn_name == name else getattr(rejection_sampler, fn_name, None)
+        found = _param_names(fn)
+        if found is None or found != params:
+            logger.warning(
+                "vLLM's rejection_sampler.%s takes other arguments than this plugin's fix for "
+                "%s expects (or shows none); left as it is",
+                fn_name,
+                name,
+            )
+            return None
     setattr(rejection_sampler, name, replacement)
     return own  # type: ignore[no-any-return]
 
@@ -432,25 +446,13 @@ def _install_recovered_fix() -> None:
     concurrent workflows (2026-12-06, docs/vllm.md, sampling). Greedy batches never draw
     it."""
     global _vllm_recovered
-    try:
-        from vllm.v1.sample import rejection_sampler
-    except ImportError:
-        return
-    # the kernel the replacement calls, as it calls it: another one would fail inside an
-    # engine step, so the fix is not installed then
-    kernel = getattr(rejection_sampler, "_sample_recovered_tokens", None)
-    try:
-        params = None if kernel is None else list(inspect.signature(kernel).parameters)
-    except (TypeError, ValueError):
-        params = None
-    if params != _RECOVERED_KERNEL_PARAMS:
-        logger.warning(
-            "vLLM's rejection_sampler._sample_recovered_tokens is not the one this plugin's "
-            "fix calls; sample_recovered_tokens left as it is"
-        )
-        return
     _vllm_recovered = (
-        _replace_on_cpu("sample_recovered_tokens", recovered_tokens_rows) or _vllm_recovered
+        _replace_on_cpu(
+            "sample_recovered_tokens",
+            recovered_tokens_rows,
+            calls=("_sample_recovered_tokens", _RECOVERED_KERNEL_PARAMS),
+        )
+        or _vllm_recovered
     )
 
 

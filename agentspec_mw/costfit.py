@@ -117,7 +117,7 @@ def _nonnegative_normal_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     d = len(b)
     diag = np.diag(a).copy()
     live = diag > 0.0
-    scale = np.where(live, np.sqrt(np.where(live, diag, 1.0)), 1.0)
+    scale = np.sqrt(np.where(live, diag, 1.0))
     sa = a / np.outer(scale, scale)
     sb = np.where(live, b / scale, 0.0)
     x = np.zeros(d)
@@ -333,36 +333,32 @@ class MeasuredStepTime:
         # operations in the same order, so the same sums to the bit). The preset's time of
         # a step is numpy's dot, whose summation order Python's would not match: the
         # steps' weights and features wait in ``_pending`` and are added, in order, when the
-        # fit needs the sum
-        self._xx = [0.0] * len(self._tri)
-        self._xy = [0.0] * d
-        self._prior_y = 0.0
-        self._pending: list[tuple[float, ...]] = []
-        self._early: list[float] = []
+        # fit needs the sum (all set by _forget)
         self._lock = threading.Lock()
-        self._since_fit = 0
-        self.observed = 0
-        """Steps used in the fit so far."""
         self.skipped = 0
         """Steps not used (outliers, non-positive or non-finite times, negative or
         non-finite features, steps whose weighted products overflow)."""
-        self._emitted_cost = 0.0
-        self._outliers_in_row = 0
         self.restarts = 0
         """Times the fit started over after ``min_steps`` outliers in a row."""
-        self._model = self._adopt(self._p)
+        self._forget()
 
-    def _restart(self) -> None:
-        """Forget every step (sums, the steps' median, the model): the scaled prior again,
-        refitted from the next steps on."""
+    def _forget(self) -> None:
+        """No step seen (at the start, and when the fit starts over): empty sums, no early
+        steps' median, the scaled prior as the model."""
         self._xx = [0.0] * len(self._tri)
         self._xy = [0.0] * self._d
         self._prior_y = 0.0
-        self._pending.clear()
-        self._early.clear()
-        self.observed = self._since_fit = self._outliers_in_row = 0
+        self._pending: list[tuple[float, ...]] = []
+        self._early: list[float] = []
+        self.observed = 0
+        """Steps used in the fit so far."""
+        self._since_fit = self._outliers_in_row = 0
         self._emitted_cost = 0.0
         self._model = self._adopt(self._p)
+
+    def _restart(self) -> None:
+        """Forget every step: the scaled prior again, refitted from the next steps on."""
+        self._forget()
         self.restarts += 1
 
     def observe(

@@ -113,13 +113,12 @@ def analyse(
     for name, report in reports:
         least, max_tokens = report.config.min_workflows, report.config.max_tokens
         cells: dict[tuple[str, int, bool], dict[str, BenchRow]] = defaultdict(dict)
-        for r in report.rows:
-            on = not r.label.endswith(NO_PRELOAD)
-            cells[(r.app, r.n, on)][r.label.removesuffix(NO_PRELOAD)] = r
+        for r in report.rows:  # (app, N, without the preload) -> method -> row
+            off = r.label.endswith(NO_PRELOAD)
+            cells[(r.app, r.n, off)][r.label.removesuffix(NO_PRELOAD)] = r
         cfg = report.config
-        for (app, n, on), by in sorted(
-            cells.items(), key=lambda c: (c[0][0], c[0][1], not c[0][2])
-        ):
+        for (app, n, off), by in sorted(cells.items(), key=lambda c: c[0]):
+            on = not off
             ours, none = by.get("agentspec"), by.get("none")
             if ours is None or none is None:
                 continue

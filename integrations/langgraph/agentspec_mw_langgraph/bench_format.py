@@ -135,19 +135,14 @@ def verdict_lines(rows: Sequence[BenchRow]) -> list[str]:
     the better of n-gram and SuffixDecoding (the one it beats by least, :func:`better_peer`);
     and tagged against untagged AgentSpec. Methods run without vLLM's CPU preload
     (``<method>/no-preload``) are judged among themselves, on a line of their own."""
-    lines = []
-    keys = sorted({(r.app, r.n) for r in rows}, key=lambda k: (k[0], k[1]))
-    for app, n in keys:
-        for suffix in ("", NO_PRELOAD):
-            group = {
-                r.label.removesuffix(suffix): r
-                for r in rows
-                if (r.app, r.n) == (app, n) and r.label.endswith(NO_PRELOAD) == bool(suffix)
-            }
-            if group:
-                head = f"{app} N={n}" + (" without the preload" if suffix else "")
-                lines.append(_verdict(head, group))
-    return lines
+    groups: dict[tuple[str, int, bool], dict[str, BenchRow]] = {}
+    for r in rows:  # (shape, N, without the preload) -> method -> row
+        off = r.label.endswith(NO_PRELOAD)
+        groups.setdefault((r.app, r.n, off), {})[r.label.removesuffix(NO_PRELOAD)] = r
+    return [
+        _verdict(f"{app} N={n}" + (" without the preload" if off else ""), group)
+        for (app, n, off), group in sorted(groups.items(), key=lambda g: g[0])
+    ]
 
 
 def _verdict(head: str, group: dict[str, BenchRow]) -> str:

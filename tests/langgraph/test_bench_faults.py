@@ -639,6 +639,34 @@ def test_bench_bars_and_the_verdict_pick_the_same_better_peer(
     )
 
 
+def test_the_better_peer_is_one_agentspec_is_behind_in_every_repeat(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """AgentSpec is behind SuffixDecoding by 7 % in every repeat, and even with n-gram
+    (0.5, 0.92, 1.5 per repeat: a lower median, 0.92): the better peer is SuffixDecoding,
+    in the verdict and in bench_bars (both named n-gram "even" before, hiding the loss)."""
+    ours = {"none": 100.0, "agentspec": 100.0}
+    tput = {k: [v] * 3 for k, v in ours.items()}
+    tput["suffix"] = [100.0 / 0.93] * 3
+    tput["ngram"] = [100.0 / r for r in (0.5, 0.92, 1.5)]
+    rows = _rows({k: [100.0 / t for t in v] for k, v in tput.items()})
+    by = {r.label: r for r in rows}
+    from agentspec_mw_langgraph.bench_report import better_peer
+
+    assert better_peer(by["agentspec"], [by["ngram"], by["suffix"]]) == (
+        pytest.approx(0.93),
+        by["suffix"],
+    )
+    (line,) = verdict_lines(rows)
+    assert "is 0.93x suffix (behind" in line and "the better peer)" in line
+    config = BenchConfig(ns=(4,), methods=tuple(tput), apps=("demo",), repeats=3)
+    path = tmp_path / "peers.json"
+    path.write_text(_report(config, rows, []).model_dump_json())
+    assert script("bench_bars").main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "0.930x suffix" in out and "ngram" not in out
+
+
 def test_runs_without_the_preload_get_their_own_verdict_and_pool(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,11 +8,13 @@ from pathlib import Path
 
 from agentspec_mw_langgraph.bench_config import NO_PRELOAD, PEERS
 from agentspec_mw_langgraph.bench_report import (
+    ONE_REPEAT_NOISE,
     BenchReport,
     BenchRow,
     better_peer,
+    noise_lead,
+    noise_ratios,
     paired_ratio,
-    repeat_ratios,
     speed_adjusted_ratio,
 )
 
@@ -21,15 +23,6 @@ __all__ = ["ONE_REPEAT_NOISE", "format_report", "plot_report", "verdict_lines"]
 
 def _f(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
-
-
-ONE_REPEAT_NOISE = 0.05
-"""How far apart two methods' throughputs in one repeat may be by chance: paired ratios of
-one configuration's repeats on this 2-core VM spread 0.92-0.99x (N = 1) and 1.07-1.10x
-(N = 32) within one run (docs/results.md §5 as of `9ca0fe5`, 2026-12-04), and two one-repeat
-runs of the main job ranked the methods differently. A method is ahead of (behind) another
-only where its throughput ratio to the other's is above 1 + this (below 1 - this) in every
-repeat; otherwise the two are called even."""
 
 
 def _x(value: float | None) -> str:
@@ -46,28 +39,6 @@ def _has_throughput(row: BenchRow) -> bool:
     return any(t > 0 for t in row.tokens_per_s_repeats) or row.tokens_per_s > 0
 
 
-def _ratios(a: BenchRow, b: BenchRow) -> list[float]:
-    """``a``'s throughput over ``b``'s in each repeat (:func:`repeat_ratios`); older rows
-    without per-repeat values give their one :func:`paired_ratio`; empty where ``b`` had
-    no throughput to divide by."""
-    per = repeat_ratios(a, b)
-    if per:
-        return per
-    rel = paired_ratio(a, b)
-    return [] if rel is None else [rel]
-
-
-def _lead(per: Sequence[float]) -> int:
-    """The noise rule on per-repeat ratios ``a / b`` (not empty): 1 where ``a`` is ahead
-    (every ratio above 1 + :data:`ONE_REPEAT_NOISE`), -1 where it is behind (every one
-    below 1 - it), 0 where the two are even."""
-    if min(per) > 1.0 + ONE_REPEAT_NOISE:
-        return 1
-    if max(per) < 1.0 - ONE_REPEAT_NOISE:
-        return -1
-    return 0
-
-
 def _even(per: Sequence[float]) -> str:
     """Why two methods with per-repeat ratios ``per`` are even."""
     if len(per) >= 2:
@@ -80,10 +51,10 @@ def _standing(ours: BenchRow, peer: BenchRow) -> str:
     ahead / behind where every repeat's ratio is more than the noise from 1, else even
     (with two or more repeats their range is given); "<peer> had no throughput" where
     there is no ratio."""
-    per = _ratios(ours, peer)
+    per = noise_ratios(ours, peer)
     if not per:
         return f"{peer.label} had no throughput"
-    lead = _lead(per)
+    lead = noise_lead(per)
     if lead == 0:
         return _even(per)
     word = "ahead" if lead > 0 else "behind"
@@ -97,8 +68,8 @@ def _fastest(rows: Sequence[BenchRow]) -> str:
     other is ahead of) are even."""
     if not rows:
         return "no method produced tokens"
-    per = {(a.label, b.label): _ratios(a, b) for a in rows for b in rows if a is not b}
-    lead = {k: _lead(v) for k, v in per.items() if v}
+    per = {(a.label, b.label): noise_ratios(a, b) for a in rows for b in rows if a is not b}
+    lead = {k: noise_lead(v) for k, v in per.items() if v}
 
     def beats(a: BenchRow, b: BenchRow) -> bool:
         return lead.get((a.label, b.label)) == 1

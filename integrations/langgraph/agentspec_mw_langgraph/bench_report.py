@@ -24,10 +24,13 @@ from agentspec_mw_langgraph.bench_worker import RunResult
 
 __all__ = [
     "MIN_SLOWNESS_STEPS",
+    "ONE_REPEAT_NOISE",
     "BenchReport",
     "BenchRow",
     "better_peer",
     "engine_slowness",
+    "noise_lead",
+    "noise_ratios",
     "paired_ratio",
     "read_report",
     "repeat_ratios",
@@ -440,14 +443,52 @@ def paired_ratio(a: BenchRow, b: BenchRow) -> float | None:
     return a.ratio_to_none / b.ratio_to_none
 
 
+ONE_REPEAT_NOISE = 0.05
+"""How far apart two methods' throughputs in one repeat may be by chance: paired ratios of
+one configuration's repeats on this 2-core VM spread 0.92-0.99x (N = 1) and 1.07-1.10x
+(N = 32) within one run (docs/results.md §5 as of `9ca0fe5`, 2026-12-04), and two one-repeat
+runs of the main job ranked the methods differently. A method is ahead of (behind) another
+only where its throughput ratio to the other's is above 1 + this (below 1 - this) in every
+repeat; otherwise the two are called even."""
+
+
+def noise_ratios(a: BenchRow, b: BenchRow) -> list[float]:
+    """``a``'s throughput over ``b``'s in each repeat (:func:`repeat_ratios`); older rows
+    without per-repeat values give their one :func:`paired_ratio`; empty where ``b`` had
+    no throughput to divide by."""
+    per = repeat_ratios(a, b)
+    if per:
+        return per
+    rel = paired_ratio(a, b)
+    return [] if rel is None else [rel]
+
+
+def noise_lead(per: Sequence[float]) -> int:
+    """The noise rule on per-repeat ratios ``a / b`` (not empty): 1 where ``a`` is ahead
+    (every ratio above 1 + :data:`ONE_REPEAT_NOISE`), -1 where it is behind (every one
+    below 1 - it), 0 where the two are even."""
+    if min(per) > 1.0 + ONE_REPEAT_NOISE:
+        return 1
+    if max(per) < 1.0 - ONE_REPEAT_NOISE:
+        return -1
+    return 0
+
+
 def better_peer(ours: BenchRow, peers: Iterable[BenchRow]) -> tuple[float, BenchRow] | None:
-    """The better of ``peers`` against ``ours``: the one ``ours`` beats by least, by
-    :func:`paired_ratio` (the median of the per-repeat ratios, not the peers' median
-    tok/s: each a median over repeats whose load differs), with that ratio; a tie goes
-    to the first label in sort order. ``None`` where no peer has a ratio (none had
-    throughput). The one rule of the verdict (:func:`.bench_format.verdict_lines`) and
-    ``benchmarks/bench_bars.py``."""
-    rated = [(rel, p) for p in peers if (rel := paired_ratio(ours, p)) is not None]
+    """The better of ``peers`` against ``ours``, with ``ours``' :func:`paired_ratio` to it
+    (the median of the per-repeat ratios, not the peers' median tok/s: each a median over
+    repeats whose load differs): the peer ``ours`` stands worst against by the noise rule
+    (:func:`noise_lead`: behind before even before ahead), and among those the one it
+    beats by least; a tie goes to the first label in sort order. A peer ``ours`` is
+    behind in every repeat is named even where another's noisier repeats have a lower
+    median. ``None`` where no peer has a ratio (none had throughput). The one rule of the
+    verdict (:func:`.bench_format.verdict_lines`) and ``benchmarks/bench_bars.py``."""
+    rated = [
+        (noise_lead(noise_ratios(ours, p)), rel, p)
+        for p in peers
+        if (rel := paired_ratio(ours, p)) is not None
+    ]
     if not rated:
         return None
-    return min(rated, key=lambda x: (x[0], x[1].label))
+    _, rel, peer = min(rated, key=lambda x: (x[0], x[1], x[2].label))
+    return rel, peer

@@ -191,3 +191,28 @@ def test_untagged_requests_pass_through_and_user_xargs_win() -> None:
         assert transport.stats.errors == 1
     finally:
         set_current_tags(None)
+
+
+def test_an_unreachable_server_is_named() -> None:
+    """Nothing listens on the port: the error's chain names the server's URL, sync and
+    async (it was the SDK's "Connection error." over httpx's "Connection refused")."""
+    from openai import APIConnectionError
+
+    llm = agentspec_chat_openai(
+        model=MODEL, base_url="http://127.0.0.1:9/v1", api_key="unused", max_retries=0
+    )
+
+    def chain(exc: BaseException) -> str:
+        parts = []
+        cur: BaseException | None = exc
+        while cur is not None:
+            parts.append(str(cur))
+            cur = cur.__cause__
+        return " <- ".join(parts)
+
+    with pytest.raises(APIConnectionError) as sync:
+        llm.invoke("hi")
+    with pytest.raises(APIConnectionError) as async_:
+        asyncio.run(llm.ainvoke("hi"))
+    for caught in (sync.value, async_.value):
+        assert "cannot reach the server at http://127.0.0.1:9/v1/chat/completions" in chain(caught)

@@ -15,7 +15,9 @@ requests with a JSON object body are touched; anything else, or a call without t
 passes through unchanged. These transports tag whatever server the client talks to (the
 client is built for it); ``with_agentspec(graph, engine=URL)`` tags plain clients instead
 (:mod:`~agentspec_mw_langgraph.openai_hook`). A failure to rewrite a request sends it as
-it was (a warning and ``InjectionStats.errors += 1``).
+it was (a warning and ``InjectionStats.errors += 1``); a server that cannot be reached
+raises httpx's ``ConnectError`` naming its URL (the OpenAI SDK's ``Connection error.``
+carries it as its cause).
 
 The transports also read the server's per-call speculation stats from the responses of
 tagged requests (:mod:`~agentspec_mw_langgraph.spec_stats`), which the handler puts on the
@@ -131,6 +133,16 @@ def _rewrite(request: httpx.Request, counter: _Counter) -> tuple[httpx.Request, 
     return (request, None) if tagged is None else (tagged, current_ticket())
 
 
+def _unreachable(request: httpx.Request, exc: httpx.ConnectError) -> httpx.ConnectError:
+    """``exc`` naming the server it could not reach (httpx's says only, e.g., "[Errno 111]
+    Connection refused", and the OpenAI SDK's "Connection error." above it names nothing)."""
+    return httpx.ConnectError(
+        f"cannot reach the server at {request.url} ({exc}); is the vLLM server running "
+        "and is base_url right?",
+        request=request,
+    )
+
+
 def _watch(response: httpx.Response, ticket: CallTicket | None, counter: _Counter) -> None:
     if ticket is not None:
         watch_response(response, *stats_reader(ticket, counter.add))
@@ -150,7 +162,10 @@ class AgentSpecTransport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         request, ticket = _rewrite(request, self._counter)
-        response = self._inner.handle_request(request)
+        try:
+            response = self._inner.handle_request(request)
+        except httpx.ConnectError as exc:
+            raise _unreachable(request, exc) from exc
         _watch(response, ticket, self._counter)
         return response
 
@@ -172,7 +187,10 @@ class AgentSpecAsyncTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         request, ticket = _rewrite(request, self._counter)
-        response = await self._inner.handle_async_request(request)
+        try:
+            response = await self._inner.handle_async_request(request)
+        except httpx.ConnectError as exc:
+            raise _unreachable(request, exc) from exc
         _watch(response, ticket, self._counter)
         return response
 

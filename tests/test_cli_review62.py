@@ -238,6 +238,7 @@ def test_replicas_show_progress_unless_told_not_to(
     argv = _argv(sample_path, tiny_tokenizer_dir, tmp_path, "--proposers", "none,ngram")
     argv.remove("--no-progress")
     argv += ["--replicas", "2", "--routing", "affinity", "--plot", str(tmp_path / "r.png")]
+    argv[argv.index("--batch") + 1] = "2"  # at least one run per replica
     assert main(argv) == 0
     assert "replay: 100%" in capsys.readouterr().err
     assert main([*argv, "--no-progress"]) == 0

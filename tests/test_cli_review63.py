@@ -14,7 +14,7 @@ from agentspec_mw.cli import main
 from .test_cli_review62 import _argv, _one_line
 
 
-@pytest.mark.parametrize("replicas", [(), ("--replicas", "2")])
+@pytest.mark.parametrize("replicas", [(), ("--replicas", "2", "--batch", "2")])
 def test_no_plot_writes_the_json_and_no_plot(
     sample_path: Path,
     tiny_tokenizer_dir: Path,

@@ -196,9 +196,18 @@ def run_replica_replay(
 
     Raises:
         ValueError: a workload without output tokens
-            (:func:`~agentspec_mw.replay.run.check_workloads`).
+            (:func:`~agentspec_mw.replay.run.check_workloads`), or a batch smaller than a
+            replica count (each replica would still run a whole run at a time: the row
+            would say batch ``b`` while ``R`` runs decode at once).
     """
     check_workloads(workloads)
+    small = [(b, r) for b in config.batch for r in replicas if b < r]
+    if small:
+        b, r = small[0]
+        raise ValueError(
+            f"batch {b} is smaller than {r} replicas: the batch is the cluster's, at least "
+            "one run per replica (each holds ceil(batch / R)); raise --batch or lower --replicas"
+        )
     cost = get_cost_model(config.cost_model)
     env = env or ProposerEnv(cost_model=cost, max_k=max(config.k))
     names = [p for p in dict.fromkeys(config.proposers) if p != "none"]

@@ -141,6 +141,17 @@ class ReplayConfig(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _kv_capacity_holds_a_block(self) -> ReplayConfig:
+        if self.kv_capacity_tokens is not None:
+            block = get_cost_model(self.cost_model).limits.block_size
+            if self.kv_capacity_tokens < block:
+                raise ValueError(
+                    f"kv_capacity_tokens (--kv-capacity) = {self.kv_capacity_tokens} holds "
+                    f"no KV block: the {self.cost_model} preset's blocks are {block} tokens"
+                )
+        return self
+
 
 class ResultRow(BaseModel):
     """One proposer × workload × batch × k result (``workload == "ALL"``: the aggregate)."""
@@ -165,7 +176,8 @@ class ResultRow(BaseModel):
     speedup: float
     max_in_flight: int = 0
     """Most calls in flight in one engine step: below ``batch`` when the workload has
-    fewer runs than that (its "batch" row is then a replay at this smaller batch)."""
+    fewer runs than that, or when the KV cache holds fewer (``kv_waits``, ``preemptions``);
+    its "batch" row is then a replay at this smaller batch."""
     effective_batch: float = 0.0
     """Mean requests emitting tokens per engine step (fewer than ``batch`` when the
     workload has fewer runs, while prompts prefill, or when the KV cache holds fewer)."""
@@ -436,10 +448,20 @@ def fewer_in_flight(rows: Sequence[ResultRow]) -> list[str]:
             top[r.workload] = r
     return [
         f"note: {w}: at batch {r.batch} at most {r.max_in_flight} calls were in flight "
-        "(the workload has fewer runs): that row is a replay at the smaller batch"
+        f"({_why_fewer(r)}): that row is a replay at the smaller batch"
         for w, r in top.items()
         if 0 < r.max_in_flight < r.batch
     ]
+
+
+def _why_fewer(row: ResultRow) -> str:
+    """Why ``row`` had fewer calls in flight than its batch: the KV cache held calls back
+    (calls waited for room, or were preempted), else the workload has fewer runs."""
+    if row.kv_waits or row.preemptions:
+        return (
+            f"the KV cache held fewer: {row.kv_waits} waits for room, {row.preemptions} preemptions"
+        )
+    return "the workload has fewer runs"
 
 
 def more_in_flight(rows: Sequence[ResultRow]) -> list[str]:

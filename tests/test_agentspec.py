@@ -1248,6 +1248,29 @@ def test_queued_calls_stay_bounded_without_a_propose(tb) -> None:  # type: ignor
     assert len(p.propose(["last"], 4, StepContext(batch_size=1))) == 1
 
 
+def test_single_extends_stay_bounded_without_a_propose(tb, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Single ``extend`` calls queue too (a host that extends one request at a time and
+    never proposes): sealed into a batch every ``_MAX_PENDING`` calls and applied with the
+    batches, so the queue stays bounded (it grew with every call), and the drafts are
+    those of the whole queue applied at the next ``propose``."""
+    from agentspec_mw.agentspec import proposer as mod
+
+    n = mod._MAX_PENDING**2 + 5
+    p, q = _prop(tb), _prop(tb)
+    for x in (p, q):
+        x.start("a", [1, 2, 3])
+    for i in range(n):
+        p.extend("a", [4 + i % 7])
+        assert len(p._pend_ids) < mod._MAX_PENDING and len(p._pend_batches) < mod._MAX_PENDING
+    monkeypatch.setattr(mod, "_MAX_PENDING", 10 * n)  # q: one queue, applied at propose
+    for i in range(n):
+        q.extend("a", [4 + i % 7])
+    assert len(q._pend_ids) == n
+    ctx = StepContext(batch_size=1)
+    (dp,), (dq,) = p.propose(["a"], 8, ctx), q.propose(["a"], 8, ctx)
+    assert dp.token_ids == dq.token_ids and len(dp)
+
+
 def test_agentspec_caps_distinct_block_grammars(tb, caplog) -> None:  # type: ignore[no-untyped-def]
     from agentspec_mw.agentspec import MAX_GRAMMARS
 

@@ -85,7 +85,8 @@ logger = logging.getLogger(__name__)
 
 _MIN_BOUND = 1e-12  # a position of survival 0 is never worth scoring
 # Queued calls applied without waiting for a ``propose`` once this many stops or
-# ``extend_many`` batches are pending: a host whose requests never ask for a draft (every
+# ``extend_many`` batches are pending (single ``extend`` calls are sealed into a batch every
+# this many): a host whose requests never ask for a draft (every
 # one at its ``max_tokens``, say) still frees their rows, and memory stays bounded. About
 # one busy step's worth, so a host that proposes every step never reaches it.
 _MAX_PENDING = 256
@@ -307,6 +308,10 @@ class AgentSpecProposer:
             token_ids = _token_ids(token_ids, "extend", req_id, copy=not keep)
             self._pend_slot.append(s)
             self._pend_ids.append(token_ids)
+            if len(self._pend_ids) >= _MAX_PENDING:  # one batch of single extends
+                self._seal_pending()
+                if len(self._pend_batches) >= _MAX_PENDING:
+                    self._flush()
 
     def extend_many(
         self, req_ids: Sequence[str], token_ids: TokenIds, lens: Sequence[int] | np.ndarray

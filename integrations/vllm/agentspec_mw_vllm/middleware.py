@@ -18,7 +18,10 @@ app is built (a bad key table stops the server from starting). Per request:
 3. **Scope binding**: the body must be a JSON object (HTTP 400; a form or binary body gets
    415), and :func:`~agentspec_mw_vllm.tenancy.bind_body` writes the bound scope into its
    ``vllm_xargs`` (HTTP 403 for a claimed foreign scope). WebSocket connections are
-   closed before they open (code 1008): their messages cannot be bound to a scope.
+   closed before they open (code 1008): their messages cannot be bound to a scope. Paths
+   where vLLM drops ``vllm_xargs`` (:data:`UNBOUNDABLE_PREFIXES`: the Cohere API, which
+   rebuilds each request without them) get HTTP 404 after authentication: their requests
+   would run without tags, in the scope that requests without tags share.
 
 Error bodies have OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
 """
@@ -31,10 +34,12 @@ from typing import Any
 from agentspec_mw_vllm.metrics import get_metrics
 from agentspec_mw_vllm.tenancy import Refusal, TenancyConfig, bind_body, find_unencodable
 
-__all__ = ["RequestGuard", "API_PREFIXES"]
+__all__ = ["RequestGuard", "API_PREFIXES", "UNBOUNDABLE_PREFIXES"]
 
 API_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
 """Paths vLLM's own ``--api-key`` guards; with a binding these need a key for any method."""
+UNBOUNDABLE_PREFIXES = ("/cohere",)
+"""Paths whose requests vLLM rebuilds without ``vllm_xargs``; off (HTTP 404) with a binding."""
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _OPEN_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -71,6 +76,12 @@ class RequestGuard:
         if self.config.bound and method != "OPTIONS":
             if path.startswith(API_PREFIXES) or method not in _OPEN_METHODS:
                 bound = self.config.scope_of(headers)
+            if path.startswith(UNBOUNDABLE_PREFIXES):
+                raise Refusal(
+                    404,
+                    "this path is off on this server: it binds tenants' scopes, and vLLM "
+                    "drops the scope (vllm_xargs) of requests to it; use the OpenAI API (/v1)",
+                )
         if method not in _BODY_METHODS:
             await self.app(scope, receive, send)
             return
@@ -134,7 +145,7 @@ class RequestGuard:
             )
         if not isinstance(obj, dict):
             raise Refusal(400, "request body must be a JSON object")
-        bound_obj = bind_body(obj, bound, get_metrics())
+        bound_obj = bind_body(obj, bound, get_metrics(), self.config.bound_by)
         return json.dumps(bound_obj, ensure_ascii=False).encode("utf-8")
 
 

@@ -41,7 +41,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,8 @@ from agentspec_mw_vllm.tool_calling import default_model_tool_args
 __all__ = ["MIDDLEWARE_PATH", "ServeConfig", "server_command", "server_env", "serve"]
 
 MIDDLEWARE_PATH = "agentspec_mw_vllm.middleware.RequestGuard"
+API_KEY_ENV = "VLLM_API_KEY"
+"""vLLM's ``--api-key`` from the environment (refused with a scope binding)."""
 
 
 class ServeConfig(BaseModel):
@@ -116,10 +118,21 @@ class ServeConfig(BaseModel):
             raise ValueError("bind scopes by --scope-keys or by --scope-header, not both")
         if self.scope_keys is not None:
             load_scope_keys(self.scope_keys)  # fail here, not in the server process
-        if self.bound and any(a.split("=", 1)[0] == "--api-key" for a in self.extra_args):
+        if self.bound and any(_is_api_key_option(a) for a in self.extra_args):
             raise ValueError(
                 "vLLM's --api-key cannot be combined with --scope-keys/--scope-header: the "
                 "scope binding authenticates requests itself"
+            )
+        if self.bound:
+            _check_no_api_key_env(os.environ)
+        if (self.speculative is None or self.speculative in VLLM_METHODS) and (
+            self.cost_model is not None or self.proposer_options
+        ):
+            given = "--cost-model" if self.cost_model is not None else "--proposer-options"
+            raise ValueError(
+                f"{given} configures this project's proposers, which --speculative "
+                f"{self.speculative or 'none'} does not run: leave it out, or choose "
+                "--speculative agentspec (or a proposer's dotted path)"
             )
         TenancyConfig(scope_header=self.scope_header, max_body_bytes=self.max_body_bytes)
         if self.metrics_labels is not None:
@@ -139,6 +152,28 @@ class ServeConfig(BaseModel):
     def bound(self) -> bool:
         """True when the server binds scopes (a key table or a trusted header)."""
         return self.scope_keys is not None or self.scope_header is not None
+
+
+_API_KEY_OPTION = "--api-key"
+_API_KEY_SHORTEST = "--api-k"  # vLLM's parser finds "--api-" ambiguous (--api-server-count)
+
+
+def _is_api_key_option(arg: str) -> bool:
+    """True for an argument vLLM's parser reads as ``--api-key``: any spelling with ``_``
+    for ``-`` (``--api_key``) and any prefix it accepts as an abbreviation (``--api-k``)."""
+    name = arg.split("=", 1)[0].replace("_", "-")
+    return name.startswith(_API_KEY_SHORTEST) and _API_KEY_OPTION.startswith(name)
+
+
+def _check_no_api_key_env(env: Mapping[str, str]) -> None:
+    """Refuse ``VLLM_API_KEY`` (vLLM's ``--api-key`` from the environment) for a server
+    that binds scopes."""
+    if env.get(API_KEY_ENV):
+        raise ValueError(
+            f"the environment variable {API_KEY_ENV} (which vLLM's server reads as its "
+            "--api-key) cannot be combined with --scope-keys/--scope-header: the scope "
+            f"binding authenticates requests itself; unset {API_KEY_ENV}"
+        )
 
 
 def server_command(cfg: ServeConfig) -> list[str]:
@@ -184,8 +219,14 @@ def server_env(
     (:func:`~agentspec_mw_vllm.engine.env_defaults`), vLLM's CPU preload in ``LD_PRELOAD``
     (:func:`~agentspec_mw_vllm.preload.preload_env`; ``AGENTSPEC_PRELOAD=0``: none) and
     ``cfg``'s middleware and metrics settings (:mod:`agentspec_mw_vllm.tenancy`,
-    :mod:`agentspec_mw_vllm.metrics`)."""
+    :mod:`agentspec_mw_vllm.metrics`).
+
+    Raises:
+        ValueError: ``cfg`` binds scopes and ``base`` sets ``VLLM_API_KEY``.
+    """
     env = dict(os.environ if base is None else base)
+    if cfg is not None and cfg.bound:
+        _check_no_api_key_env(env)
     for key, value in env_defaults(env).items():
         env.setdefault(key, value)
     preload = preload_env(env)  # vLLM's CPU guide: tcmalloc + Intel OpenMP (CPU build only)
@@ -267,14 +308,12 @@ def serve(cfg: ServeConfig) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m agentspec_mw_vllm.serve`` (same options as ``agentspec serve``)."""
-    import argparse
+    """``python -m agentspec_mw_vllm.serve``: ``agentspec serve`` itself (same options,
+    ``--dry-run`` prints the command and starts nothing, a bad option is a one-line error
+    with exit code 2)."""
+    from agentspec_mw.cli import main as agentspec_main
 
-    from agentspec_mw_vllm.cli import add_serve_arguments, serve_config_from_args
-
-    parser = argparse.ArgumentParser(prog="agentspec-serve")
-    add_serve_arguments(parser)
-    return serve(serve_config_from_args(parser.parse_args(argv)))
+    return agentspec_main(["serve", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

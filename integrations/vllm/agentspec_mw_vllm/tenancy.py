@@ -12,6 +12,9 @@ trust domain. A :class:`TenancyConfig` binds scopes on the server side instead, 
   of the server authenticates clients and sets the header; its value is the scope (a
   request without it gets HTTP 401). Only for servers that clients cannot reach directly.
 
+Neither may bind the reserved scope :data:`DEFAULT_SCOPE` (``"default"``), which requests
+without tags share: a key table listing it is refused, a header naming it gets HTTP 403.
+
 With a binding, :func:`bind_body` writes the scope into the request body's
 ``vllm_xargs``, and into ``sampling_params.extra_args`` where a body carries vLLM's own
 sampling parameters (``/inference/v1/generate``): scope-only tags
@@ -40,11 +43,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from agentspec_mw.tags import MAX_ID_CHARS, WIRE_PREFIX, WIRE_VERSION
+from agentspec_mw.tags import MAX_ID_CHARS, WIRE_PREFIX, WIRE_VERSION, StructureTags
 from agentspec_mw_vllm.metrics import DrafterMetrics
 from agentspec_mw_vllm.session import decode_tags
 
 __all__ = [
+    "DEFAULT_SCOPE",
     "MAX_BODY_ENV",
     "SCOPE_HEADER_ENV",
     "SCOPE_KEYS_ENV",
@@ -62,6 +66,9 @@ SCOPE_HEADER_ENV = "AGENTSPEC_SCOPE_HEADER"
 MAX_BODY_ENV = "AGENTSPEC_MAX_BODY_BYTES"
 """Largest request body the middleware buffers (bytes)."""
 DEFAULT_MAX_BODY_BYTES = 16 << 20
+DEFAULT_SCOPE: str = StructureTags.model_fields["scope"].default
+"""The scope of requests without tags (``"default"``), reserved: never a bound scope, since
+a tenant bound to it would draft from every request that reaches the engine tag-free."""
 _SCOPE_RE = re.compile(rf"[\x21-\x7e]{{1,{MAX_ID_CHARS}}}")
 _HEADER_RE = re.compile(r"[A-Za-z0-9-]{1,64}")
 _SCOPE_KEY = f"{WIRE_PREFIX}scope"
@@ -74,6 +81,7 @@ class Refusal(Exception):
         400: "BadRequestError",
         401: "AuthenticationError",
         403: "PermissionDeniedError",
+        404: "NotFoundError",
         413: "RequestTooLargeError",
         415: "UnsupportedMediaTypeError",
     }
@@ -102,6 +110,11 @@ def _check_scope(scope: str, what: str) -> str:
         raise ValueError(
             f"{what}: scope {scope[:40]!r} must be 1..{MAX_ID_CHARS} printable ASCII "
             "characters without spaces"
+        )
+    if scope == DEFAULT_SCOPE:
+        raise ValueError(
+            f"{what}: scope {DEFAULT_SCOPE!r} is reserved for requests without tags (a "
+            "tenant bound to it would draft from all of them); choose another name"
         )
     return scope
 
@@ -162,6 +175,12 @@ class TenancyConfig(BaseModel):
         """True when scopes are bound by the server (a key table or a trusted header)."""
         return self.scope_keys is not None or self.scope_header is not None
 
+    @property
+    def bound_by(self) -> str:
+        """What binds a request's scope, for error messages: ``"API key"`` or ``"<header>
+        header"``."""
+        return "API key" if self.scope_header is None else f"{self.scope_header} header"
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TenancyConfig:
         """Read :data:`SCOPE_KEYS_ENV`, :data:`SCOPE_HEADER_ENV` and :data:`MAX_BODY_ENV`."""
@@ -185,7 +204,8 @@ class TenancyConfig(BaseModel):
         nothing is bound.
 
         Raises:
-            Refusal: 401 for a missing or unknown key, or a missing or malformed header.
+            Refusal: 401 for a missing or unknown key, or a missing or malformed header;
+                403 for a header naming the reserved scope :data:`DEFAULT_SCOPE`.
         """
         if self.scope_keys is not None:
             scheme, _, key = headers.get("authorization", "").partition(" ")
@@ -206,6 +226,13 @@ class TenancyConfig(BaseModel):
                     f"missing or malformed {self.scope_header} header: the proxy in front of "
                     f"this server must set it to the tenant's scope (1..{MAX_ID_CHARS} "
                     "printable ASCII characters)",
+                )
+            if value == DEFAULT_SCOPE:
+                raise Refusal(
+                    403,
+                    f"the {self.scope_header} header names the reserved scope "
+                    f"{DEFAULT_SCOPE!r} (the scope of requests without tags): the proxy in "
+                    "front of this server must set it to the tenant's own scope",
                 )
             return value
         return None
@@ -257,20 +284,29 @@ def _encodable(text: str) -> bool:
 
 
 def bind_body(
-    body: dict[str, Any], scope: str, metrics: DrafterMetrics | None = None
+    body: dict[str, Any],
+    scope: str,
+    metrics: DrafterMetrics | None = None,
+    bound_by: str = "API key",
 ) -> dict[str, Any]:
     """``body`` with its tags bound to ``scope`` (see the module docstring): in
     ``vllm_xargs`` (the OpenAI endpoints) and, when the body carries ``sampling_params``
     (vLLM's token-in/token-out ``/inference/v1/generate``), in its ``extra_args`` too,
     which that endpoint hands to the engine as they are. Tags that do not decode are
-    counted in ``metrics.tag_rejections`` (and logged) like the engine does.
+    counted in ``metrics.tag_rejections`` (and logged) like the engine does. ``bound_by``
+    names what bound the scope in the 403 message (:attr:`TenancyConfig.bound_by`).
 
     Raises:
-        Refusal: 403 when the body's ``agentspec_scope`` names another scope; 400 when
-            ``vllm_xargs``, ``sampling_params`` or its ``extra_args`` is not an object.
+        Refusal: 403 when the body's ``agentspec_scope`` names another scope (compared as
+            the engine reads it: ``123`` is scope ``"123"``); 400 when ``vllm_xargs``,
+            ``sampling_params`` or its ``extra_args`` is not an object.
+        ValueError: ``scope`` cannot be bound (malformed, or the reserved
+            :data:`DEFAULT_SCOPE`).
     """
+    _check_scope(scope, "bind_body")
     metrics = metrics or DrafterMetrics(prometheus=False)
-    out = {**body, "vllm_xargs": _bound_args(body.get("vllm_xargs"), scope, metrics, "vllm_xargs")}
+    args = _bound_args(body.get("vllm_xargs"), scope, metrics, "vllm_xargs", bound_by)
+    out = {**body, "vllm_xargs": args}
     if "sampling_params" in body:
         params = body["sampling_params"]
         if not isinstance(params, dict):
@@ -278,23 +314,25 @@ def bind_body(
         where = "sampling_params.extra_args"
         out["sampling_params"] = {
             **params,
-            "extra_args": _bound_args(params.get("extra_args"), scope, metrics, where),
+            "extra_args": _bound_args(params.get("extra_args"), scope, metrics, where, bound_by),
         }
     return out
 
 
-def _bound_args(args: Any, scope: str, metrics: DrafterMetrics, where: str) -> dict[str, Any]:
+def _bound_args(
+    args: Any, scope: str, metrics: DrafterMetrics, where: str, bound_by: str
+) -> dict[str, Any]:
     """One ``extra_args`` object (``where`` names it in the body) bound to ``scope``."""
     if args is None:
         args = {}
     if not isinstance(args, dict):
         raise Refusal(400, f"{where} must be a JSON object", param=where)
     claimed = args.get(_SCOPE_KEY)
-    if claimed is not None and claimed != scope:
+    if claimed is not None and str(claimed) != scope:  # str: as the engine decodes it
         raise Refusal(
             403,
-            f"{where}.{_SCOPE_KEY} names a scope this API key is not bound to; leave it "
-            "out (the server sets it) or send your own scope",
+            f"{where}.{_SCOPE_KEY} names a scope other than the one this request's "
+            f"{bound_by} binds it to; leave it out (the server sets it) or send that scope",
             param=f"{where}.{_SCOPE_KEY}",
         )
     ours = {k: v for k, v in args.items() if str(k).startswith(WIRE_PREFIX)}

@@ -12,13 +12,17 @@ The rule (docs/langgraph.md repeats it with examples):
 
   1. ``tags_segment_by_node[node]`` when configured;
   2. tools bound and ``tool_choice`` forces a tool (``"any"``, ``"required"``, a tool
-     name or a tool dict) -> ``tool_call``;
-  3. tools bound (``tool_choice`` absent or ``"auto"``) and the last prompt message is not
-     a tool result -> ``tool_call``;
+     name or a tool dict; as a dict, ``{"type": ...}`` other than ``"auto"`` or
+     ``"none"``) -> ``tool_call``;
+  3. tools bound (``tool_choice`` absent or ``"auto"``, or ``{"type": "auto"}``) and the
+     last prompt message is not a tool result -> ``tool_call``;
   4. tools bound and the last message is a tool result -> what this agent's previous call
      made after a tool result in this query actually produced; ``answer`` the first time;
-  5. no tools bound (or ``tool_choice="none"``): ``answer`` after a tool result; ``plan``
-     when the node name contains ``plan``; else ``answer``.
+  5. no tools bound (or ``tool_choice`` ``"none"`` / ``{"type": "none"}``): ``answer``
+     after a tool result; ``plan`` when a word of the node name starts with ``plan`` or
+     ``replan`` (words split at ``_``, ``-``, spaces and camelCase humps: ``planner``,
+     ``research_plan``, ``makePlan``; not ``explanation`` or ``airplane_search``); else
+     ``answer``.
 
   Tool results themselves (tool runs) are recorded as ``observation`` nodes.
 * **blocks** — ``tags_blocks`` when configured; else the ``agentspec_blocks`` the chat
@@ -50,6 +54,10 @@ __all__ = [
 CODE_FENCE = ("```", "```")
 HERMES_TOOL_BLOCK = ("<tool_call>", "</tool_call>")
 _HERMES_FAMILIES = re.compile(r"qwen|hermes|smollm", re.IGNORECASE)
+# the words of a node name: split at _, -, whitespace and camelCase humps ("HTTPPlan")
+_NAME_WORDS = re.compile(r"[_\-\s]+|(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+# a planning node's word ("replan": LangGraph's plan-and-execute tutorial re-plans there)
+_PLAN_WORD = ("plan", "replan")
 
 
 def split_namespace(checkpoint_ns: str) -> list[tuple[str, str]]:
@@ -82,13 +90,23 @@ def query_id_for(root_run_id: str, thread_id: Any, use_thread: bool) -> str:
     return f"run:{root_run_id}"
 
 
+def _choice_mode(tool_choice: Any) -> Any:
+    """A ``tool_choice`` as its mode: a string as it is, a ``{"type": ...}`` dict
+    (Anthropic's ``{"type": "auto"}``, OpenAI's ``{"type": "function", ...}``) as its type,
+    anything else unchanged."""
+    if isinstance(tool_choice, Mapping) and isinstance(tool_choice.get("type"), str):
+        return tool_choice["type"]
+    return tool_choice
+
+
 def forces_tool(tool_choice: Any) -> bool:
     """True when ``tool_choice`` makes the model call a tool."""
-    if tool_choice is None or tool_choice is False:
+    mode = _choice_mode(tool_choice)
+    if mode is None or mode is False:
         return False
-    if isinstance(tool_choice, str):
-        return tool_choice not in ("auto", "none")
-    return True  # True, or a {"type": "function", ...} dict
+    if isinstance(mode, str):
+        return mode not in ("auto", "none")  # "any", "required", "tool", "function", a name
+    return True  # True, or a tool dict without a type
 
 
 def predict_segment(
@@ -103,7 +121,7 @@ def predict_segment(
     """The segment predicted before generation (rules 1-5 of the module doc)."""
     if node is not None and node in overrides:
         return overrides[node]
-    tools = tools_bound and tool_choice != "none"
+    tools = tools_bound and _choice_mode(tool_choice) != "none"
     if tools and forces_tool(tool_choice):
         return "tool_call"
     if tools:
@@ -112,7 +130,9 @@ def predict_segment(
         return previous_after_tool or "answer"
     if last_is_tool_result:
         return "answer"
-    if node is not None and "plan" in node.lower():
+    if node is not None and any(
+        word.lower().startswith(_PLAN_WORD) for word in _NAME_WORDS.split(node)
+    ):
         return "plan"
     return "answer"
 

@@ -13,9 +13,11 @@ one) is left to the outer app's handler: a handler ignores runs nested in a run 
 live handler tracks, so each outer run is one query with one set of tags, whatever order
 LangChain calls the handlers in.
 
-A call whose asyncio task ended without an end event (cancelled: LangChain sends none,
-e.g. under ``asyncio.wait_for``) is ended as failed when the next call starts or its root
-run ends, so it neither stays ``running`` in the redundancy graph nor holds its ordinal.
+A call whose asyncio task was cancelled without an end event (LangChain sends none, e.g.
+under ``asyncio.wait_for``) is ended as failed when the next call starts or its root run
+ends, so it neither stays ``running`` in the redundancy graph nor holds its ordinal (a
+task that finished otherwise may have left its call running: a stream whose first chunk
+it awaited).
 A task a checkpointed graph re-runs after an error (``invoke(None, config)`` on the same
 thread) is a ``retry`` of its failed attempt, as under a ``RetryPolicy``; a task resumed
 after an interrupt is not.
@@ -28,6 +30,12 @@ same context -- a call counts as rejected only while no token, no end event and 
 of it was seen, so a stream still being consumed stays open -- and such open calls are
 bounded (the oldest are dropped first); a rejected call of a graph run is released with its
 root run.
+
+A model that calls another model during its generation has its tags back in its context
+when that call ends -- in sync code only: LangChain sends an async call's end event from a
+task of its own (``shielded``), whose context is a copy, so there the caller's context keeps
+the ended call's tags, which read as none (a request layer reading tags by run id, as the
+engine-backed chat model does, is unaffected).
 
 Batches (``generate``/``agenerate`` with several prompts) start every call before any of
 them runs, so their tags are not published in the ContextVar (one variable cannot hold
@@ -73,7 +81,12 @@ from agentspec_mw.tags import MAX_ID_CHARS, Segment, StructureTags, tags_to_wire
 from agentspec_mw.traces.schema import TraceRecord
 from agentspec_mw_langgraph import derive
 from agentspec_mw_langgraph.config import TaggingConfig
-from agentspec_mw_langgraph.context import CallTicket, set_current_tags
+from agentspec_mw_langgraph.context import (
+    CallTicket,
+    current_tags,
+    current_ticket,
+    set_current_tags,
+)
 from agentspec_mw_langgraph.messages import (
     is_tool_result,
     output_text,
@@ -97,6 +110,10 @@ _MAX_OPEN_CALLS = 1024  # LLM calls outside any graph run held open at most (old
 _IN_FLIGHT: ContextVar[dict[int, UUID] | None] = ContextVar("agentspec_in_flight", default=None)
 _HANDLERS: weakref.WeakSet[AgentSpecCallbackHandler] = weakref.WeakSet()
 """Every live handler: a run nested in a run another of them tracks is left to it."""
+# guards _HANDLERS: a set iterated while another thread adds to it raises RuntimeError
+_HANDLERS_LOCK = threading.Lock()
+# what a task call's attempts share: each level's (node, step, push index), the ordinal
+_AttemptKey = tuple[tuple[tuple[str | None, int | None, int | None], ...], int]
 
 
 def _current_task() -> asyncio.Task[Any] | None:
@@ -142,6 +159,16 @@ class _Run:
     step: int | None
     namespace: str
     push_index: int | None
+    run_id: UUID | None = None  # None: known from a call's metadata only
+
+
+@dataclass
+class _Attempt:
+    """The last attempt of a task's call (see :func:`_is_retry`)."""
+
+    call: str
+    first_namespace: str  # the first attempt's: the retry group is named after it
+    levels: tuple[tuple[UUID | None, str], ...]  # (node run, namespace) per level
 
 
 @dataclass
@@ -151,7 +178,7 @@ class _Root:
     ordinals: dict[UUID | None, int] = field(default_factory=dict)  # node run -> next ordinal
     # node run -> ordinals of its failed calls, handed out again (smallest first)
     free_ordinals: dict[UUID | None, set[int]] = field(default_factory=dict)
-    attempts: dict[tuple[str, int], str] = field(default_factory=dict)  # (ns, ordinal) -> call
+    attempts: dict[_AttemptKey, _Attempt] = field(default_factory=dict)
 
 
 @dataclass
@@ -176,7 +203,7 @@ class _Query:
     after_tool: dict[str, Segment] = field(default_factory=dict)  # agent -> actual segment
     observations: dict[str, str] = field(default_factory=dict)  # tool_call_id -> call id
     # the attempts of a root run that failed: its tasks re-run under the next root retry them
-    failed_attempts: dict[tuple[str, int], str] = field(default_factory=dict)
+    failed_attempts: dict[_AttemptKey, _Attempt] = field(default_factory=dict)
 
 
 @dataclass
@@ -193,6 +220,8 @@ class _Live:
     ticket: CallTicket | None = None
     streamed: bool = False  # a token of it arrived (it runs: its start was not rejected)
     task: asyncio.Task[Any] | None = None  # the asyncio task that made it, if any
+    # the tags and ticket current in its context before it started, restored at its end
+    previous: tuple[StructureTags | None, CallTicket | None] = (None, None)
 
 
 def _is_interrupt(error: BaseException) -> bool:
@@ -204,12 +233,13 @@ def _is_interrupt(error: BaseException) -> bool:
     return isinstance(error, GraphBubbleUp)
 
 
-def _bounded(text: str) -> str:
-    """Keep an id within the tag limit (long ids keep a prefix and get a hash suffix)."""
-    if len(text) <= MAX_ID_CHARS:
+def _bounded(text: str, limit: int = MAX_ID_CHARS) -> str:
+    """Keep an id within ``limit`` characters (the tag limit; long ids keep a prefix and
+    get a hash suffix)."""
+    if len(text) <= limit:
         return text
     digest = hashlib.sha1(text.encode()).hexdigest()[:16]
-    return f"{text[: MAX_ID_CHARS - 17]}~{digest}"
+    return f"{text[: limit - 17]}~{digest}"
 
 
 def _valid_unicode(value: Any) -> tuple[Any, bool]:
@@ -262,9 +292,29 @@ def _attach_spec_decoding(response: LLMResult, ticket: CallTicket) -> None:
 
 
 def _push_index(path: Any) -> int | None:
-    if isinstance(path, tuple | list) and len(path) >= 2 and path[0] == "__pregel_push":
-        return path[1] if isinstance(path[1], int) else None
-    return None
+    """The index of a pushed task: ``("__pregel_push", i, ...)`` for a ``Send``;
+    ``("__pregel_push", <the calling task's path>, i, ...)`` for a functional ``@task``."""
+    if not isinstance(path, tuple | list) or len(path) < 2 or path[0] != "__pregel_push":
+        return None
+    if isinstance(path[1], tuple | list):
+        index = path[2] if len(path) >= 3 else None
+    else:
+        index = path[1]
+    return index if isinstance(index, int) else None
+
+
+def _is_retry(previous: _Attempt, levels: Sequence[_Run]) -> bool:
+    """Whether a call with the attempt key of ``previous`` (the same node, step and push
+    index at every level, the same ordinal) re-runs its task. The outermost level whose
+    node run differs (or is unknown) is the one run again: a retry re-runs the same task
+    there, so that level's namespace (ending in its task id) is the same, while a node run
+    invoking a subgraph a second time makes new tasks there. (Below that level the tasks of
+    a re-run subgraph all get new ids.) With every node run the same, the call took the
+    ordinal of a failed call of its node run."""
+    for (run_id, namespace), level in zip(previous.levels, levels, strict=True):
+        if run_id is None or run_id != level.run_id:
+            return namespace == level.namespace
+    return True
 
 
 class AgentSpecCallbackHandler(BaseCallbackHandler):
@@ -292,7 +342,8 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         self._lock = threading.Lock()
         self._runs: dict[UUID, _Run] = {}
         self._roots: dict[UUID, _Root] = {}
-        _HANDLERS.add(self)
+        with _HANDLERS_LOCK:
+            _HANDLERS.add(self)
         self._live: dict[UUID, _Live] = {}
         self._queries: dict[str, _Query] = {}
         self._finished: OrderedDict[str, _Query] = OrderedDict()
@@ -389,6 +440,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             step=md.get("langgraph_step") if is_node else None,
             namespace=str(md.get("langgraph_checkpoint_ns", "")) if is_node else "",
             push_index=_push_index(md.get("langgraph_path")) if is_node else None,
+            run_id=run_id,
         )
         self._runs[run_id] = run
         self._roots[root].run_ids.add(run_id)
@@ -400,7 +452,9 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         other handlers' run tables without their locks (one dict lookup each)."""
         if parent_run_id is None:
             return False
-        return any(h is not self and parent_run_id in h._runs for h in list(_HANDLERS))
+        with _HANDLERS_LOCK:  # a snapshot: other threads create handlers meanwhile
+            handlers = list(_HANDLERS)
+        return any(h is not self and parent_run_id in h._runs for h in handlers)
 
     def _open_query(self, query_id: str) -> _Query:
         query = self._queries.get(query_id) or self._finished.pop(query_id, None)
@@ -520,11 +574,14 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             self._end_cancelled()
         except Exception as exc:  # noqa: BLE001
             self._failed("ending a cancelled LLM call", exc)
-        set_current_tags(None)
         try:
             self._drop_unfinished(parent_run_id)
         except Exception as exc:  # noqa: BLE001
             self._failed("dropping an unfinished LLM call", exc)
+        # a call made during another's generation (a model calling a model) replaces that
+        # call's tags in this context until it ends, then gives them back
+        previous = (current_tags(), current_ticket())
+        set_current_tags(None)
         batch_size = kwargs.get("batch_size")
         # a batch starts all its calls before any runs: one ContextVar cannot carry them
         batched = isinstance(batch_size, int) and batch_size > 1
@@ -546,6 +603,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             if live is not None:
                 live.ticket = ticket
                 live.task = _current_task()
+                live.previous = previous
             overflow = []
             while len(self._open_calls) > _MAX_OPEN_CALLS:  # oldest first
                 overflow.append(self._open_calls.popitem(last=False)[0])
@@ -562,10 +620,14 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             metadata.update(tags_to_wire(tags))
 
     def _end_cancelled(self) -> None:
-        """End, as failed, every call whose asyncio task finished without its end event
-        (LangChain sends none for a cancelled call)."""
+        """End, as failed, every call whose asyncio task was cancelled without its end event
+        (LangChain sends none for a cancelled call). A task that finished otherwise may
+        have started a call that runs on: a stream whose first chunk was awaited in a task
+        of its own (``asyncio.wait_for`` on Python 3.11, ``create_task(anext(...))``)."""
         with self._lock:
-            gone = [rid for rid, lv in self._live.items() if lv.task is not None and lv.task.done()]
+            gone = [
+                rid for rid, lv in self._live.items() if lv.task is not None and lv.task.cancelled()
+            ]
         for rid in gone:
             self._end_llm(rid, None, asyncio.CancelledError())
 
@@ -742,17 +804,26 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             # the proposer's (agent, query) key with its first call: a group id of their own,
             # known only from the second call on, would split that key in two.
             group: tuple[str, Any] | None = None
-            attempt_key = (namespace, ordinal)
-            previous_attempt = root.attempts.get(attempt_key) if inner else None
+            # keyed by steps, not the namespace: a retried subgraph's inner tasks get new ids
+            attempt_key = (tuple((lv.node, lv.step, lv.push_index) for lv in levels), ordinal)
+            found = root.attempts.get(attempt_key) if inner else None
+            if found is not None and not _is_retry(found, levels):
+                found = None
+            previous_attempt = found.call if found is not None else None
+            first_ns = found.first_namespace if found is not None else namespace
             if previous_attempt is not None:
-                gid = _bounded(f"{qid}|retry|{namespace}#{ordinal}")
+                gid = _bounded(f"{qid}|retry|{first_ns}#{ordinal}")
                 graph.join(gid, "retry", previous_attempt)
                 graph.join(gid, "retry", call.call_id)
                 graph.link(previous_attempt, call.call_id, "retry")
             if inner is not None:
-                root.attempts[attempt_key] = call.call_id
+                marks = tuple((lv.run_id, lv.namespace) for lv in levels)
+                root.attempts[attempt_key] = _Attempt(call.call_id, first_ns, marks)
             if any(lv.push_index is not None for lv in levels):
-                gid = _bounded(f"{qid}|fanout|{tmpl}#{ordinal}")
+                # bounded before the ordinal: tags_routing_key strips "#<ordinal>" to keep
+                # a sibling's calls on one key, which a hash of the whole id would defeat
+                suffix = f"#{ordinal}"
+                gid = _bounded(f"{qid}|fanout|{tmpl}", MAX_ID_CHARS - len(suffix)) + suffix
                 graph.join(gid, "fanout", call.call_id)
                 group = (gid, "fanout")
             if inner is not None:  # same superstep at every graph level: parallel agents
@@ -889,9 +960,14 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             live = self._live.pop(run_id, None)
             if live is None:
                 return
+            # give back what it replaced (a calling model's tags, or none) only where its
+            # own are current: not where it ends elsewhere (an astream closed by the event
+            # loop's finaliser) or where another call's tags replaced its own
+            restore = live.ticket is not None and current_ticket() is live.ticket
             if live.ticket is not None:  # its tags are no longer current in any context
                 live.ticket.end()
-            set_current_tags(None)
+            if restore:
+                set_current_tags(*live.previous)
             text: str | None = None
             try:
                 call = live.call

@@ -114,7 +114,11 @@ def with_agentspec(
 
     The copy is ``graph.with_config(callbacks=[handler])`` -- the same compiled graph type,
     so invoke/ainvoke, every stream mode, astream_events, batch, checkpointers,
-    interrupts, ``configurable`` and use as a subgraph work unchanged. Wrapping an already
+    interrupts, ``configurable`` and use as a subgraph work unchanged. A wrapped subgraph
+    under an unwrapped parent sees each of its invocations as a run of its own: the
+    siblings of a ``Send`` fan-out of it get a query each, unless the outermost graph is
+    wrapped (one query, with its fan-out group) or the run has a ``thread_id`` (one query,
+    the thread's, where the siblings read as repeats of one agent). Wrapping an already
     wrapped graph returns it as it is (a differing ``config`` or ``engine`` is ignored with
     a warning); passing its handler again at call time does not double-count.
 

@@ -7,7 +7,7 @@ step's ``SchedulerOutput`` into this record, row-aligned with the draft call's r
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,15 @@ class BatchContext:
             num_spec_tokens_to_schedule``: the configured ``k``, or less where vLLM's
             dynamic speculative decoding picks it by batch size; it passes the same to its
             own n-gram drafter); ``None`` when not known (the drafter's ``k`` applies).
+        live_req_ids: the requests the runner still holds (``runner.requests``): one
+            absent from the rows but among these was not scheduled in the step (vLLM
+            takes it out of the batch while prefill chunks use the token budget, or
+            preempts it) and comes back later with its history; ``None`` when not
+            known (a request absent from the rows is taken to have left).
+        num_computed_tokens: each row's tokens in the KV cache before the step
+            (``input_batch.num_computed_tokens_cpu``); empty when not known. A row part
+            way through its prompt holds that plus its scheduled chunk, not the whole
+            prompt that its token count already holds.
 
     ``extra_args``, ``max_tokens`` and ``decoding`` are indexed by row; the plugin's read
     a row's ``SamplingParams`` only when indexed, and the session indexes them once per
@@ -62,6 +71,8 @@ class BatchContext:
     num_waiting_prompt_tokens: int | None = None
     num_spec_tokens: int | None = None
     decoding: Sequence[Decoding | None] = ()
+    live_req_ids: Container[str] | None = None
+    num_computed_tokens: Sequence[int] = ()
 
 
 _SAMPLING_EPS = 1e-5  # vLLM's: a temperature under it is greedy (vllm/sampling_params.py)

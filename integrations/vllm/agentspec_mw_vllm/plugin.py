@@ -180,7 +180,16 @@ def build_batch_context(runner: Any, scheduler_output: Any) -> BatchContext:
         num_waiting_prompt_tokens=getattr(scheduler_output, WAITING_ATTR, None),
         num_spec_tokens=getattr(scheduler_output, "num_spec_tokens_to_schedule", None),
         decoding=_RowParams(runner.requests, req_ids, decoding_of),
+        live_req_ids=runner.requests,
+        num_computed_tokens=_computed(batch, n),
     )
+
+
+def _computed(batch: Any, n: int) -> list[int]:
+    """The rows' tokens in the KV cache before the step, or none where this vLLM's batch
+    does not keep them."""
+    computed = getattr(batch, "num_computed_tokens_cpu", None)
+    return [] if computed is None else computed[:n].tolist()
 
 
 _context_failed: list[bool] = []  # logged once per process

@@ -10,10 +10,14 @@
   (read from ``token_ids_cpu`` up to ``num_tokens_no_spec``, so nothing is lost or doubled),
   every request of the call in one ``extend_many`` where the proposer has it (AgentSpec),
   after the call's new requests have started;
-* requests no longer in the batch are ``stop``-ped before anything new starts, and so is a
-  request vLLM reports finished (``BatchContext.finished_req_ids``) or whose row holds
-  fewer tokens than were fed: its id now names a new request (ids the host chose, reused),
-  which starts afresh with its own prompt and tags;
+* requests no longer in the batch are ``stop``-ped before anything new starts — not one
+  the runner still holds (``BatchContext.live_req_ids``): vLLM takes a request out of the
+  batch for a step it does not schedule (prefill chunks spent the token budget, or it was
+  preempted), and it comes back with its history, which a restart would feed the shared
+  index again — and so is a request vLLM reports finished
+  (``BatchContext.finished_req_ids``) or whose row holds fewer tokens than were fed: its
+  id now names a new request (ids the host chose, reused), which starts afresh with its
+  own prompt and tags;
 * ``propose`` gets the rows that want drafts, and every row is cut to
   ``min(k, max_model_len - num_tokens - 1)`` tokens (more than ``k`` crashes vLLM) and to
   the request's output tokens left less one (``max_tokens``: a step emits at most the
@@ -35,9 +39,10 @@ Step timing: given a ``step_timer`` (the adapter's
 session times the engine between two draft calls — from the end of one to the start of
 the next, which is one engine step without the proposer's own time — and reports it with
 the step's scheduled tokens (``BatchContext.num_scheduled_tokens``, prefill included),
-resident KV tokens, drafts and emitted tokens (the call's sampled tokens). A gap after
-which no request of the previous call is still in the batch is not reported: the engine
-may have been idle in it. The gap is read on
+resident KV tokens (a prompt part way through its chunks: what it has computed, from
+``BatchContext.num_computed_tokens``), drafts and emitted tokens (the call's sampled
+tokens). A gap after which no request of the previous call is still in the batch is not
+reported: the engine may have been idle in it. The gap is read on
 ``step_clock`` (default ``clock``, wall time); with a per-thread clock (the adapter passes
 ``time.thread_time`` on vLLM's CPU build) a gap between calls on two threads is not
 reported either.
@@ -188,6 +193,20 @@ def _takes_keyword(method: Any, name: str) -> bool:
     )
 
 
+def _kv_rows(ctx: BatchContext, counts: list[int]) -> list[int]:
+    """Each row's KV tokens after the step: its token count, or where that runs ahead of
+    the cache (a prompt part way through its chunks: vLLM counts the whole prompt from the
+    start) the tokens computed before the step plus the chunk scheduled in it."""
+    computed = ctx.num_computed_tokens
+    if len(computed) < len(counts):
+        return counts
+    sched = ctx.num_scheduled_tokens
+    return [
+        min(c, k + sched.get(rid, 0))
+        for c, k, rid in zip(counts, computed, ctx.req_ids, strict=False)
+    ]
+
+
 def _survival(probs: Sequence[float], n: int) -> list[float] | None:
     """The survival of each of a draft's first ``n`` tokens from its per-token ``probs``
     (each given the earlier tokens right), or ``None`` where there are not ``n`` usable
@@ -273,9 +292,19 @@ class DraftSession:
         """Request ids the proposer currently holds state for."""
         return frozenset(self._reqs)
 
+    def _count_fault(self, kind: str) -> None:
+        """``metrics.record_fault``, never raising into vLLM's engine loop (a metrics
+        backend that fails is logged once)."""
+        try:
+            self.metrics.record_fault(kind)
+        except Exception as exc:  # noqa: BLE001 - the step must go on
+            if "record_fault" not in self._logged:
+                self._logged.add("record_fault")
+                logger.error("agentspec: counting a proposer fault failed: %r", exc)
+
     def _fault(self, verb: str, exc: BaseException) -> None:
         kind = f"{verb}:{type(exc).__name__}"
-        self.metrics.record_fault(kind)
+        self._count_fault(kind)
         if kind not in self._logged:
             self._logged.add(kind)
             logger.error(
@@ -403,10 +432,15 @@ class DraftSession:
             if len(ctx.req_ids) < n:
                 raise RuntimeError(f"batch context has {len(ctx.req_ids)} rows, call has {n}")
             finished = ctx.finished_req_ids
-            if finished:  # an id vLLM finished may come back as a new request's
-                leavers = [r for r in self._reqs if r not in present or r in finished]
-            else:
-                leavers = [r for r in self._reqs if r not in present]
+            live = ctx.live_req_ids
+            # an id vLLM finished may come back as a new request's; one the runner still
+            # holds was only not scheduled this step: kept (a restart would insert its
+            # history into the shared index again and lose what it learned)
+            leavers = [
+                r
+                for r in self._reqs
+                if r in finished or (r not in present and (live is None or r not in live))
+            ]
             for rid in leavers:
                 self._stop(rid)
             stops_queued = bool(leavers)
@@ -515,7 +549,10 @@ class DraftSession:
         if self.step_timer is not None:
             end = self._last_end if self._step_clock is None else self._step_clock()
             self._last_step_end = (threading.get_ident(), end)
-        self.metrics.record_step(offered, sum(map(len, out)), self._last_end - t0)
+        try:
+            self.metrics.record_step(offered, sum(map(len, out)), self._last_end - t0)
+        except Exception as exc:
+            self._fault("metrics", exc)
         return out
 
     def _extend(
@@ -578,15 +615,16 @@ class DraftSession:
                 # the drafting requests' KV tokens, and Σ drafts x KV tokens
                 spec_kv = draft_kv = 0
                 spec = ctx.scheduled_spec_decode_tokens
+                kv = _kv_rows(ctx, counts)
                 if spec:
-                    for rid, num in zip(ctx.req_ids, counts, strict=False):
+                    for rid, num in zip(ctx.req_ids, kv, strict=False):
                         nd = len(spec.get(rid, ()))
                         if nd:
                             spec_kv += num
                             draft_kv += nd * num
                 used = timer.observe(
                     sum(ctx.num_scheduled_tokens.values()),
-                    sum(counts),
+                    sum(kv),
                     t0 - last[1],
                     spec_kv,
                     draft_kv,
@@ -662,7 +700,7 @@ class DraftSession:
 
     def _bad_draft(self, req_id: str, problem: str) -> None:
         """Count (and log once) a dropped draft row."""
-        self.metrics.record_fault(BAD_DRAFT)
+        self._count_fault(BAD_DRAFT)
         if BAD_DRAFT not in self._logged:
             self._logged.add(BAD_DRAFT)
             logger.error(

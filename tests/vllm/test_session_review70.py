@@ -113,3 +113,47 @@ def test_a_failing_metrics_backend_never_raises_into_the_engine(
     for t in range(3):
         assert session.step(b.ctx(), b.sample({"a": [4 + t]}), b.n, b.buf) == [[]]
     assert "counting a proposer fault failed" in caplog.text
+
+
+def test_a_row_at_its_length_limit_is_not_in_the_next_steps_context() -> None:
+    """``done`` emits its one allowed token in this step and leaves: the budget of the
+    next step sees only ``live`` (it counted 2 rows and 3,012 KV tokens)."""
+    from tests.vllm.test_session import step
+
+    PROBE_LOG.clear()
+    session = DraftSession(
+        ProbeProposer(draft_len=2), k=4, metrics=DrafterMetrics(prometheus=False)
+    )
+    b = Batch(width=4096)
+    b.add("live", [1] * 10)
+    b.add("done", [2] * 3000)
+    step(session, b, {"live": [5], "done": [6]}, max_len=8192, max_tokens=[100, 1])
+    ctx = [e for e in PROBE_LOG if e[0] == "propose"][-1][1][2]
+    assert (ctx.batch_size, ctx.num_kv_tokens, ctx.num_decode_tokens) == (1, 11, 1)
+
+
+def test_drafts_vllm_substituted_are_not_counted_as_the_proposers() -> None:
+    """vLLM skips a draft call (a row near the context limit) and schedules zeros for
+    every request: the next call does not count them as the proposer's verified draft,
+    with its old draft's survivals (it counted 4 drafted, 0 accepted); a draft that is
+    the proposer's is counted."""
+    from agentspec_mw.proposer import Draft
+    from agentspec_mw.tags import StructureTags, tags_to_wire
+    from tests.vllm.test_session import step
+
+    class Est(ProbeProposer):
+        def propose(self, ids, k, st):  # type: ignore[no-untyped-def]
+            return [Draft((self.tokens[r][-1],) * 4, (0.9,) * 4) for r in ids]
+
+    metrics = DrafterMetrics(prometheus=False)
+    session = DraftSession(Est(), k=4, metrics=metrics)
+    b = Batch()
+    b.add("a", [1, 2, 3], tags_to_wire(StructureTags(agent_id="coder", query_id="q")))
+    assert step(session, b, {"a": [5]}) == [[5, 5, 5, 5]]
+    b.sample({"a": [5, 5, 5, 5, 7]})  # verified in a step whose draft call vLLM skipped
+    step(session, b, {"a": [8]}, spec={"a": [0, 0, 0, 0]})
+    snap = metrics.snapshot()
+    assert sum(snap.drafted.values()) == 0 and snap.expected == {}
+    step(session, b, {"a": [8, 8, 1]}, spec={"a": [8, 8, 8, 8]})  # its own draft
+    snap = metrics.snapshot()
+    assert (sum(snap.drafted.values()), sum(snap.accepted.values())) == (4, 2)

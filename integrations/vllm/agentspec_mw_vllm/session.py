@@ -102,6 +102,10 @@ class _Request:
     probs: Sequence[float] | None = None
     """The per-token estimates (``Draft.probs``) of the draft last returned for the
     request, for the live calibration counters (read only once vLLM verified it)."""
+    sent: list[int] | None = None
+    """The draft last returned for the request: a step's scheduled drafts are counted as
+    its verification only where they are (a prefix of) it — vLLM hands every request zeros
+    for a step whose draft call it skipped (a row near the context limit)."""
     end: int | None = None
     """Prompt + ``max_tokens``: the request's tokens can never pass this (``None``: no
     limit known). Read once, when the request is admitted; its sampling params are fixed."""
@@ -471,8 +475,6 @@ class DraftSession:
                     continue
                 rid = req_ids[i]
                 num_tokens = counts[i]
-                n_decoding += 1
-                kv_decoding += num_tokens
                 state = get_state(rid)
                 if state is not None and (
                     num_tokens < state.fed or prompt_lens[i] != state.prompt_len
@@ -488,8 +490,10 @@ class DraftSession:
                     decoding = decodings[i] if i < n_decodings else None
                     state = self._admit(rid, ctx.extra_args[i], prompt, limit, decoding)
                 else:
-                    drafted = len(spec.get(rid, ()))
-                    if drafted:
+                    scheduled = spec.get(rid, ())
+                    drafted = len(scheduled)
+                    sent = state.sent
+                    if drafted and sent is not None and list(scheduled) == sent[:drafted]:
                         accepted = min(drafted, max(0, len(sampled) - 1))
                         block = None if stops_queued else blocks.get(rid)
                         if block is None:
@@ -501,6 +505,11 @@ class DraftSession:
                             (state.agent, block, drafted, accepted, state.scope, survival)
                         )
                     state.probs = None
+                    state.sent = None
+                # the rows of the next step: not one that reached its length limit here
+                if num_tokens < max_len and (state.end is None or num_tokens < state.end):
+                    n_decoding += 1
+                    kv_decoding += num_tokens
                 if state.broken:
                     continue
                 if num_tokens > state.fed:
@@ -692,6 +701,7 @@ class DraftSession:
             if len(ids):
                 state = self._reqs.get(rid)
                 if state is not None:
+                    state.sent = out[row]
                     state.probs = getattr(draft, "probs", None)  # optional: estimates
                     block = getattr(draft, "block", None)
                     if block and self._block_of is not None:  # else looked up (_keep_blocks)

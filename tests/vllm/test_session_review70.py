@@ -157,3 +157,15 @@ def test_drafts_vllm_substituted_are_not_counted_as_the_proposers() -> None:
     step(session, b, {"a": [8, 8, 1]}, spec={"a": [8, 8, 8, 8]})  # its own draft
     snap = metrics.snapshot()
     assert (sum(snap.drafted.values()), sum(snap.accepted.values())) == (4, 2)
+
+
+def test_the_affinity_router_keeps_a_key_on_its_replica(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``consistent_hash`` vllm-router's circuit breaker is off (it moved a key's
+    calls to another replica for good after two errors, splitting its query's history);
+    other policies keep vllm-router's default."""
+    from agentspec_mw_vllm import cluster
+
+    monkeypatch.setattr(cluster, "_router_binary", lambda: "vllm-router")
+    urls = ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    assert "--disable-circuit-breaker" in cluster.router_command(urls)
+    assert "--disable-circuit-breaker" not in cluster.router_command(urls, policy="round_robin")

@@ -117,12 +117,18 @@ def router_command(
     extra: Sequence[str] = (),
 ) -> list[str]:
     """The argv of a ``vllm-router`` in front of ``worker_urls``; ``metrics_port`` is its
-    Prometheus exporter's port (``None``: vllm-router's default, one per machine).
+    Prometheus exporter's port (``None``: vllm-router's default, one per machine). Under
+    ``consistent_hash`` the router's circuit breaker is off: after two errors from a key's
+    replica it sent the key's later calls to another replica for good, splitting a query's
+    history between two proposers while the cluster looked healthy (a replica that dies
+    stops the cluster instead: :func:`run_cluster`).
 
     Raises:
         MissingDependencyError: ``vllm-router`` is not installed.
     """
     argv = [_router_binary(), "--host", host, "--port", str(port), "--policy", policy]
+    if policy == "consistent_hash":
+        argv.append("--disable-circuit-breaker")
     if metrics_port is not None:
         argv += ["--prometheus-host", host, "--prometheus-port", str(metrics_port)]
     return [*argv, "--worker-urls", *worker_urls, *extra]

@@ -8,9 +8,9 @@ the engine on that *home* loop: when the ``AsyncLLM`` was built outside any even
 private event-loop thread of this backend; when it was built inside a running loop, that
 loop. Every caller -- sync or async, any thread, any loop -- is marshalled there:
 ``generate`` (sync, blocking), ``agenerate`` (awaitable), ``stream`` / ``astream`` (text
-deltas as the engine produces them); a caller on the home loop itself runs the engine
-call directly. The tags are read by the caller (in its context) and travel in the
-request's ``extra_args``.
+deltas as the engine produces them); a caller on the home loop itself gets its request
+run as a task of that loop, tracked like the others. The tags are read by the caller (in
+its context) and travel in the request's ``extra_args``.
 
 Refused, with :class:`AsyncEngineLoopError` naming the fix: a sync call from the home
 loop's own thread (it would block the loop the answer needs), any call once the home
@@ -31,7 +31,7 @@ import logging
 import queue
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -252,6 +252,10 @@ class AsyncVLLMBackend:
         Raises:
             AsyncEngineLoopError: called on the home loop's thread, or that loop stopped.
         """
+        return self._start(request)[1]
+
+    def _start(self, request: GenerationRequest) -> tuple[Future[None], Generator[tuple[str, Any]]]:
+        """Submit ``request`` now (see :meth:`stream`): its future and its item iterator."""
         home = self.home_loop()
         if _running_loop() is home:
             raise AsyncEngineLoopError(
@@ -261,10 +265,10 @@ class AsyncVLLMBackend:
             )
         items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         future = self._pump(home, request, items.put)  # submitted now, iterated later
-        return self._drain(items, future)
+        return future, self._drain(items, future)
 
     @staticmethod
-    def _drain(items: queue.SimpleQueue[Any], future: Future[None]) -> Iterator[tuple[str, Any]]:
+    def _drain(items: queue.SimpleQueue[Any], future: Future[None]) -> Generator[tuple[str, Any]]:
         try:
             while (item := items.get()) is not _END:
                 if item[0] == "error":
@@ -274,8 +278,17 @@ class AsyncVLLMBackend:
             future.cancel()  # a consumer that stopped early: vLLM aborts the request
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        streams = [self.stream(r) for r in requests]  # all in flight: one engine batch
-        return [_final(s) for s in streams]
+        """Every request's result; when one fails, the others are cancelled and it raises."""
+        started: list[tuple[Future[None], Generator[tuple[str, Any]]]] = []
+        try:
+            for r in requests:  # all in flight: one engine batch
+                started.append(self._start(r))
+            return [_final(s) for _, s in started]
+        except BaseException:
+            for future, stream in started:  # a stream not started has no finally to run
+                stream.close()
+                future.cancel()  # vLLM aborts the request
+            raise
 
     async def agenerate(self, request: GenerationRequest) -> GenerationResult:
         async for kind, value in self.astream(request):
@@ -286,11 +299,7 @@ class AsyncVLLMBackend:
     async def astream(self, request: GenerationRequest) -> AsyncIterator[tuple[str, Any]]:
         """Async twin of :meth:`stream` (any event loop, the home loop included)."""
         home = self.home_loop()
-        caller = asyncio.get_running_loop()
-        if caller is home:
-            async for item in self._deltas(request):
-                yield item
-            return
+        caller = asyncio.get_running_loop()  # the home loop too: tracked, so close() ends it
         items: asyncio.Queue[Any] = asyncio.Queue()
         future = self._pump(
             home, request, lambda item: caller.call_soon_threadsafe(items.put_nowait, item)
@@ -319,12 +328,14 @@ class AsyncVLLMBackend:
             self._private = self._thread = None
             pumps = list(self._pumps)
             self._pumps.clear()
-        error = AsyncEngineLoopError(
-            "the AsyncLLM backend was closed (agentspec_mw_vllm.engine.shutdown or close()) "
-            "while this request ran; build a new engine and a new model object on it"
-        )
-        for pump in pumps:
-            pump.fail(error)
+        for pump in pumps:  # an error each: the callers' tracebacks stay apart
+            pump.fail(
+                AsyncEngineLoopError(
+                    "the AsyncLLM backend was closed (agentspec_mw_vllm.engine.shutdown or "
+                    "close()) while this request ran; build a new engine and a new model "
+                    "object on it"
+                )
+            )
             if pump.future is not None:
                 pump.future.cancel()
         if loop is None or thread is None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-from collections.abc import AsyncIterator, Iterator, Sequence
+import threading
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -179,6 +180,8 @@ class VLLMBackend:
     It unregisters only once its loop thread has exited: a new backend on an engine whose
     closed backend's loop still finishes its requests waits up to
     :attr:`previous_loop_wait_s` seconds for that loop to stop, then raises.
+    :meth:`end_requests` (``shutdown`` calls it before :meth:`close`) ends the requests in
+    flight instead of letting them finish.
 
     Raises:
         ValueError: ``llm`` already has an open backend.
@@ -209,6 +212,9 @@ class VLLMBackend:
         self.llm = llm
         self.loop = EngineLoop(_LLMEngineInputs(llm))
         """The engine loop (its ``steps`` and ``max_in_flight`` show how calls batched)."""
+        self._lock = threading.Lock()
+        self._sinks: dict[str, Any] = {}  # request id -> sink, while the request runs
+        self._ending = False
         try:
             setattr(llm, BACKEND_ATTR, self)
         except (AttributeError, TypeError):  # an engine that takes no attributes
@@ -223,8 +229,54 @@ class VLLMBackend:
         return self.llm.get_tokenizer()
 
     def _submit(self, request: GenerationRequest, sink: Any) -> str:
+        """Queue ``request`` on the loop; ``sink`` gets its outputs (kept until its final
+        output or error, for :meth:`end_requests`). Returns its id.
+
+        Raises:
+            EngineLoopError: the backend is closing, or the loop cannot take requests.
+        """
         prompt = {"prompt_token_ids": list(request.prompt_token_ids)}
-        return self.loop.submit(prompt, sampling_params(request), sink)
+        request_id = ""
+
+        def tracked(output: Any) -> None:
+            if isinstance(output, BaseException) or getattr(output, "finished", False):
+                with self._lock:
+                    self._sinks.pop(request_id, None)
+            sink(output)
+
+        with self._lock:
+            if self._ending:
+                raise EngineLoopError(
+                    "the engine was shut down (agentspec_mw_vllm.engine.shutdown); build a "
+                    "new engine and a new model object on it"
+                )
+            request_id = self.loop.submit(prompt, sampling_params(request), tracked)
+            self._sinks[request_id] = sink
+        return request_id
+
+    def _abort(self, request_id: str) -> None:
+        with self._lock:
+            self._sinks.pop(request_id, None)
+        self.loop.abort(request_id)
+
+    def end_requests(self) -> None:
+        """End every request in flight and take no more (before the engine shuts down):
+        each caller gets :class:`~.batching.EngineLoopError` ("engine shut down") at once,
+        and the loop aborts the request, so that :meth:`close` stops it after the step it
+        is in."""
+        with self._lock:
+            self._ending = True
+            sinks, self._sinks = self._sinks, {}
+        error = EngineLoopError(
+            "the engine shut down (agentspec_mw_vllm.engine.shutdown) while this request "
+            "ran; build a new engine and a new model object on it"
+        )
+        for request_id, sink in sinks.items():
+            self.loop.abort(request_id)
+            try:
+                sink(error)
+            except Exception:  # noqa: BLE001 - e.g. the consumer's event loop has closed
+                logger.debug("could not end a request whose consumer is gone", exc_info=True)
 
     def _items(self, request: GenerationRequest, output: Any, tracker: OutputTracker) -> Any:
         if isinstance(output, BaseException):
@@ -246,7 +298,7 @@ class VLLMBackend:
 
     def _drain(
         self, request: GenerationRequest, request_id: str, outputs: queue.SimpleQueue[Any]
-    ) -> Iterator[tuple[str, Any]]:
+    ) -> Generator[tuple[str, Any]]:
         tracker, done = OutputTracker(), False
         try:
             while not done:
@@ -255,7 +307,7 @@ class VLLMBackend:
                     yield item
         finally:
             if not done:  # the consumer stopped early, or the request failed
-                self.loop.abort(request_id)
+                self._abort(request_id)
 
     async def astream(self, request: GenerationRequest) -> AsyncIterator[tuple[str, Any]]:
         """Async twin of :meth:`stream` (any event loop)."""
@@ -272,11 +324,22 @@ class VLLMBackend:
                     yield item
         finally:
             if not done:
-                self.loop.abort(request_id)
+                self._abort(request_id)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        streams = [self._start(r) for r in requests]  # all submitted: they share steps
-        return [_final(s) for s in streams]
+        """Every request's result; when one fails, the others are aborted and it raises."""
+        started: list[tuple[str, Generator[tuple[str, Any]]]] = []
+        try:
+            for r in requests:  # all submitted: they share steps
+                outputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+                request_id = self._submit(r, outputs.put)
+                started.append((request_id, self._drain(r, request_id, outputs)))
+            return [_final(s) for _, s in started]
+        except BaseException:
+            for request_id, stream in started:  # a stream not started has no finally to run
+                stream.close()
+                self._abort(request_id)
+            raise
 
     async def agenerate(self, request: GenerationRequest) -> GenerationResult:
         async for kind, value in self.astream(request):

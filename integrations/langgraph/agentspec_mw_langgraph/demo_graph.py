@@ -77,7 +77,7 @@ def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression (+ - * / % ** and parentheses)."""
     try:
         value = _eval(ast.parse(expression, mode="eval"))
-    except (SyntaxError, ValueError, ZeroDivisionError) as exc:
+    except (SyntaxError, ValueError, ArithmeticError) as exc:  # 1/0, 999999 ** 60
         return f"error: {exc}"
     return f"{value:g}"
 
@@ -127,7 +127,7 @@ def _run_tool(tools: dict[str, BaseTool], call: ToolCall) -> str:
         return f"error: unknown tool {call['name']!r}"
     try:
         return str(fn.invoke(call["args"]))
-    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+    except (ValueError, TypeError, ArithmeticError) as exc:  # ValidationError: a ValueError
         return f"error: {type(exc).__name__}: {exc}"
 
 

@@ -4,7 +4,10 @@ Each request carries the structure tags of its call (set by the inline handler o
 :func:`~agentspec_mw_langgraph.with_agentspec`, read by the call's run id, else from the
 per-call ContextVar) as ``SamplingParams.extra_args``, so each prompt of a ``generate``
 batch sends its own. Tool calling goes through the model's chat template in the Hermes
-``<tool_call>`` format (:mod:`~agentspec_mw_langgraph.toolformat`); ``bind_tools`` takes
+``<tool_call>`` format (:mod:`~agentspec_mw_langgraph.toolformat`; a block it cannot read
+is an invalid tool call whose ``args`` is the whole block, tags included, so that streamed
+chunks join to the same invalid call, not a valid one -- LangChain leaves the joined
+call's ``error`` unset); ``bind_tools`` takes
 LangChain tools, functions or OpenAI tool dicts, so the model works in ``create_agent``
 and ``create_react_agent``. ``tool_choice`` ``"auto"`` (or none) offers the tools and the
 model decides; ``"none"`` withholds them; ``"any"``, ``"required"``, ``True`` or a tool's
@@ -57,7 +60,7 @@ from langchain_core.callbacks.manager import BaseRunManager
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.base import LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
-from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.messages.tool import InvalidToolCall, ToolCallChunk, tool_call_chunk
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
@@ -200,12 +203,42 @@ class ChatAgentSpecVLLM(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
+        """What makes this model's answers differ (LangChain's response cache keys on it):
+        the model, the sampling settings (``model_stop``: the model's own stop strings) and
+        the engine -- the settings of the one built on first use, else the given engine's
+        model path and speculation."""
         return {
-            "model": self.model or "default",
+            "model": self.model_label,
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "model_stop": self.stop,
+            **self._engine_identity(),
             # read by the AgentSpec handler: the delimiters of this model's output format
             "agentspec_blocks": [list(b) for b in TOOL_CALL_BLOCKS],
+        }
+
+    def _engine_identity(self) -> dict[str, Any]:
+        """The engine part of :attr:`_identifying_params` (the same before and after a
+        first-use build)."""
+        if self.engine is None or self._built_here:
+            return {
+                "speculative": self.speculative,
+                "k": self.k,
+                "max_model_len": self.max_model_len,
+                "engine_options": repr(sorted(self.engine_options.items())),
+            }
+        backend = self.backend
+        engine = getattr(backend, "llm", None) or getattr(backend, "engine", None)
+        config = getattr(getattr(engine, "llm_engine", engine), "vllm_config", None)
+        spec = getattr(config, "speculative_config", None)
+        if spec is not None:  # vLLM's SpeculativeConfig: method and draft tokens per step
+            spec = f"{getattr(spec, 'method', None)}:{getattr(spec, 'num_speculative_tokens', 0)}"
+        return {
+            "engine_model": backend.model_name,
+            "speculative": spec,
+            "engine_additional_config": repr(getattr(config, "additional_config", None)),
         }
 
     @property
@@ -434,7 +467,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
             content=content,
             additional_kwargs=parsed_response(response_format, str(content)) if not calls else {},
             tool_calls=calls,
-            invalid_tool_calls=invalid,
+            invalid_tool_calls=[_invalid_call(c) for c in invalid],
             response_metadata=metadata,
             usage_metadata={
                 "input_tokens": prompt_tokens,
@@ -506,18 +539,10 @@ class ChatAgentSpecVLLM(BaseChatModel):
         message = self._message(result, request, kwargs.get("response_format"))
         meta = dict(message.response_metadata)
         if message.tool_calls or message.invalid_tool_calls:
-            chunks = [
-                tool_call_chunk(name=c["name"], args=json.dumps(c["args"]), id=c["id"], index=i)
-                for i, c in enumerate(message.tool_calls)
-            ]
-            chunks += [  # invalid blocks: raw text as args, so they aggregate as invalid calls
-                tool_call_chunk(name=c["name"], args=c["args"], id=c["id"], index=len(chunks) + j)
-                for j, c in enumerate(message.invalid_tool_calls)
-            ]
             yield ChatGenerationChunk(
                 message=AIMessageChunk(
                     content=message.content,
-                    tool_call_chunks=chunks,
+                    tool_call_chunks=_call_chunks(message),
                     response_metadata=meta,
                     usage_metadata=message.usage_metadata,
                 )
@@ -535,6 +560,29 @@ class ChatAgentSpecVLLM(BaseChatModel):
                 usage_metadata=message.usage_metadata,
             )
         )
+
+
+def _call_chunks(message: AIMessage) -> list[ToolCallChunk]:
+    """``message``'s tool calls as the chunks of its last streamed piece: joined (LangChain
+    re-parses each chunk's ``args``), they give the same calls and invalid calls (whose
+    ``error`` LangChain leaves ``None``)."""
+    chunks = [
+        tool_call_chunk(name=c["name"], args=json.dumps(c["args"]), id=c["id"], index=i)
+        for i, c in enumerate(message.tool_calls)
+    ]
+    return chunks + [  # args of an invalid call: never a JSON object (see _invalid_call)
+        tool_call_chunk(name=c["name"], args=c["args"], id=c["id"], index=i)
+        for i, c in enumerate(message.invalid_tool_calls, start=len(chunks))
+    ]
+
+
+def _invalid_call(call: InvalidToolCall) -> InvalidToolCall:
+    """An invalid call as the message carries it: ``args`` is the block, tags included
+    (``<tool_call>``, the body, ``</tool_call>``, on lines of their own), as joined
+    streamed chunks re-parse ``args`` and a bare body that reads as a JSON object would
+    turn into a valid call."""
+    open_tag, close_tag = HERMES_TOOL_BLOCK
+    return {**call, "args": f"{open_tag}\n{call['args'] or ''}\n{close_tag}"}
 
 
 def _token_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
@@ -674,13 +722,6 @@ class _DeltaChunker:
         message = self.model._message(result, self.request, self.response_format)
         meta = dict(message.response_metadata)
         calls = message.tool_calls or message.invalid_tool_calls
-        chunks = [
-            tool_call_chunk(name=c["name"], args=json.dumps(c["args"]), id=c["id"], index=i)
-            for i, c in enumerate(message.tool_calls)
-        ] + [
-            tool_call_chunk(name=c["name"], args=c["args"], id=c["id"], index=i)
-            for i, c in enumerate(message.invalid_tool_calls, start=len(message.tool_calls))
-        ]
         rest = result.text[self.emitted :]
         if calls:  # the content is the text outside the blocks, stripped
             content = str(message.content)
@@ -695,7 +736,7 @@ class _DeltaChunker:
             message=AIMessageChunk(
                 content=rest,
                 additional_kwargs=message.additional_kwargs,
-                tool_call_chunks=chunks,
+                tool_call_chunks=_call_chunks(message),
                 response_metadata=meta,
                 usage_metadata=message.usage_metadata,
             )

@@ -10,7 +10,10 @@ assistant content as the model would have written them. A template that does not
 
 Parsing (:func:`parse_tool_calls`): every ``<tool_call>{"name": ..., "arguments": {...}}
 </tool_call>`` block of the output becomes a tool call; the text outside the blocks is the
-content. A block that is not valid JSON of that shape becomes an invalid tool call.
+content. The arguments may also come as ``"parameters"`` (Llama 3's JSON format); a call
+with neither key gets ``{}`` when ``name`` is its only key. A block that is not valid JSON
+of that shape (or that has neither key but others) becomes an invalid tool call, with the
+name when the block is a JSON object with a string ``name``.
 These are the delimiters the adapter puts in the tags (:data:`TOOL_CALL_BLOCKS`).
 """
 
@@ -120,6 +123,22 @@ def _blocks(text: str) -> list[tuple[int, int, str]]:
     return out
 
 
+def _arguments(call: dict[str, Any]) -> Any:
+    """A call object's arguments: ``"arguments"``, else ``"parameters"`` (Llama 3's JSON
+    tool calls), else ``{}`` when ``name`` is the only key.
+
+    Raises:
+        ValueError: neither key, but other keys (arguments under a name not known here).
+    """
+    for key in ("arguments", "parameters"):
+        if key in call:
+            return call[key]
+    others = sorted(str(k) for k in call if k != "name")
+    if others:
+        raise ValueError(f"no 'arguments' in the call (it has {', '.join(others)})")
+    return {}
+
+
 def parse_tool_calls(
     text: str, salt: str = ""
 ) -> tuple[str, list[ToolCall], list[InvalidToolCall]]:
@@ -133,18 +152,20 @@ def parse_tool_calls(
     blocks = _blocks(text)
     for i, (_, _, body) in enumerate(blocks):
         call_id = _call_id(salt, i, body)
+        data: Any = None
         try:
             data = json.loads(body)
-            name, args = data["name"], data.get("arguments", {})
+            name, args = data["name"], _arguments(data)
             if isinstance(args, str):
                 args = json.loads(args)
             if not isinstance(name, str) or not isinstance(args, dict):
                 raise ValueError("name must be a string and arguments an object")
             calls.append(ToolCall(name=name, args=args, id=call_id, type="tool_call"))
         except (ValueError, KeyError, TypeError) as exc:
+            name = data.get("name") if isinstance(data, dict) else None
             invalid.append(
                 InvalidToolCall(
-                    name=None,
+                    name=name if isinstance(name, str) else None,
                     args=body,
                     id=call_id,
                     error=str(exc),

@@ -296,17 +296,32 @@ def shutdown(engine: Any) -> None:
 
     Marks the engine shut down (attribute ``_agentspec_shut_down``: the LangGraph
     adapter's registry of shared engines then drops it instead of handing it out), stops
-    what drives it in this process (the LangGraph adapter's engine loop, kept on the
-    engine as ``_agentspec_backend``), then the engine core (and its process, if any), so
-    that a later engine can start in the same process.
+    what drives it in this process (the LangGraph adapter's backend, kept on the engine as
+    ``_agentspec_backend``: the requests in flight are aborted and their callers get an
+    "engine shut down" error at once, and its engine loop thread is joined), then the
+    engine core (and its process, if any), so that a later engine can start in the same
+    process.
+
+    Raises:
+        RuntimeError: the engine loop still steps the engine after its backend's
+            ``close()`` waited for it; the core is left running (call ``shutdown`` again).
     """
     try:
         engine._agentspec_shut_down = True
     except (AttributeError, TypeError):  # an engine that takes no attributes
         pass
-    close = getattr(getattr(engine, "_agentspec_backend", None), "close", None)
+    backend = getattr(engine, "_agentspec_backend", None)
+    end_requests = getattr(backend, "end_requests", None)
+    if end_requests is not None:  # abort what is in flight: the loop stops after its step
+        end_requests()
+    close = getattr(backend, "close", None)
     if close is not None:
         close()
+    if getattr(getattr(backend, "loop", None), "running", False) is True:
+        raise RuntimeError(
+            "the engine loop still steps the engine after close(); the engine core is not "
+            "shut down under it (that would crash the step): call shutdown(engine) again"
+        )
     core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
     if core is not None:
         core.shutdown()

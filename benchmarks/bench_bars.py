@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,9 @@ class Config:
     k: int = BenchConfig.model_fields["k"].default
     preload: bool = True
     """False: the methods' ``/no-preload`` rows (``--preload off`` or ``both``)."""
+    max_num_seqs: int = BenchConfig.model_fields["max_num_seqs"].default
+    """The engines' batch limit: another one is another operating point."""
+    kv_cache_mib: int = BenchConfig.model_fields["kv_cache_mib"].default
 
 
 @dataclass
@@ -123,10 +127,17 @@ def analyse(
             if ours is None or none is None:
                 continue
             temp = cfg.temperature
-            pool = pools[Config(app, n, max_tokens, max(n, least), temp, cfg.model, cfg.k, on)]
+            if any(r.identical_to_none is False for r in by.values()):
+                lines.append(f"{name} {app} N={n}: outputs differ from none's: left out")
+                continue
+            key = Config(
+                app, n, max_tokens, max(n, least), temp, cfg.model, cfg.k, on,
+                cfg.max_num_seqs, cfg.kv_cache_mib,
+            )  # fmt: skip
+            pool = pools[key]
             pool.runs += 1
             sampled = f", temperature {temp:g}" if temp > 0 else ""
-            setup = _setup(cfg.model, cfg.k, on)
+            setup = _setup(cfg.model, cfg.k, on, cfg.max_num_seqs, cfg.kv_cache_mib)
             parts = [
                 f"{name} {app} N={n} ({max_tokens} tok, {max(n, least)} wf/run{sampled}{setup}):"
             ]
@@ -152,11 +163,34 @@ def analyse(
     return lines, pools
 
 
-def _setup(model: str | None, k: int, preload: bool) -> str:
+def _default(name: str) -> int:
+    default = BenchConfig.model_fields[name].default
+    assert isinstance(default, int)
+    return default
+
+
+def _setup(
+    model: str | None,
+    k: int,
+    preload: bool,
+    max_num_seqs: int = BenchConfig.model_fields["max_num_seqs"].default,
+    kv_cache_mib: int = BenchConfig.model_fields["kv_cache_mib"].default,
+) -> str:
     """What a line adds where the run's set-up is not the default one."""
+    fields = BenchConfig.model_fields
     return (
         (f", model {model}" if model is not None else "")
-        + (f", k {k}" if k != BenchConfig.model_fields["k"].default else "")
+        + (f", k {k}" if k != fields["k"].default else "")
+        + (
+            f", max_num_seqs {max_num_seqs}"
+            if max_num_seqs != fields["max_num_seqs"].default
+            else ""
+        )
+        + (
+            f", KV cache {kv_cache_mib} MiB"
+            if kv_cache_mib != fields["kv_cache_mib"].default
+            else ""
+        )
         + ("" if preload else ", no preload")
     )
 
@@ -194,7 +228,7 @@ def bar_lines(pools: dict[Config, Pool]) -> list[str]:
     for cfg in sorted(pools, key=order):
         p = pools[cfg]
         sampled = f", temperature {cfg.temperature:g}" if cfg.temperature > 0 else ""
-        setup = _setup(cfg.model, cfg.k, cfg.preload)
+        setup = _setup(cfg.model, cfg.k, cfg.preload, cfg.max_num_seqs, cfg.kv_cache_mib)
         where = (
             f"{cfg.app} N={cfg.n}, {cfg.max_tokens} tok, {cfg.workflows} wf/run{sampled}{setup}, "
             f"{p.runs} run(s)"
@@ -223,9 +257,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("reports", nargs="+", type=Path, help="agentspec bench --json files")
     args = ap.parse_args(argv)
     reports = []
+    seen: set[Path] = set()
     for path in args.reports:
         if not path.exists():
             ap.error(f"{path}: no such file")
+        if path.resolve() in seen:  # a report given twice would count twice
+            print(f"bench_bars: {path} given again: counted once", file=sys.stderr)
+            continue
+        seen.add(path.resolve())
         reports.append((path.name.removesuffix(".json"), load(path)))
     lines, pools = analyse(reports)
     print("\n".join(lines))

@@ -53,7 +53,7 @@ from typing import Any
 
 from agentspec_mw.cli import check_writable
 from agentspec_mw.errors import AgentSpecError
-from agentspec_mw_langgraph.bench_apps import bench_topics
+from agentspec_mw_langgraph.bench_apps import bench_topics, topic_count
 from agentspec_mw_langgraph.bench_config import (
     METHODS,
     NO_PRELOAD,
@@ -304,12 +304,16 @@ def write_fit_steps(
 ) -> Path | None:
     """Write the steps the measured cost model timed, one JSON line per run (``label``,
     ``app``, ``n``, ``repeat``, ``steps``: ``[num_batched, num_kv, spec_kv, draft_kv,
-    emitted, seconds]`` each; ``benchmarks/fit_live_steps.py`` refits them); ``None``
+    emitted, seconds]`` each, the steps its fit used; ``rejected``: those it left out as
+    outliers, where any; ``benchmarks/fit_live_steps.py`` refits them); ``None``
     when no run timed any: nothing is written, and a file an earlier bench left at
     ``path`` is removed (it would pass for this run's steps)."""
     path = Path(path)
     lines = [
-        json.dumps({"label": k[0], "app": k[1], "n": k[2], "repeat": k[3], "steps": r.fit_steps})
+        json.dumps(
+            {"label": k[0], "app": k[1], "n": k[2], "repeat": k[3], "steps": r.fit_steps}
+            | ({"rejected": r.rejected_steps} if r.rejected_steps else {})
+        )
         for k, r in sorted(results.items())
         if r.fit_steps
     ]
@@ -463,6 +467,14 @@ def run_bench(
     out = Path(out)
     labels = config.labels()
     _check_distinct(config)
+    every = len(config.apps) * config.repeats * sum(config.workflows(n) for n in config.ns)
+    if len(config.apps) > 1 and every > topic_count():
+        echo(
+            f"note: {every} workflows over {len(config.apps)} apps reuse the bench's "
+            f"{topic_count()} topics across apps on the same engines: SuffixDecoding's and "
+            "AgentSpec's histories have seen a later app's topics (n-gram keeps none); "
+            "bench one app at a time for the bars"
+        )
     targets = [out_file(out, s) for s in (".txt", ".png", ".steps.jsonl")]
     targets += [_log_path(out, label) for label in labels]
     if json_path is not None:

@@ -244,7 +244,10 @@ def summarize(
         for n in config.ns:
             slowness = engine_slowness(
                 {
-                    label: [results[(label, app, n, r)].fit_steps for r in range(config.repeats)]
+                    label: [
+                        (x := results[(label, app, n, r)]).fit_steps + x.rejected_steps
+                        for r in range(config.repeats)
+                    ]
                     for label in config.labels()
                 }
             )

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import sys
 import threading
 import time
@@ -109,6 +110,9 @@ class RunResult(BaseModel):
     fit_steps: list[list[float]] = []
     """Every step the fit used: ``[num_batched, num_kv, spec_kv, draft_kv, emitted,
     seconds]`` (``MeasuredStepTime.observe``'s arguments; ``<out>.steps.jsonl``)."""
+    rejected_steps: list[list[float]] = []
+    """Steps of valid time and features the fit left out as outliers (pauses), as
+    ``fit_steps``: in ``fit_errors`` and the engine's slowness, not in the fit."""
     step_model: dict[str, float] = {}
     faults: dict[str, int] = {}
     estimated: int = 0
@@ -149,6 +153,7 @@ class _Stats:
         self.fit_errors: list[float] = []
         self.fit_seconds: list[float] = []
         self.fit_steps: list[list[float]] = []
+        self.rejected_steps: list[list[float]] = []
 
     def add_propose(self, seconds: float) -> None:
         with self.lock:
@@ -181,10 +186,16 @@ def _instrument() -> None:
 
     for cls in (NgramProposer, SuffixDecodingProposer, AgentSpecDrafter):
         cls.propose = _timed(cls.propose)  # type: ignore[method-assign]
-    observe = MeasuredStepTime.observe
+    MeasuredStepTime.observe = _scored(MeasuredStepTime.observe)  # type: ignore[method-assign]
+
+
+def _scored(observe: Callable[..., bool]) -> Callable[..., bool]:
+    """``MeasuredStepTime.observe`` recording each step in :data:`STATS`: the fit's
+    prediction error before it learns the step, for every step of valid time (also one
+    it leaves out as an outlier), and the step in ``fit_steps`` or ``rejected_steps``."""
 
     def observe_and_score(
-        self: MeasuredStepTime,
+        self: Any,  # a MeasuredStepTime
         nb: float,
         kv: float,
         s: float,
@@ -196,15 +207,18 @@ def _instrument() -> None:
         if self.observed >= self.min_steps:
             predicted = self.predict(nb, kv, spec_kv, draft_kv, emitted)
         used = observe(self, nb, kv, s, spec_kv, draft_kv, emitted)
-        if used:
+        row = [nb, kv, spec_kv, draft_kv, emitted, s]
+        # every step of valid time is scored, also one the fit left out as an outlier: the
+        # worst-predicted steps are the ones a throughput estimate must not lose
+        if used or (s > 0 and all(math.isfinite(x) and x >= 0 for x in row)):
             with STATS.lock:
-                STATS.fit_steps.append([nb, kv, spec_kv, draft_kv, emitted, s])
-                if predicted is not None:
+                (STATS.fit_steps if used else STATS.rejected_steps).append(row)
+                if predicted is not None and math.isfinite(predicted):
                     STATS.fit_errors.append((predicted - s) / s)
                     STATS.fit_seconds.append(s)
         return used
 
-    MeasuredStepTime.observe = observe_and_score  # type: ignore[method-assign,assignment]
+    return observe_and_score
 
 
 def _timed_backend(llm: Any) -> Any:
@@ -374,6 +388,7 @@ class Worker:
             fit_errors=list(STATS.fit_errors),
             fit_seconds=list(STATS.fit_seconds),
             fit_steps=list(STATS.fit_steps),
+            rejected_steps=list(STATS.rejected_steps),
             step_model=dict(m1.step_model),
             faults=_delta(m1.faults, m0.faults),
             estimated=sum(m1.estimated.values()) - sum(m0.estimated.values()),

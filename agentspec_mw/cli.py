@@ -95,11 +95,18 @@ def _csv(cast: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     return parse
 
 
-def _parse_set(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+def _parse_set(items: Sequence[str], proposers: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """``--set PROPOSER.OPTION=VALUE`` items by proposer; a proposer given as a dotted
+    path (``pkg.mod.Class``) is matched by the longest of ``proposers`` the key starts with."""
     out: dict[str, dict[str, Any]] = {}
     for item in items:
         key, sep, raw = item.partition("=")
-        prop, dot, opt = key.partition(".")
+        named = [p for p in proposers if "." in p and key.startswith(p + ".")]
+        if named:
+            prop = max(named, key=len)
+            dot, opt = ".", key[len(prop) + 1 :]
+        else:
+            prop, dot, opt = key.partition(".")
         if not sep or not dot or not prop or not opt:
             raise argparse.ArgumentTypeError(
                 f"--set {item!r}: expected PROPOSER.OPTION=VALUE, e.g. suffix.min_token_prob=0.1"
@@ -242,7 +249,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         cost_model=args.cost_model,
         add_proposer_time=args.add_proposer_time,
         tags=args.tags,
-        proposer_options=_parse_set(args.set),
+        proposer_options=_parse_set(args.set, args.proposers),
         max_calls=args.max_calls,
         max_calls_per_run=args.max_calls_per_run,
         max_runs=args.max_runs,
@@ -256,6 +263,13 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         resolve_proposer_class(name)
     if args.replicas and any(r < 1 for r in args.replicas):
         raise ValueError(f"--replicas {args.replicas}: each must be >= 1")
+    small = [(b, r) for b in config.batch for r in args.replicas or () if b < r]
+    if small:  # before tokenizing (run_replica_replay checks it too)
+        b, r = small[0]
+        raise ValueError(
+            f"--batch {b} is smaller than --replicas {r}: the batch is the cluster's, at least "
+            "one run per replica; raise --batch or lower --replicas"
+        )
     if args.replicas and all(name == "none" for name in config.proposers):
         raise ValueError(
             "--replicas compares each proposer's speedup over none on the same replicas: "
@@ -329,12 +343,18 @@ def _output_paths(args: argparse.Namespace) -> tuple[Path | None, Path | None]:
     ``.png`` where matplotlib would; ``None`` with ``--no-plot``), both checked writable.
 
     Raises:
-        ValueError: a path that cannot be written, a ``--plot`` that is a folder, or
-            ``--plot`` naming the ``--json`` file.
+        ValueError: a path that cannot be written, a ``--plot`` that is a folder,
+            ``--plot`` naming the ``--json`` file, or ``--json`` naming a trace.
     """
     from agentspec_mw.replay.report import plot_path
 
     json_out = Path(args.json_out) if args.json_out else None
+    inputs = {Path(t).resolve() for t in args.traces}
+    if json_out is not None and json_out.resolve() in inputs:
+        raise ValueError(
+            f"--json {str(json_out)!r} is one of the --traces: the report would overwrite "
+            "the trace; give another name"
+        )
     if args.no_plot:
         if args.plot:
             raise ValueError("--plot and --no-plot: give one")

@@ -76,6 +76,11 @@ def make_proposer(spec: str, env: ProposerEnv | None = None, **options: Any) -> 
 
             reason = validation_message(exc)
         raise ProposerLoadError(f"proposer {spec!r}: bad options {options!r}: {reason}") from exc
+    except MemoryError as exc:  # e.g. an index sized past this machine's memory
+        raise ProposerLoadError(
+            f"proposer {spec!r}: options {options!r} need more memory than this machine has: "
+            f"{exc or 'MemoryError'}"
+        ) from exc
     if not isinstance(obj, Proposer):
         raise ProposerLoadError(
             f"proposer {spec!r}: {cls.__qualname__} lacks the Proposer verbs "

@@ -130,6 +130,15 @@ class StructureTags(BaseModel):
                 _utf8(value, name)
         if self.blocks is not None:
             check_blocks(self.blocks)
+        # the size the server counts (JSON escapes grow the blocks: a '"' is 2 characters,
+        # a non-ASCII one 6): tags it would refuse are refused here, where they are built
+        wire = tags_to_wire(self)
+        size = sum(len(k) - len(WIRE_PREFIX) + _wire_len(v) for k, v in wire.items())
+        if size > MAX_WIRE_CHARS:
+            raise ValueError(
+                f"these tags are {size} characters on the wire, over {MAX_WIRE_CHARS} (the "
+                "blocks' delimiters, JSON-escaped, take most): use fewer or shorter delimiters"
+            )
         return self
 
     @property

@@ -47,7 +47,7 @@ def _one_line(capsys: pytest.CaptureFixture[str], command: str = "replay") -> st
 # --- 1: output paths are checked before the replay -----------------------------------------
 
 
-@pytest.mark.parametrize("replicas", [(), ("--replicas", "2")])
+@pytest.mark.parametrize("replicas", [(), ("--replicas", "2", "--batch", "2")])
 def test_bad_output_paths_fail_before_tokenizing(
     sample_path: Path,
     tiny_tokenizer_dir: Path,
@@ -255,14 +255,14 @@ def test_replicas_with_no_proposer_but_none_is_refused(
     """``--replicas`` reports each proposer's speedup over none: with none alone it had
     nothing to report (an empty table, a plot with no lines)."""
     argv = _argv(sample_path, tiny_tokenizer_dir, tmp_path, "--proposers", "none")
-    assert main([*argv, "--replicas", "2"]) == 2
+    assert main([*argv, "--replicas", "2", "--batch", "2"]) == 2
     assert "give a proposer besides none" in _one_line(capsys)
 
 
 # --- 8: a workload without output tokens ----------------------------------------------------
 
 
-@pytest.mark.parametrize("replicas", [(), ("--replicas", "2")])
+@pytest.mark.parametrize("replicas", [(), ("--replicas", "2", "--batch", "2")])
 def test_a_workload_without_output_tokens_is_refused_up_front(
     sample_path: Path,
     tiny_tokenizer_dir: Path,

@@ -111,10 +111,10 @@ class AgentSpecConfig(BaseModel):
     uses is replaced, or its request uses the default blocks
     (:mod:`~agentspec_mw.agentspec.grammars`). Keeps one tenant's delimiter sets from
     locking the others' out: lower it when many tenants send their own delimiters."""
-    index_max_tokens: int = Field(default=1 << 20, ge=1024)
+    index_max_tokens: int = Field(default=1 << 20, ge=1024, le=1 << 32)
     """Tokens the history index holds (all keys together, rounded up to a power of two);
     the oldest are evicted first. Memory: 128 bytes per token (a 64-byte record and its
-    hash-table entries; 1M tokens = 128 MiB)."""
+    hash-table entries; 1M tokens = 128 MiB; the most, 2^32 tokens, 512 GiB)."""
     index_max_keys: int = Field(default=200_000, ge=1)
     """Identities (scope, agent, query group) remembered — each one's block kinds and its
     agent-wide history are keys of the index; the least recently used go. Raise it when
@@ -179,6 +179,17 @@ class AgentSpecConfig(BaseModel):
                 exp[k] = data.pop(k)
         data["experimental"] = exp
         return data
+
+    @field_validator("budget_cost_model")
+    @classmethod
+    def _preset(cls, v: str) -> str:
+        from agentspec_mw.costmodel import PRESETS
+
+        if v not in PRESETS:
+            raise ValueError(
+                f"budget_cost_model={v!r} is not a preset; choose one of {sorted(PRESETS)}"
+            )
+        return v
 
     @field_validator("blocks")
     @classmethod

@@ -17,6 +17,7 @@ import gzip
 import io
 import json
 import lzma
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,7 +135,7 @@ def iter_records(
                 raise TraceFormatError(
                     str(path), lineno + 1, f"unreadable: {exc}: the file must be UTF-8 text"
                 ) from None
-            except (EOFError, lzma.LZMAError, OSError) as exc:
+            except (EOFError, lzma.LZMAError, zlib.error, OSError) as exc:
                 raise TraceFormatError(
                     str(path),
                     lineno + 1,
@@ -146,7 +147,16 @@ def iter_records(
             if not line.strip():
                 continue
             try:
-                raw = json.loads(line)
+                try:
+                    raw = json.loads(line)
+                except RecursionError:  # a record nested past Python's recursion limit
+                    raise TraceFormatError(
+                        str(path), lineno, "invalid JSON: nested too deep"
+                    ) from None
+                except json.JSONDecodeError:
+                    raise
+                except ValueError as exc:  # e.g. an integer over Python's digit limit
+                    raise TraceFormatError(str(path), lineno, f"invalid JSON: {exc}") from None
                 if not isinstance(raw, dict):
                     raise TraceFormatError(str(path), lineno, "a record must be a JSON object")
                 rec = TraceRecord.model_validate(raw)

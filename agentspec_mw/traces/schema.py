@@ -93,6 +93,13 @@ class TraceRecord(BaseModel):
             )
         return v
 
+    @field_validator("workload")
+    @classmethod
+    def _not_all(cls, v: str) -> str:
+        if v == "ALL":  # agentspec replay's pooled rows (agentspec_mw.replay.run.ALL)
+            raise ValueError("'ALL' is the name of the replay's pooled rows: rename the workload")
+        return v
+
     @field_validator("workload", "run_id", "agent", "parent_group", "output")
     @classmethod
     def _unicode(cls, v: str | None) -> str | None:

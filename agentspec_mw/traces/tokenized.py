@@ -80,7 +80,9 @@ def load_tokenizer(name_or_path: str) -> Any:
         ) from None
     try:
         return AutoTokenizer.from_pretrained(name_or_path)
-    except (OSError, ValueError) as exc:  # no such folder or id; a folder without one
+    # no such folder or id; a folder without one; a tokenizer.json the tokenizers library
+    # cannot read (it raises a bare Exception)
+    except Exception as exc:  # noqa: BLE001
         reason = " ".join(str(exc).split())[:240] or type(exc).__name__
         raise ModelNotFoundError(
             f"tokenizer {name_or_path!r} cannot be loaded ({reason}): pass a local tokenizer "

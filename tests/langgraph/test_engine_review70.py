@@ -24,6 +24,7 @@ from agentspec_mw_langgraph.batching import EngineLoopError
 from agentspec_mw_langgraph.toolformat import parse_tool_calls
 
 from .fake_engine import FakeBackend, FakeLLM, FakeStepEngine, FakeStreamingBackend
+from .test_engine_faults import _SlowAsyncLLM
 
 
 def _wait(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
@@ -273,32 +274,14 @@ def test_a_failed_generate_aborts_the_other_requests(tiny_tokenizer: Any) -> Non
     backend.close()
 
 
-class _OutsideLoopAsyncLLM:
+class _OutsideLoopAsyncLLM(_SlowAsyncLLM):
     """An ``AsyncLLM`` built outside a loop: an empty prompt fails, others never end."""
 
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.output_handler: asyncio.Future[None] | None = None
-        self.cancelled = 0
-
-    def get_tokenizer(self) -> Any:
-        return self.tokenizer
-
     async def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
-        if self.output_handler is None:
-            self.output_handler = asyncio.ensure_future(asyncio.sleep(3600))
         if not prompt["prompt_token_ids"]:
             raise ValueError("empty prompt")
-        try:
-            while True:
-                await asyncio.sleep(0.02)
-                comp = SimpleNamespace(
-                    text="x", token_ids=[1], finish_reason=None, spec_decode_metrics=None
-                )
-                yield SimpleNamespace(outputs=[comp], finished=False)
-        except asyncio.CancelledError:
-            self.cancelled += 1  # vLLM aborts the request here
-            raise
+        async for out in super().generate(prompt, params, request_id):
+            yield out
 
 
 def test_a_failed_async_generate_cancels_the_other_requests(tiny_tokenizer: Any) -> None:

@@ -18,27 +18,11 @@ from agentspec_mw_vllm.middleware import RequestGuard
 from agentspec_mw_vllm.serve import API_KEY_ENV, server_env
 from agentspec_mw_vllm.tenancy import DEFAULT_SCOPE, TenancyConfig, bind_body, load_scope_keys
 
+from .test_tenancy import _Echo
+
 
 def _cfg(*argv: str):  # type: ignore[no-untyped-def]
     return serve_config_from_args(build_parser().parse_args(["serve", "--model", "m", *argv]))
-
-
-class _Echo:
-    """Stands in for vLLM: answers 200 and records the JSON body it received."""
-
-    def __init__(self) -> None:
-        self.bodies: list[Any] = []
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        self.bodies.append(json.loads(body) if body else None)
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"{}"})
 
 
 def _client(config: TenancyConfig) -> tuple[TestClient, _Echo]:

@@ -263,13 +263,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         resolve_proposer_class(name)
     if args.replicas and any(r < 1 for r in args.replicas):
         raise ValueError(f"--replicas {args.replicas}: each must be >= 1")
-    small = [(b, r) for b in config.batch for r in args.replicas or () if b < r]
-    if small:  # before tokenizing (run_replica_replay checks it too)
-        b, r = small[0]
-        raise ValueError(
-            f"--batch {b} is smaller than --replicas {r}: the batch is the cluster's, at least "
-            "one run per replica; raise --batch or lower --replicas"
-        )
+    if args.replicas:  # before tokenizing (run_replica_replay checks it again)
+        from agentspec_mw.replay.replicas import check_replica_batches
+
+        check_replica_batches(config.batch, args.replicas)
     if args.replicas and all(name == "none" for name in config.proposers):
         raise ValueError(
             "--replicas compares each proposer's speedup over none on the same replicas: "

@@ -39,7 +39,7 @@ def test_replicas_over_the_batch_fail_before_tokenizing(
     trace = _jsonl(tmp_path / "t.jsonl", _rec())
     argv = replay_argv(trace, tiny_tokenizer_dir, tmp_path, "--proposers", "none,ngram")
     assert main([*argv, "--replicas", "4"]) == 2
-    assert "--batch 1 is smaller than --replicas 4" in _one_line(capsys)
+    assert "batch 1 is smaller than 4 replicas" in _one_line(capsys)
     assert not (tmp_path / "cache").exists()  # nothing tokenized
 
 

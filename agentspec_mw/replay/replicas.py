@@ -63,6 +63,7 @@ __all__ = [
     "format_replica_table",
     "parse_routings",
     "plot_replicas",
+    "check_replica_batches",
     "replica_batch",
     "run_replica_replay",
     "split_calls",
@@ -103,6 +104,22 @@ def parse_routings(text: str) -> list[Routing]:
 def _replica_of(run_id: str, replicas: int) -> int:
     digest = hashlib.sha256(run_id.encode()).digest()
     return int.from_bytes(digest[:8], "big") % replicas
+
+
+def check_replica_batches(batches: Sequence[int], replicas: Sequence[int]) -> None:
+    """Refuse a cluster batch smaller than a replica count: each replica would still run a
+    whole run at a time, and the row would say batch ``b`` while ``R`` runs decode at once.
+
+    Raises:
+        ValueError: some batch is under some replica count.
+    """
+    small = [(b, r) for b in batches for r in replicas if b < r]
+    if small:
+        b, r = small[0]
+        raise ValueError(
+            f"batch {b} is smaller than {r} replicas: the batch is the cluster's, at least "
+            "one run per replica (each holds ceil(batch / R)); raise --batch or lower --replicas"
+        )
 
 
 def replica_batch(batch: int, replicas: int) -> int:
@@ -201,13 +218,7 @@ def run_replica_replay(
             would say batch ``b`` while ``R`` runs decode at once).
     """
     check_workloads(workloads)
-    small = [(b, r) for b in config.batch for r in replicas if b < r]
-    if small:
-        b, r = small[0]
-        raise ValueError(
-            f"batch {b} is smaller than {r} replicas: the batch is the cluster's, at least "
-            "one run per replica (each holds ceil(batch / R)); raise --batch or lower --replicas"
-        )
+    check_replica_batches(config.batch, replicas)
     cost = get_cost_model(config.cost_model)
     env = env or ProposerEnv(cost_model=cost, max_k=max(config.k))
     names = [p for p in dict.fromkeys(config.proposers) if p != "none"]

@@ -147,16 +147,7 @@ def iter_records(
             if not line.strip():
                 continue
             try:
-                try:
-                    raw = json.loads(line)
-                except RecursionError:  # a record nested past Python's recursion limit
-                    raise TraceFormatError(
-                        str(path), lineno, "invalid JSON: nested too deep"
-                    ) from None
-                except json.JSONDecodeError:
-                    raise
-                except ValueError as exc:  # e.g. an integer over Python's digit limit
-                    raise TraceFormatError(str(path), lineno, f"invalid JSON: {exc}") from None
+                raw = json.loads(line)
                 if not isinstance(raw, dict):
                     raise TraceFormatError(str(path), lineno, "a record must be a JSON object")
                 rec = TraceRecord.model_validate(raw)
@@ -170,13 +161,19 @@ def iter_records(
                         "the repeated records (a file concatenated twice?) or give the calls "
                         "distinct call_index values",
                     )
-            except (json.JSONDecodeError, ValidationError, TraceFormatError) as exc:
+            # ValueError: JSON Python cannot read (an integer over its digit limit);
+            # RecursionError: a record nested past Python's recursion limit
+            except (ValueError, RecursionError) as exc:
                 if isinstance(exc, json.JSONDecodeError):
                     reason = f"invalid JSON: {exc.msg} at column {exc.colno}"
                 elif isinstance(exc, ValidationError):
                     reason = _reason(exc)
-                else:
+                elif isinstance(exc, TraceFormatError):
                     reason = exc.reason
+                elif isinstance(exc, RecursionError):
+                    reason = "invalid JSON: nested too deep"
+                else:
+                    reason = f"invalid JSON: {exc}"
                 if not skip_malformed:
                     raise TraceFormatError(str(path), lineno, reason) from None
                 stats.skipped += 1

@@ -467,7 +467,7 @@ def run_bench(
     out = Path(out)
     labels = config.labels()
     _check_distinct(config)
-    every = len(config.apps) * config.repeats * sum(config.workflows(n) for n in config.ns)
+    every = len(config.apps) * config.workflows_per_app()
     if len(config.apps) > 1 and every > topic_count():
         echo(
             f"note: {every} workflows over {len(config.apps)} apps reuse the bench's "

@@ -201,7 +201,7 @@ class BenchConfig(BaseModel):
     def _distinct_topics(self) -> BenchConfig:
         # a topic run twice on one app is a query the proposers' caches have seen: their
         # acceptance would be inflated, n-gram's (no cross-request cache) not
-        need = self.repeats * sum(self.workflows(n) for n in self.ns)
+        need = self.workflows_per_app()
         if need > topic_count():
             raise ValueError(
                 f"repeats x sum(max(N, min_workflows)) = {need} workflows per app, over the "
@@ -213,6 +213,10 @@ class BenchConfig(BaseModel):
     def workflows(self, n: int) -> int:
         """Workflows one run at N completes (N at a time)."""
         return max(n, self.min_workflows)
+
+    def workflows_per_app(self) -> int:
+        """Workflows the sweep runs on each shape (every N, every repeat): one topic each."""
+        return self.repeats * sum(self.workflows(n) for n in self.ns)
 
     def labels(self) -> list[str]:
         """The engine processes' labels (method, and ``/no-preload`` variants)."""

@@ -135,9 +135,20 @@ def router_command(
 
 
 def _free_port(host: str) -> int:
-    with socket.socket() as s:
+    from agentspec_mw_vllm.serve import bind_family
+
+    with socket.socket(bind_family(host)) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _base_url(host: str, port: int) -> str:
+    """``http://host:port``, an IPv6 literal in brackets (``http://[::1]:8001``; RFC 3986),
+    as urllib and vllm-router parse it."""
+    from agentspec_mw_vllm.serve import bind_family
+
+    where = f"[{host}]" if bind_family(host) == socket.AF_INET6 else host
+    return f"http://{where}:{port}"
 
 
 def _healthy(url: str) -> bool:
@@ -249,7 +260,8 @@ def running_replicas(
     cfg: ClusterConfig, log_dir: Path, ports: Sequence[int] | None = None
 ) -> Iterator[list[str]]:
     """Start ``cfg.replicas`` ``agentspec serve`` processes at once; yield their base URLs
-    (``http://host:port``) once all are healthy; stop them all when the block ends.
+    (``http://host:port``, ``http://[host]:port`` for IPv6) once all are healthy; stop
+    them all when the block ends.
     ``ports`` overrides :meth:`ClusterConfig.replica_ports` (one per replica).
 
     Raises:
@@ -284,7 +296,7 @@ def _replicas(
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-            procs.append((proc, f"http://{cfg.host}:{port}/health", log, names[i]))
+            procs.append((proc, f"{_base_url(cfg.host, port)}/health", log, names[i]))
         _wait_healthy(procs, cfg.ready_s)
         yield procs
     finally:
@@ -335,7 +347,7 @@ def _router(
     argv = router_command(
         worker_urls, host=host, port=port, policy=policy, metrics_port=metrics, extra=extra
     )
-    with _process(argv, log, f"http://{host}:{port}/health", ready_s, what) as item:
+    with _process(argv, log, f"{_base_url(host, port)}/health", ready_s, what) as item:
         yield item
 
 

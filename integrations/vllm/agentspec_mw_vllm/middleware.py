@@ -17,7 +17,9 @@ app is built (a bad key table stops the server from starting). Per request:
    bound:
 3. **Scope binding**: the body must be a JSON object (HTTP 400; a form or binary body gets
    415), and :func:`~agentspec_mw_vllm.tenancy.bind_body` writes the bound scope into its
-   ``vllm_xargs`` (HTTP 403 for a claimed foreign scope). WebSocket connections are
+   ``vllm_xargs`` (HTTP 403 for a claimed foreign scope; HTTP 400 for a beam search,
+   ``use_beam_search``, whose engine requests vLLM builds without ``vllm_xargs``, on any
+   path: ``/invocations`` dispatches to the OpenAI endpoints). WebSocket connections are
    closed before they open (code 1008): their messages cannot be bound to a scope. Paths
    where vLLM drops ``vllm_xargs`` (:data:`UNBOUNDABLE_PREFIXES`: the Cohere API, which
    rebuilds each request without them) get HTTP 404 after authentication: their requests

@@ -32,6 +32,7 @@ scope is what the client sends (``"default"`` if nothing): one trust domain per 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import json
 import os
 import shlex
@@ -118,12 +119,8 @@ class ServeConfig(BaseModel):
             raise ValueError("bind scopes by --scope-keys or by --scope-header, not both")
         if self.scope_keys is not None:
             load_scope_keys(self.scope_keys)  # fail here, not in the server process
-        if self.bound and any(_is_api_key_option(a) for a in self.extra_args):
-            raise ValueError(
-                "vLLM's --api-key cannot be combined with --scope-keys/--scope-header: the "
-                "scope binding authenticates requests itself"
-            )
         if self.bound:
+            _check_no_api_key_option(self.extra_args)
             _check_no_api_key_env(os.environ)
         if (self.speculative is None or self.speculative in VLLM_METHODS) and (
             self.cost_model is not None or self.proposer_options
@@ -158,11 +155,65 @@ _API_KEY_OPTION = "--api-key"
 _API_KEY_SHORTEST = "--api-k"  # vLLM's parser finds "--api-" ambiguous (--api-server-count)
 
 
+_CONFIG_OPTION = "--config"
+"""vLLM's option naming a YAML file of more options (``FlexibleArgumentParser``)."""
+
+
 def _is_api_key_option(arg: str) -> bool:
     """True for an argument vLLM's parser reads as ``--api-key``: any spelling with ``_``
-    for ``-`` (``--api_key``) and any prefix it accepts as an abbreviation (``--api-k``)."""
-    name = arg.split("=", 1)[0].replace("_", "-")
+    for ``-`` (``--api_key``), any prefix it accepts as an abbreviation (``--api-k``), and
+    the dotted form it regroups into a JSON value (``--api-key.x v``)."""
+    name = arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
     return name.startswith(_API_KEY_SHORTEST) and _API_KEY_OPTION.startswith(name)
+
+
+def _check_no_api_key_option(args: Sequence[str]) -> None:
+    """Refuse vLLM's ``--api-key`` for a server that binds scopes: among ``args`` (the
+    ``api_server`` arguments) and among the options of a YAML file they name with
+    ``--config`` (vLLM inserts each key ``k`` of it as ``--k``, so ``api_key: x`` is
+    ``--api_key x``).
+
+    Raises:
+        ValueError: an ``--api-key`` in either, or a ``--config`` file this cannot read as
+            the YAML mapping vLLM needs (vLLM would not start with it either).
+    """
+    found = [a.split("=", 1)[0] for a in args if _is_api_key_option(a)]
+    for path in _config_files(args):
+        keys = [o for o in _config_options(path) if _is_api_key_option(o)]
+        found += [f"{key[2:]!r} in {_CONFIG_OPTION} {path}" for key in keys]
+    if found:
+        raise ValueError(
+            f"vLLM's --api-key ({found[0]}) cannot be combined with "
+            "--scope-keys/--scope-header: the scope binding authenticates requests itself"
+        )
+
+
+def _config_files(args: Sequence[str]) -> list[str]:
+    """The files that ``args`` name with ``--config FILE`` (what vLLM reads) or
+    ``--config=FILE``."""
+    files = [b for a, b in zip(args, args[1:], strict=False) if a == _CONFIG_OPTION]
+    return files + [a.split("=", 1)[1] for a in args if a.startswith(f"{_CONFIG_OPTION}=")]
+
+
+def _config_options(path: str) -> list[str]:
+    """The option names vLLM takes from its ``--config`` YAML file: ``--KEY`` for each
+    top-level key (``FlexibleArgumentParser.load_config_file``).
+
+    Raises:
+        ValueError: the file cannot be read, is not YAML, or is not a mapping.
+    """
+    import yaml
+
+    what = f"vLLM's {_CONFIG_OPTION} file {path!r}"
+    try:
+        config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {what} (to check it for --api-key): {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{what} is not YAML: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{what} must be a YAML mapping of options (option: value)")
+    return [f"--{key}" for key in config]
 
 
 def _check_no_api_key_env(env: Mapping[str, str]) -> None:
@@ -247,11 +298,23 @@ def server_env(
     return env
 
 
+def bind_family(host: str) -> socket.AddressFamily:
+    """The address family a server binds ``host`` with, as vLLM's ``create_server_socket``
+    chooses it: IPv6 for an IPv6 literal (``::``, ``::1``), IPv4 for anything else (an
+    IPv4 literal or a name such as ``localhost``)."""
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return socket.AF_INET
+    return socket.AF_INET6
+
+
 def port_taken(host: str, port: int) -> str | None:
     """Why ``port`` on ``host`` cannot be served on (``"is in use"``, or the bind error),
-    or ``None`` if it is free. Binds it with ``SO_REUSEADDR``, as the servers do, so a port
-    in ``TIME_WAIT`` passes."""
-    with socket.socket() as s:
+    or ``None`` if it is free. Binds it as the servers do: in :func:`bind_family`'s family
+    (on Linux ``::`` takes the IPv4 port too, so a port taken on ``0.0.0.0`` is in use
+    for it) and with ``SO_REUSEADDR``, so a port in ``TIME_WAIT`` passes."""
+    with socket.socket(bind_family(host)) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))

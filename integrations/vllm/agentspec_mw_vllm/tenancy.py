@@ -22,7 +22,12 @@ sampling parameters (``/inference/v1/generate``): scope-only tags
 tag-free requests of different tenants are isolated too; the bound scope for tagged
 requests; a body whose ``agentspec_scope`` names another scope is refused (HTTP 403);
 tags that do not decode are replaced by scope-only tags (the request runs tag-free inside
-its own scope, never in a shared one). :func:`find_unencodable` finds text that cannot be
+its own scope, never in a shared one). A body asking for beam search (``use_beam_search``
+read as true, as vLLM reads it, or a value vLLM cannot read) is refused (HTTP 400): vLLM's
+beam search cannot carry ``vllm_xargs`` (``BeamSearchParams`` has no ``extra_args``, and
+``BeamSearchOnlineMixin.beam_search`` sends the engine a fresh ``SamplingParams`` per beam
+step), so every tenant's beam searches would run tag-free in the shared scope
+:data:`DEFAULT_SCOPE`. :func:`find_unencodable` finds text that cannot be
 encoded as UTF-8 (lone surrogates), which vLLM answers with an empty HTTP 500.
 :mod:`agentspec_mw_vllm.middleware` applies all of this in the server.
 
@@ -41,7 +46,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from agentspec_mw.tags import MAX_ID_CHARS, WIRE_PREFIX, WIRE_VERSION, StructureTags
 from agentspec_mw_vllm.metrics import DrafterMetrics
@@ -72,6 +86,9 @@ a tenant bound to it would draft from every request that reaches the engine tag-
 _SCOPE_RE = re.compile(rf"[\x21-\x7e]{{1,{MAX_ID_CHARS}}}")
 _HEADER_RE = re.compile(r"[A-Za-z0-9-]{1,64}")
 _SCOPE_KEY = f"{WIRE_PREFIX}scope"
+_BEAM_KEY = "use_beam_search"
+"""vLLM's OpenAI request field that runs beam search (which drops ``vllm_xargs``)."""
+_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
 
 
 class Refusal(Exception):
@@ -299,11 +316,20 @@ def bind_body(
     Raises:
         Refusal: 403 when the body's ``agentspec_scope`` names another scope (compared as
             the engine reads it: ``123`` is scope ``"123"``); 400 when ``vllm_xargs``,
-            ``sampling_params`` or its ``extra_args`` is not an object.
+            ``sampling_params`` or its ``extra_args`` is not an object, or when the body
+            asks for beam search (:func:`_asks_beam_search`).
         ValueError: ``scope`` cannot be bound (malformed, or the reserved
             :data:`DEFAULT_SCOPE`).
     """
     _check_scope(scope, "bind_body")
+    if _asks_beam_search(body):
+        raise Refusal(
+            400,
+            "beam search (use_beam_search) is off on this server: it binds tenants' scopes, "
+            "and vLLM's beam search drops the scope (vllm_xargs) of the requests it sends "
+            "to the engine; leave use_beam_search out",
+            param=_BEAM_KEY,
+        )
     metrics = metrics or DrafterMetrics(prometheus=False)
     args = _bound_args(body.get("vllm_xargs"), scope, metrics, "vllm_xargs", bound_by)
     out = {**body, "vllm_xargs": args}
@@ -317,6 +343,27 @@ def bind_body(
             "extra_args": _bound_args(params.get("extra_args"), scope, metrics, where, bound_by),
         }
     return out
+
+
+def _asks_beam_search(body: Mapping[str, Any]) -> bool:
+    """Whether vLLM would run ``body`` as a beam search: its ``use_beam_search`` read as
+    vLLM's request models read it (pydantic's lax ``bool``: ``true``, ``1``, ``"yes"``,
+    ``"on"``, ...). A value that is no bool to pydantic (``null``, ``"maybe"``) counts too:
+    vLLM refuses such a request itself, and a guard fails closed.
+
+    vLLM cannot bind a beam search to a scope: ``to_beam_search_params`` leaves
+    ``vllm_xargs`` behind (``BeamSearchParams`` has no ``extra_args``), and
+    ``BeamSearchOnlineMixin.beam_search`` sends the engine one request per beam and step,
+    each with a ``SamplingParams`` of its own (no ``extra_args``). Each would reach the
+    proposer tag-free, in :data:`DEFAULT_SCOPE`, which all tenants' beam searches would
+    share (their drafts are never verified, each such request generating one token, but
+    their prompts would meet in one scope's drafting state)."""
+    if _BEAM_KEY not in body:
+        return False
+    try:
+        return _BOOL.validate_python(body[_BEAM_KEY])
+    except ValidationError:
+        return True
 
 
 def _bound_args(

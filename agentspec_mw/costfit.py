@@ -59,9 +59,13 @@ the vLLM adapter times the interval between two draft calls, see
   (an active-set solve, :func:`_nonnegative_normal_solve`);
 * **outliers** — a step measured over ``outlier_ratio`` × the fit's prediction (before
   ``min_steps`` steps: × the median of the steps measured so far) is not used: a pause
-  the step-time model does not describe (garbage collection, an idle engine). ``min_steps``
-  such steps in a row are no pause but an engine that slowed down that much (another
-  process took the cores): the fit starts over from the prior (:attr:`restarts`).
+  the step-time model does not describe (garbage collection, an idle engine). Nor is one
+  under the prediction / ``outlier_ratio`` squared (a timing glitch: weighed by ``1 /
+  seconds^2``, one step at 1 % of its time outweighed thousands; the bound is squared
+  because the prediction itself may lag a change of speed by up to ``outlier_ratio``).
+  ``min_steps`` such steps in a row, either way, are no pause but an engine that slowed
+  down (another process took the cores) or sped up that much: the fit starts over from
+  the prior (:attr:`restarts`).
 
 A preset of the ridge or roofline form is taken as the linear form of its constants for
 the prior (``c_fix + c_tok N`` for ``max(c_fix, c_tok N)``): under its ridge a draft is
@@ -289,6 +293,7 @@ class MeasuredStepTime:
                 ("noise", noise, 0 < noise < math.inf),
                 ("half_life_steps", half_life_steps, 0 < half_life_steps < math.inf),
                 ("refit_every", refit_every, refit_every >= 1),
+                ("min_steps", min_steps, min_steps >= 1),
                 ("outlier_ratio", outlier_ratio, 1 < outlier_ratio < math.inf),
             )
             if not ok
@@ -296,8 +301,8 @@ class MeasuredStepTime:
         if bad:
             raise ValueError(
                 "MeasuredStepTime needs prior_spread > 0, finite noise > 0, finite "
-                "half_life_steps > 0, refit_every >= 1 and finite outlier_ratio > 1; got "
-                + ", ".join(bad)
+                "half_life_steps > 0, refit_every >= 1, min_steps >= 1 and finite "
+                "outlier_ratio > 1; got " + ", ".join(bad)
             )
         prior = prior if prior is not None else PRESETS["llama8b-h100"]
         if prior.form != "linear":
@@ -308,6 +313,18 @@ class MeasuredStepTime:
         self.refit_every = int(refit_every)
         self.min_steps = int(min_steps)
         self.outlier_ratio = float(outlier_ratio)
+        # a step is an outlier when over outlier_ratio x the prediction, or under it /
+        # outlier_ratio^2. Not / outlier_ratio: the prediction is no better than the speed
+        # of the engine the fit followed, and it follows one that slows down by up to
+        # outlier_ratio without a restart (steps up to that much longer are used), and by
+        # more with one. When the slow-down ends, every step is that factor shorter than
+        # predicted and must be used for the fit to come back (the engine back at its
+        # speed after a 5x slow-down, test_an_engine_five_times_slower_is_followed: its
+        # steps are ~0.2x the prediction, under the 1/4 a bound of prediction /
+        # outlier_ratio set). A step is a glitch only when it is outlier_ratio x shorter
+        # again. The glitches that did the harm (a timer reading a few % of the step or
+        # less, each weighing 1 / ratio^2, ~1,000 steps and more) are far below the bound
+        self._short_ratio = self.outlier_ratio * self.outlier_ratio
         self._decay = 2.0 ** (-1.0 / half_life_steps)
         # the prior's draft price shape (see "draft shape" in the module doc), or None
         self._shape: tuple[float, float] | None = None
@@ -340,6 +357,9 @@ class MeasuredStepTime:
         non-finite features, steps whose weighted products overflow)."""
         self.restarts = 0
         """Times the fit started over after ``min_steps`` outliers in a row."""
+        self.rejected_fits = 0
+        """Refits whose coefficients the model could not take (not finite, or a one-token
+        step priced at no time): the previous model was kept (:meth:`_adopt`)."""
         self._forget()
 
     def _forget(self) -> None:
@@ -377,9 +397,9 @@ class MeasuredStepTime:
         token).
 
         A step with a time that is not positive and finite, a feature that is negative or
-        not finite (NaN, inf), or so large that its weighted products overflow, is not
-        used (counted in :attr:`skipped`): one such step would make the fit's sums NaN or
-        inf for good."""
+        not finite (NaN, inf), or so large that its weighted products or the fit's sums
+        with them overflow, is not used (counted in :attr:`skipped`): one such step would
+        make the fit's sums NaN or inf for good. Nor is an outlier (see the module doc)."""
         with self._lock:
             if not (
                 0.0 < seconds < math.inf
@@ -394,22 +414,29 @@ class MeasuredStepTime:
             if self.observed >= self.min_steps:
                 typical = self._model.step_time(num_batched, num_kv, None, spec_kv, draft_kv)
                 typical += self._emitted_cost * emitted
-                if seconds > self.outlier_ratio * typical:
+                if seconds > self.outlier_ratio * typical or seconds * self._short_ratio < typical:
                     self._outliers_in_row += 1
                     if self._outliers_in_row < self.min_steps:
                         self.skipped += 1
                         return False
-                    # min_steps outliers in a row are no pause: the engine runs that much
-                    # slower now (another process took the cores). The fit would reject
-                    # every later step and never follow it: it starts over from the prior
+                    # min_steps outliers in a row are no pause nor glitch: the engine runs
+                    # that much slower (another process took the cores) or faster now. The
+                    # fit would reject every later step and never follow it: it starts over
+                    # from the prior. Long and short outliers count in one run (only a step
+                    # that is used ends it)
                     self._restart()
             if self.observed < self.min_steps:
                 # the preset's times mean little yet: compare with the steps seen so far
+                # (both ways; not counted in the run: the median follows a new speed, as
+                # every step is in it, used or not)
                 self._early.append(seconds)
-                typical = float(np.median(self._early)) if len(self._early) >= 4 else math.inf
-                if seconds > self.outlier_ratio * typical:
-                    self.skipped += 1
-                    return False
+                if len(self._early) >= 4:
+                    typical = float(np.median(self._early))
+                    if seconds > self.outlier_ratio * typical or (
+                        seconds * self._short_ratio < typical
+                    ):
+                        self.skipped += 1
+                        return False
             self._outliers_in_row = 0
             x = (
                 1.0,
@@ -422,11 +449,16 @@ class MeasuredStepTime:
             # grid's; unweighted, a few long prefill steps outweighed the decode steps)
             w2 = 1.0 / (seconds * seconds)
             d = self._decay
-            xx, xy = self._xx, self._xy
-            for idx, (i, j) in enumerate(self._tri):
-                xx[idx] = xx[idx] * d + w2 * (x[i] * x[j])
-            for i in range(self._d):
-                xy[i] = xy[i] * d + w2 * x[i] * seconds
+            tri = zip(self._xx, self._tri, strict=True)
+            xx = [s * d + w2 * (x[i] * x[j]) for s, (i, j) in tri]
+            xy = [s * d + w2 * x[i] * seconds for i, s in enumerate(self._xy)]
+            # every term is finite and non-negative (_fits_in_sums), but the sums can still
+            # overflow (two steps of weight 1e308): such a step is not used, as NaN or inf
+            # sums would drop every later refit for good
+            if not (max(xx) < math.inf and max(xy) < math.inf):
+                self.skipped += 1
+                return False
+            self._xx, self._xy = xx, xy
             self._pending.append((w2, *x[1:]))
             self.observed += 1
             self._since_fit += 1
@@ -513,9 +545,11 @@ class MeasuredStepTime:
         A fit that prices a one-token step at no time (``c_fix + c_tok == 0``: every
         step's time put on its KV and drafts), or that is not finite, is not a model the
         budget can price by (:class:`StepTimeModel` rejects it): the current model and
-        emitted-token cost are kept instead (the first model, the prior's, qualifies: a
-        :class:`StepTimeModel` prices a one-token step above zero)."""
+        emitted-token cost are kept instead, counted in :attr:`rejected_fits` (the first
+        model, the prior's, qualifies: a :class:`StepTimeModel` prices a one-token step
+        above zero)."""
         if not (0.0 < float(coef[0]) + float(coef[1]) < math.inf and np.isfinite(coef).all()):
+            self.rejected_fits += 1
             return self._model
         self._emitted_cost = float(coef[-1])
         if self._shape is not None:
@@ -583,6 +617,7 @@ class MeasuredStepTime:
     def describe(self) -> str:
         """One line: the fit in milliseconds and how many steps it rests on."""
         m = self._model
+        rejected = f", {self.rejected_fits} rejected fits" if self.rejected_fits else ""
         drafts = ""
         if m.c_spec_kv or m.c_draft_kv:
             drafts = (
@@ -593,5 +628,5 @@ class MeasuredStepTime:
             f"measured step time {m.c_fix * 1e3:.2f} ms + {m.c_tok * 1e3:.3f} ms/token "
             f"+ {m.c_kv * 1e9:.1f} ns/KV token{drafts} "
             f"+ {self._emitted_cost * 1e3:.3f} ms/emitted token ({self.observed} steps, "
-            f"{self.skipped} skipped)"
+            f"{self.skipped} skipped{rejected})"
         )

@@ -42,9 +42,10 @@ Each preset also carries the serving limits of its hardware (:class:`ServingLimi
 the scheduler-faithful replay (:mod:`agentspec_mw.replay.sim`) enforces:
 
 * **token budget** ``max_num_batched_tokens`` — vLLM 0.32's default for the OpenAI server
-  on that device (``EngineArgs._get_default_max_num_batched_tokens_and_seqs``: 8192 tokens
-  and 1024 sequences on GPUs with >= 70 GiB that are not A100s, so H100 and H200; on the CPU
-  build 4096 and 256 for the ``LLM`` class, which the embedded engine is);
+  on that device (``EngineArgs.get_batch_defaults`` in ``vllm/engine/arg_utils.py``: 8192
+  tokens and 1024 sequences on GPUs with 70-160 GiB that are not A100s, so H100 and H200;
+  on the CPU build 4096 and 256 per rank for the ``LLM`` class, which the embedded engine
+  is);
 * **KV capacity** in tokens = ``(gpu_memory * 0.9 - weights - activations) / kv_bytes``
   with vLLM's default ``gpu_memory_utilization`` 0.9, Llama-3.1-8B's bf16 weights
   (8.03 B parameters, 16.06 GB), 2 GiB assumed for activations and CUDA graphs (not

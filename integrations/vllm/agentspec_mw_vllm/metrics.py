@@ -223,8 +223,11 @@ class MetricsSnapshot(BaseModel):
     scope_accepted: dict[str, int] = {}
     """Of those, accepted per scope label."""
     step_model: dict[str, float] = {}
-    """The fitted step time (``fixed``, ``token``, ``kv_token`` in seconds; ``steps``
-    timed) when the adapter measures it, else empty."""
+    """The fitted step time when the adapter measures it, else empty: seconds per step
+    (``fixed``), per batched token (``token``), per KV token (``kv_token``), per KV token of
+    a drafting request (``spec_kv_token``), per draft token x its request's KV token
+    (``draft_kv_token``) and per emitted token (``emitted_token``), and the ``steps``
+    timed (:meth:`DrafterMetrics.record_step_model`'s arguments)."""
     estimated: dict[str, int] = {}
     """Draft tokens verified that carried the proposer's estimate."""
     expected: dict[str, float] = {}

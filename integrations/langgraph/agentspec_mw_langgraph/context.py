@@ -4,10 +4,14 @@
 (``run_inline = True``), so the value it sets in ``on_chat_model_start`` is visible in the
 same context as the model call that follows it: sync or async, streaming or not, and each
 concurrent branch sees its own value (LangGraph runs every task in a copied context).
-It is reset to ``None`` when the call ends or errors. An end event can arrive in another
-context than the call's (an ``astream`` left early is closed by the event loop's
-finaliser), so the handler also marks the call's :class:`CallTicket` ended, and
-:func:`current_tags` / :func:`current_ticket` then answer ``None`` in every context.
+When the call ends or errors it is reset to what it replaced: ``None``, or the tags of
+the call it was made in (a model calling a model during its generation). An end event can
+arrive in another context than the call's (LangChain sends an async call's end from a task
+of its own, whose context is a copy; an ``astream`` left early is closed by the event
+loop's finaliser), so the handler also marks the call's :class:`CallTicket` ended, and
+:func:`current_tags` / :func:`current_ticket` then answer, in every context still holding
+it, what the ticket replaced when its call started (:attr:`CallTicket.previous`, itself
+skipped once ended): what the end event would have restored there.
 
 Beside the tags the handler sets a :class:`CallTicket`: where the call's tags may be sent
 (the ``engine=`` server of ``with_agentspec``) and a record of whether a request layer
@@ -28,6 +32,7 @@ from agentspec_mw.tags import StructureTags, tags_to_wire
 
 __all__ = [
     "CallTicket",
+    "current_call",
     "current_tags",
     "current_ticket",
     "current_wire_tags",
@@ -46,6 +51,9 @@ class CallTicket:
         headers: request headers a layer that attaches the tags also sends (the routing
             key of :mod:`~agentspec_mw_langgraph.routing`); a header the request already
             has wins.
+        previous: the tags and ticket current in the call's context when it started
+            (:func:`current_tags`, :func:`current_ticket`), which that context reads again
+            once this ticket has ended.
     """
 
     def __init__(
@@ -54,9 +62,13 @@ class CallTicket:
         on_first_delivery: Callable[[], None] | None = None,
         *,
         headers: Mapping[str, str] | None = None,
+        previous: tuple[StructureTags | None, CallTicket | None] = (None, None),
     ) -> None:
         self.engine_url = engine_url
         self.headers: dict[str, str] = dict(headers or {})
+        self.previous = previous
+        """What this call's tags replaced in its context (the calling model's, or none):
+        current there again once it ended, wherever its end event ran."""
         self._on_first_delivery = on_first_delivery
         self._lock = threading.Lock()
         self._delivered = 0
@@ -116,14 +128,27 @@ _CURRENT: ContextVar[StructureTags | None] = ContextVar("agentspec_current_tags"
 _TICKET: ContextVar[CallTicket | None] = ContextVar("agentspec_current_ticket", default=None)
 
 
+def _resolve() -> tuple[StructureTags | None, CallTicket | None]:
+    """The tags and ticket of the call in progress in this context. An ended ticket reads
+    as what it replaced (:attr:`CallTicket.previous`): its end event, sent from another
+    context (an async call's), could not restore that here. Each ``previous`` was live when
+    its ticket started, so the walk is as long as the calls were nested."""
+    tags, ticket = _CURRENT.get(), _TICKET.get()
+    while ticket is not None and ticket.ended:
+        tags, ticket = ticket.previous
+    return (tags, ticket) if tags is not None else (None, None)
+
+
+def current_call() -> tuple[StructureTags | None, CallTicket | None]:
+    """:func:`current_tags` and :func:`current_ticket` read together (one consistent pair,
+    what a call starting here replaces: its :attr:`CallTicket.previous`)."""
+    return _resolve()
+
+
 def current_tags() -> StructureTags | None:
-    """The structure tags of the LLM call in progress in this context, if any (``None``
-    once its ticket is :attr:`~CallTicket.ended`)."""
-    tags = _CURRENT.get()
-    if tags is None:
-        return None
-    ticket = _TICKET.get()
-    return None if ticket is not None and ticket.ended else tags
+    """The structure tags of the LLM call in progress in this context, if any (once its
+    ticket is :attr:`~CallTicket.ended`: those of the call it was made in, if any)."""
+    return _resolve()[0]
 
 
 def current_wire_tags() -> dict[str, str | int | float] | None:
@@ -133,10 +158,9 @@ def current_wire_tags() -> dict[str, str | int | float] | None:
 
 
 def current_ticket() -> CallTicket | None:
-    """The :class:`CallTicket` of the LLM call in progress in this context, if any (``None``
-    once it is :attr:`~CallTicket.ended`)."""
-    ticket = _TICKET.get()
-    return None if ticket is None or ticket.ended else ticket
+    """The :class:`CallTicket` of the LLM call in progress in this context, if any (never
+    an :attr:`~CallTicket.ended` one: then that of the call it was made in, if any)."""
+    return _resolve()[1]
 
 
 def deliver_wire_tags() -> dict[str, str | int | float] | None:
@@ -144,11 +168,12 @@ def deliver_wire_tags() -> dict[str, str | int | float] | None:
 
     Call it only where the result is attached to an outgoing request.
     """
-    wire = current_wire_tags()
-    ticket = current_ticket()
-    if wire is not None and ticket is not None:
+    tags, ticket = _resolve()
+    if tags is None:
+        return None
+    if ticket is not None:
         ticket.mark_delivered()
-    return wire
+    return tags_to_wire(tags)
 
 
 def set_current_tags(tags: StructureTags | None, ticket: CallTicket | None = None) -> None:

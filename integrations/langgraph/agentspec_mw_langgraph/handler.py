@@ -32,10 +32,12 @@ bounded (the oldest are dropped first); a rejected call of a graph run is releas
 root run.
 
 A model that calls another model during its generation has its tags back in its context
-when that call ends -- in sync code only: LangChain sends an async call's end event from a
-task of its own (``shielded``), whose context is a copy, so there the caller's context keeps
-the ended call's tags, which read as none (a request layer reading tags by run id, as the
-engine-backed chat model does, is unaffected).
+when that call ends. In sync code the end event restores them; LangChain sends an async
+call's end event from a task of its own (``shielded``), whose context is a copy, so there
+the caller's context keeps the ended call's ticket, which reads as the tags it replaced
+when it started (:attr:`~agentspec_mw_langgraph.context.CallTicket.previous`). The
+context, not the run tree, is what links the two: LangChain makes the inner call a child
+of the node run, not of the calling model's run.
 
 Batches (``generate``/``agenerate`` with several prompts) start every call before any of
 them runs, so their tags are not published in the ContextVar (one variable cannot hold
@@ -83,7 +85,7 @@ from agentspec_mw_langgraph import derive
 from agentspec_mw_langgraph.config import TaggingConfig
 from agentspec_mw_langgraph.context import (
     CallTicket,
-    current_tags,
+    current_call,
     current_ticket,
     set_current_tags,
 )
@@ -220,8 +222,6 @@ class _Live:
     ticket: CallTicket | None = None
     streamed: bool = False  # a token of it arrived (it runs: its start was not rejected)
     task: asyncio.Task[Any] | None = None  # the asyncio task that made it, if any
-    # the tags and ticket current in its context before it started, restored at its end
-    previous: tuple[StructureTags | None, CallTicket | None] = (None, None)
 
 
 def _is_interrupt(error: BaseException) -> bool:
@@ -580,7 +580,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             self._failed("dropping an unfinished LLM call", exc)
         # a call made during another's generation (a model calling a model) replaces that
         # call's tags in this context until it ends, then gives them back
-        previous = (current_tags(), current_ticket())
+        previous = current_call()
         set_current_tags(None)
         batch_size = kwargs.get("batch_size")
         # a batch starts all its calls before any runs: one ContextVar cannot carry them
@@ -597,13 +597,15 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             return
         key = tags_routing_key(tags, self.config.routing_granularity)
         headers = {} if key is None else {self.config.routing_header: key}
-        ticket = CallTicket(self.engine_url, self._count_delivered, headers=headers)
+        # an ended ticket reads as ``previous`` in contexts its end event did not reach
+        ticket = CallTicket(
+            self.engine_url, self._count_delivered, headers=headers, previous=previous
+        )
         with self._lock:
             live = self._live.get(run_id)
             if live is not None:
                 live.ticket = ticket
                 live.task = _current_task()
-                live.previous = previous
             overflow = []
             while len(self._open_calls) > _MAX_OPEN_CALLS:  # oldest first
                 overflow.append(self._open_calls.popitem(last=False)[0])
@@ -961,13 +963,14 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             if live is None:
                 return
             # give back what it replaced (a calling model's tags, or none) only where its
-            # own are current: not where it ends elsewhere (an astream closed by the event
-            # loop's finaliser) or where another call's tags replaced its own
+            # own are current: not where it ends elsewhere (an async call's end event task,
+            # an astream closed by the event loop's finaliser; there the ended ticket reads
+            # as what it replaced) or where another call's tags replaced its own
             restore = live.ticket is not None and current_ticket() is live.ticket
             if live.ticket is not None:  # its tags are no longer current in any context
                 live.ticket.end()
-            if restore:
-                set_current_tags(*live.previous)
+                if restore:
+                    set_current_tags(*live.ticket.previous)
             text: str | None = None
             try:
                 call = live.call

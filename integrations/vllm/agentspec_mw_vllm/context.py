@@ -53,6 +53,12 @@ class BatchContext:
             (``input_batch.num_computed_tokens_cpu``); empty when not known. A row part
             way through its prompt holds that plus its scheduled chunk, not the whole
             prompt that its token count already holds.
+        scheduler_step: the scheduler's number of the step just run (from 1, counted by
+            the plugin's wrap of ``Scheduler.schedule``); ``None`` when not counted (no
+            or an older scheduler wrap). Two draft calls whose numbers are not
+            consecutive had engine steps between them without a draft call: vLLM skips
+            the call for the whole batch while a row is within ``k`` tokens of
+            ``max_model_len``.
 
     ``extra_args``, ``max_tokens`` and ``decoding`` are indexed by row; the plugin's read
     a row's ``SamplingParams`` only when indexed, and the session indexes them once per
@@ -73,6 +79,7 @@ class BatchContext:
     decoding: Sequence[Decoding | None] = ()
     live_req_ids: Container[str] | None = None
     num_computed_tokens: Sequence[int] = ()
+    scheduler_step: int | None = None
 
 
 _SAMPLING_EPS = 1e-5  # vLLM's: a temperature under it is greedy (vllm/sampling_params.py)

@@ -22,7 +22,11 @@ and the adapter refuses to start with :class:`VLLMVersionError` — it never dra
 The scheduler's waiting prompts: :func:`register` also wraps ``Scheduler.schedule`` so that,
 when the engine's drafter is a ``custom_class`` one, each ``SchedulerOutput`` carries the
 prompt tokens still to compute (:mod:`agentspec_mw_vllm.queue`), which the context passes on
-(``BatchContext.num_waiting_prompt_tokens``): the runner alone cannot see them.
+(``BatchContext.num_waiting_prompt_tokens``): the runner alone cannot see them. The same
+wrap numbers the scheduler's steps (:data:`STEP_ATTR`, ``BatchContext.scheduler_step``):
+vLLM skips the draft call of a whole step while a row is within ``k`` tokens of
+``max_model_len`` (``GPUModelRunner._input_fits_in_drafter`` in ``sample_tokens``), and
+only the numbers tell the drafter that steps ran between two of its calls.
 
 A second, smaller fix lives here too: on CPU, vLLM 0.32 rebinds its Triton kernels to CPU
 implementations by scanning every module in ``sys.modules``, and the scan crashes
@@ -54,6 +58,7 @@ from agentspec_mw_vllm.context import BatchContext, decoding_of
 from agentspec_mw_vllm.queue import WAITING_ATTR, QueueReader
 
 __all__ = [
+    "STEP_ATTR",
     "SUPPORTED_VLLM",
     "VLLMVersionError",
     "WRAPPED_PARAMS",
@@ -81,6 +86,10 @@ WRAPPED_PARAMS: tuple[str, ...] = (
     "slot_mappings",
 )
 _MARK = "__agentspec_wrapped__"
+#: The ``SchedulerOutput`` attribute that carries the scheduler's step number (from 1;
+#: absent: not counted).
+STEP_ATTR = "agentspec_scheduler_step"
+_STEPS = "_agentspec_steps"  # the scheduler's steps so far (in its __dict__)
 _V2_WARNING = (
     "VLLM_USE_V2_MODEL_RUNNER=1 forces vLLM's Model Runner V2, which has no custom_class "
     "drafter hook: the AgentSpec drafter will refuse to start. Unset it (vLLM then uses the "
@@ -182,6 +191,7 @@ def build_batch_context(runner: Any, scheduler_output: Any) -> BatchContext:
         decoding=_RowParams(runner.requests, req_ids, decoding_of),
         live_req_ids=runner.requests,
         num_computed_tokens=_computed(batch, n),
+        scheduler_step=getattr(scheduler_output, STEP_ATTR, None),
     )
 
 
@@ -241,6 +251,11 @@ def _wrap_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
         out = original(self, *args, **kwargs)
         reader = _queue_reader(self)
         if reader is not None:
+            # every SchedulerOutput is executed (EngineCore.step, step_with_batch_queue),
+            # a draft call or not: the drafter sees the steps it was not called for
+            state = self.__dict__
+            step = state[_STEPS] = state.get(_STEPS, 0) + 1
+            setattr(out, STEP_ATTR, step)
             waiting = reader.read(self)
             if waiting is not None:
                 setattr(out, WAITING_ATTR, waiting)

@@ -29,6 +29,15 @@
   request drafts nothing this step), counted as the fault ``propose:bad_draft`` and
   logged once; the other rows keep their drafts.
 
+Drafts verified in a step without a draft call: the draft last sent to a request is
+verified in the next step that schedules it. Where that step's draft call was skipped (the
+step numbers jump and the request has tokens from a step between the calls), its
+verification is dropped, not counted: that step's schedule never reaches the drafter, so
+how much of the draft the scheduler kept is not known; and the zeros vLLM scheduled in
+the draft's place after the skipped call are never taken for it. A request vLLM left out of
+the skipped steps is verified after them as usual, and counted. Without step numbers (no or
+an older scheduler wrap) the session counts as before.
+
 Live calibration: when a draft carries the proposer's per-token estimates (``Draft.probs``),
 its tokens' predicted survivals go with the verified count to the metrics (the call's
 verified rows in one ``record_verified_many`` at its end: the expected against the accepted
@@ -42,7 +51,10 @@ the step's scheduled tokens (``BatchContext.num_scheduled_tokens``, prefill incl
 resident KV tokens (a prompt part way through its chunks: what it has computed, from
 ``BatchContext.num_computed_tokens``), drafts and emitted tokens (the call's sampled
 tokens). A gap after which no request of the previous call is still in the batch is not
-reported: the engine may have been idle in it. The gap is read on
+reported: the engine may have been idle in it; nor is one in which vLLM ran steps without a
+draft call (the scheduler's step numbers, ``BatchContext.scheduler_step``, not consecutive:
+vLLM skips the call for the whole batch while a row is within ``k`` tokens of
+``max_model_len``), which spans several steps. The gap is read on
 ``step_clock`` (default ``clock``, wall time); with a per-thread clock (the adapter passes
 ``time.thread_time`` on vLLM's CPU build) a gap between calls on two threads is not
 reported either.
@@ -105,7 +117,8 @@ class _Request:
     sent: list[int] | None = None
     """The draft last returned for the request: a step's scheduled drafts are counted as
     its verification only where they are (a prefix of) it — vLLM hands every request zeros
-    for a step whose draft call it skipped (a row near the context limit)."""
+    for a step whose draft call it skipped (a row near the context limit) — and only when
+    no step without a draft call scheduled the request since (see the module doc)."""
     end: int | None = None
     """Prompt + ``max_tokens``: the request's tokens can never pass this (``None``: no
     limit known). Read once, when the request is admitted; its sampling params are fixed."""
@@ -279,6 +292,7 @@ class DraftSession:
         self._last_end: float | None = None
         self._last_step_end: tuple[int, float] | None = None  # (thread, step clock)
         self._last_ids: frozenset[str] = frozenset()
+        self._last_sched_step: int | None = None  # BatchContext.scheduler_step, last call
         self._fit_model: object = None  # the step timer's model last published
         self._fit_coef = (0.0, 0.0, 0.0)
         self._fit_draft = (0.0, 0.0, 0.0)  # c_spec_kv, c_draft_kv, seconds per emitted token
@@ -426,13 +440,21 @@ class DraftSession:
                 raise RuntimeError(
                     "no batch context: the agentspec vLLM plugin did not wrap this runner"
                 )
+            # engine steps ran since the last call without a draft call (vLLM skipped it
+            # for the whole batch: a row within k tokens of max_model_len); not known
+            # without the scheduler's step numbers
+            sched_step, last_step = ctx.scheduler_step, self._last_sched_step
+            self._last_sched_step = sched_step
+            skipped = (
+                sched_step is not None and last_step is not None and sched_step != last_step + 1
+            )
             # the rows' ids and token counts (as Python ints: a numpy scalar costs per
             # access), read once for the step timer and the rows
             present = frozenset(ctx.req_ids[:n])
             counts: list[int] = num_tokens_no_spec[:n].tolist()
             if timed:
                 emitted = sum(len(row) for row in sampled_token_ids)
-                self._time_step(ctx, present, counts, emitted, start)
+                self._time_step(ctx, present, counts, emitted, start, skipped)
             if len(ctx.req_ids) < n:
                 raise RuntimeError(f"batch context has {len(ctx.req_ids)} rows, call has {n}")
             finished = ctx.finished_req_ids
@@ -493,6 +515,16 @@ class DraftSession:
                     scheduled = spec.get(rid, ())
                     drafted = len(scheduled)
                     sent = state.sent
+                    if skipped and sent is not None and num_tokens - len(sampled) > state.fed:
+                        # the request emitted tokens in a step between the calls (fed: its
+                        # tokens when the draft was sent): the draft was verified there, in
+                        # a step whose draft call vLLM skipped, and this step verified the
+                        # zeros vLLM put in its place. Dropped, not counted: that step's
+                        # schedule never reaches the drafter, so how much of the draft the
+                        # scheduler kept (token budget, grammar) is not known — a rejection
+                        # and a cut read alike in the tokens — and with several steps
+                        # between the calls neither is the draft's own emitted count.
+                        drafted = 0
                     if drafted and sent is not None and list(scheduled) == sent[:drafted]:
                         accepted = min(drafted, max(0, len(sampled) - 1))
                         block = None if stops_queued else blocks.get(rid)
@@ -606,17 +638,25 @@ class DraftSession:
         return broke
 
     def _time_step(
-        self, ctx: BatchContext, ids: frozenset[str], counts: list[int], emitted: int, t0: float
+        self,
+        ctx: BatchContext,
+        ids: frozenset[str],
+        counts: list[int],
+        emitted: int,
+        t0: float,
+        skipped: bool = False,
     ) -> None:
         """Report the engine step that ran since the last draft call (see module doc):
         ``ids`` are the call's request ids, ``counts`` its rows' token counts, ``emitted``
-        the tokens the step sampled (accepted drafts included)."""
+        the tokens the step sampled (accepted drafts included); ``skipped``: steps without
+        a draft call ran since the last call (the gap spans them: not reported)."""
         timer = self.step_timer
         assert timer is not None
         try:
             last = self._last_step_end
             if (
                 last is not None
+                and not skipped
                 and last[0] == threading.get_ident()  # a per-thread step clock: same thread
                 and not ids.isdisjoint(self._last_ids)
             ):

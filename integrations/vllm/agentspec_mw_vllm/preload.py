@@ -8,11 +8,12 @@ decoding that the missing Intel OpenMP "will cause significant performance loss"
 
 ``LD_PRELOAD`` only acts when a process starts, so it cannot be set from inside the
 engine's own process: launchers put :func:`preload_env`'s value in the environment of
-the process they start (``scripts/demo.sh`` through ``python -m agentspec_mw_vllm.preload``,
-``agentspec serve``'s server process, ``agentspec bench``'s engine processes).
+the process they start (``agentspec serve``'s server process, ``agentspec bench``'s engine
+processes; a shell through ``python -m agentspec_mw_vllm.preload``).
 ``AGENTSPEC_PRELOAD=0`` (or ``false``, ``no``, ``off``) turns it off; ``1``, ``true``,
 ``yes``, ``on`` or unset leave it on, and any other value is an error
-(:func:`preload_enabled`). Libraries that are not installed are skipped.
+(:func:`preload_enabled`). Libraries that are not installed are skipped, and so (with a
+warning) is one whose path holds a space or a colon: ``LD_PRELOAD`` splits at both.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from __future__ import annotations
 import glob
 import os
 import platform
+import re
 import sys
+import warnings
 from collections.abc import Mapping
 
 __all__ = ["PRELOAD_ENV", "find_preload_libs", "preload_enabled", "preload_env", "with_preload"]
@@ -33,7 +36,31 @@ _OFF = ("0", "false", "no", "off")
 _ON = ("1", "true", "yes", "on", "")
 
 _TCMALLOC = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
-_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
+_LIB_DIRS = ("/usr/lib64", "/usr/lib", "/usr/local/lib")
+_SPLITS = re.compile(r"[\s:]")
+"""What ``LD_PRELOAD`` splits its list at (the dynamic loader takes spaces and colons)."""
+
+
+def _lib_dirs() -> list[str]:
+    """Where the system's libraries are: this machine's multiarch folder first (Debian's
+    ``/usr/lib/x86_64-linux-gnu``, ``/usr/lib/aarch64-linux-gnu``, ...), any other, then
+    :data:`_LIB_DIRS`."""
+    multiarch = getattr(sys.implementation, "_multiarch", "") or f"{platform.machine()}-linux-gnu"
+    dirs = [f"/usr/lib/{multiarch}", *sorted(glob.glob("/usr/lib/*-linux-gnu")), *_LIB_DIRS]
+    return list(dict.fromkeys(dirs))
+
+
+def _preloadable(path: str) -> bool:
+    """Whether ``path`` can go into ``LD_PRELOAD``; warns when it cannot."""
+    if _SPLITS.search(path):
+        warnings.warn(
+            f"not preloading {path!r} for vLLM's CPU backend: LD_PRELOAD splits paths at "
+            "spaces and colons (install it, or the environment, under a path without them)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    return True
 
 
 def find_preload_libs(prefix: str | None = None) -> list[str]:
@@ -46,14 +73,17 @@ def find_preload_libs(prefix: str | None = None) -> list[str]:
     if not sys.platform.startswith("linux"):
         return []
     found: list[str] = []
+    dirs = _lib_dirs()
     for name in _TCMALLOC:
-        hits = [os.path.join(d, name) for d in _LIB_DIRS if os.path.exists(os.path.join(d, name))]
+        hits = [os.path.join(d, name) for d in dirs if os.path.exists(os.path.join(d, name))]
         if hits:
-            found.append(hits[0])
+            if _preloadable(hits[0]):
+                found.append(hits[0])
             break
     if platform.machine() in ("x86_64", "AMD64"):
-        iomp = sorted(glob.glob(os.path.join(prefix or sys.prefix, "lib", "libiomp5.so")))
-        found += iomp[:1]
+        iomp = os.path.join(prefix or sys.prefix, "lib", "libiomp5.so")
+        if os.path.exists(iomp) and _preloadable(iomp):
+            found.append(iomp)
     return found
 
 
@@ -95,7 +125,7 @@ def preload_env(environ: Mapping[str, str] | None = None, prefix: str | None = N
 
     if not is_cpu_build():
         return current
-    parts = [p for p in current.split(":") if p]
+    parts = [p for p in _SPLITS.split(current) if p]
     names = {os.path.basename(p) for p in parts}
     for lib in find_preload_libs(prefix):
         if os.path.basename(lib) not in names:
@@ -112,7 +142,7 @@ def with_preload(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-if __name__ == "__main__":  # scripts/demo.sh: export LD_PRELOAD="$(python -m ...)"
+if __name__ == "__main__":  # a shell: export LD_PRELOAD="$(python -m ...)"
     try:
         print(preload_env())
     except ValueError as exc:

@@ -699,6 +699,20 @@ def test_preload_finds_the_libraries_and_can_be_turned_off(
     assert preload.preload_env({}, prefix=str(tmp_path)) == ""  # CUDA hosts: untouched
 
 
+def test_no_preload_engines_drop_an_exported_preload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shell that exported the preload (``export LD_PRELOAD=$(python -m
+    agentspec_mw_vllm.preload)``) does not reach ``--preload off``'s engines; other
+    preloaded libraries stay."""
+    from agentspec_mw_langgraph.bench import NO_PRELOAD, engine_env
+
+    exported = "/usr/lib/x/libtcmalloc_minimal.so.4:/opt/libfoo.so /venv/lib/libiomp5.so"
+    monkeypatch.setenv("LD_PRELOAD", exported)
+    env = engine_env("none" + NO_PRELOAD)
+    assert env["LD_PRELOAD"] == "/opt/libfoo.so" and env["AGENTSPEC_PRELOAD"] == "0"
+    monkeypatch.setenv("LD_PRELOAD", "/venv/lib/libiomp5.so")
+    assert "LD_PRELOAD" not in engine_env("agentspec" + NO_PRELOAD)
+
+
 @pytest.mark.engine
 @pytest.mark.slow
 @pytest.mark.timeout(120)

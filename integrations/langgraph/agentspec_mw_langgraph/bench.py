@@ -271,16 +271,15 @@ def engine_env(label: str) -> dict[str, str]:
     counts), quiet vLLM logs, an in-process engine core, and vLLM's CPU preload unless the
     label is a ``/no-preload`` variant."""
     from agentspec_mw_vllm.engine import env_defaults
-    from agentspec_mw_vllm.preload import PRELOAD_ENV, with_preload
+    from agentspec_mw_vllm.preload import with_preload, without_preload
 
     env = dict(os.environ)
     for key, value in env_defaults(env).items():
         env.setdefault(key, value)
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    if label.endswith(NO_PRELOAD):
-        env[PRELOAD_ENV] = "0"
-        return env
+    if label.endswith(NO_PRELOAD):  # also out of an LD_PRELOAD the shell exported
+        return without_preload(env)
     return with_preload(env)
 
 

@@ -26,7 +26,14 @@ import sys
 import warnings
 from collections.abc import Mapping
 
-__all__ = ["PRELOAD_ENV", "find_preload_libs", "preload_enabled", "preload_env", "with_preload"]
+__all__ = [
+    "PRELOAD_ENV",
+    "find_preload_libs",
+    "preload_enabled",
+    "preload_env",
+    "with_preload",
+    "without_preload",
+]
 
 #: ``0`` (``false``, ``no``, ``off``) turns the preload off (for a before/after measurement,
 #: or a host where it breaks): :func:`preload_enabled`.
@@ -36,6 +43,7 @@ _OFF = ("0", "false", "no", "off")
 _ON = ("1", "true", "yes", "on", "")
 
 _TCMALLOC = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
+_IOMP = "libiomp5.so"
 _LIB_DIRS = ("/usr/lib64", "/usr/lib", "/usr/local/lib")
 _SPLITS = re.compile(r"[\s:]")
 """What ``LD_PRELOAD`` splits its list at (the dynamic loader takes spaces and colons)."""
@@ -81,7 +89,7 @@ def find_preload_libs(prefix: str | None = None) -> list[str]:
                 found.append(hits[0])
             break
     if platform.machine() in ("x86_64", "AMD64"):
-        iomp = os.path.join(prefix or sys.prefix, "lib", "libiomp5.so")
+        iomp = os.path.join(prefix or sys.prefix, "lib", _IOMP)
         if os.path.exists(iomp) and _preloadable(iomp):
             found.append(iomp)
     return found
@@ -139,6 +147,22 @@ def with_preload(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     value = preload_env(env)
     if value:
         env["LD_PRELOAD"] = value
+    return env
+
+
+def without_preload(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A copy of ``environ`` (default ``os.environ``) with ``AGENTSPEC_PRELOAD=0`` and the
+    libraries :func:`find_preload_libs` would add taken out of an inherited ``LD_PRELOAD``
+    (a shell that exported the preload), others kept: a process started without it."""
+    env = dict(os.environ if environ is None else environ)
+    env[PRELOAD_ENV] = "0"
+    ours = {*_TCMALLOC, _IOMP}
+    kept = [p for p in _SPLITS.split(env.get("LD_PRELOAD", "")) if p]
+    kept = [p for p in kept if os.path.basename(p) not in ours]
+    if kept:
+        env["LD_PRELOAD"] = ":".join(kept)
+    else:
+        env.pop("LD_PRELOAD", None)
     return env
 
 

@@ -157,3 +157,24 @@ def test_demo_command_end_to_end(
     assert "acceptance: worker" in text and "rejection rate" in text
     assert out.with_suffix(".png").stat().st_size > 1000
     assert "agentspec" in out.with_suffix(".txt").read_text()
+
+
+def test_run_demo_gives_proposer_options_only_to_proposer_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cost_model`` reaches the AgentSpec run's engine, not none's or SuffixDecoding's
+    (whose engines refuse it: ``check_drafter_options``); other options reach every run."""
+    from agentspec_mw_langgraph import demo
+
+    seen: dict[str, dict[str, Any]] = {}
+
+    def fake_run_engine(label: str, spec: str | None, **kwargs: Any) -> DemoRun:
+        seen[label] = kwargs
+        return _run(label, 1.0, 10, 0, 0)
+
+    monkeypatch.setattr(demo, "run_engine", fake_run_engine)
+    drafters = (("none", None), ("suffix", "suffix"), ("agentspec", "agentspec"))
+    demo.run_demo(drafters=drafters, out=tmp_path / "d", cost_model="measured", dtype="float32")
+    assert seen["agentspec"]["cost_model"] == "measured"
+    assert "cost_model" not in seen["none"] and "cost_model" not in seen["suffix"]
+    assert all(kw["dtype"] == "float32" for kw in seen.values())

@@ -399,6 +399,20 @@ def outputs_identical(runs: Sequence[DemoRun]) -> bool:
     return all(r.outputs == runs[0].outputs for r in runs[1:])
 
 
+_PROPOSER_OPTIONS = ("cost_model", "proposer_options")
+
+
+def _options_for(spec: str | None, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` for a run drafting with ``spec``: without this project's proposer
+    options where ``spec`` runs none of its proposers (no drafter, vLLM's own methods),
+    which :func:`agentspec_mw_vllm.engine.check_drafter_options` refuses."""
+    from agentspec_mw_vllm.engine import VLLM_METHODS
+
+    if spec is None or spec in VLLM_METHODS:
+        return {k: v for k, v in options.items() if k not in _PROPOSER_OPTIONS}
+    return options
+
+
 def run_demo(
     *,
     model: str | None = None,
@@ -412,7 +426,9 @@ def run_demo(
     **engine_options: Any,
 ) -> list[DemoRun]:
     """Run the demo, print the table and the identical-outputs verdict, write
-    ``<out>.png`` and ``<out>.txt`` (the table); return the runs."""
+    ``<out>.png`` and ``<out>.txt`` (the table); return the runs. ``engine_options`` go to
+    every run's engine, but ``cost_model`` and ``proposer_options`` (this project's
+    proposers' options) only to the runs of such a proposer."""
     if server_url is not None:
         runs = [
             run_server(
@@ -429,7 +445,7 @@ def run_demo(
                 max_tokens=max_tokens,
                 topics=topics,
                 progress=progress,
-                **engine_options,
+                **_options_for(spec, engine_options),
             )
             for label, spec in drafters
         ]

@@ -36,6 +36,10 @@ settings share one such engine per process (:mod:`~.shared`).
 Each message's ``response_metadata["speculative_decoding"]`` holds the call's
 ``num_draft_tokens`` and ``num_accepted_draft_tokens`` when the engine reports them
 (vLLM's per-request spec-decode metrics, on in ``build_llm`` engines that speculate).
+A stream's last chunk carries them, with ``finish_reason``, the usage and the tool call
+chunks; it is marked ``chunk_position="last"``, so LangChain appends no empty chunk after
+it (``list(model.stream(...))[-1]`` is that chunk, in ``astream`` and a graph's
+``stream_mode="messages"`` too).
 """
 
 from __future__ import annotations
@@ -190,11 +194,14 @@ class ChatAgentSpecVLLM(BaseChatModel):
         """A model the engine built on first use could not load, or a drafter name that is
         neither a builtin nor a dotted path, fails here, not seconds into the first call
         (:func:`agentspec_mw.default_model.check_model`,
-        :func:`agentspec_mw.registry.proposer_target`)."""
+        :func:`agentspec_mw.registry.proposer_target`), as do ``engine_options``'
+        ``cost_model`` / ``proposer_options`` with a ``speculative`` that runs none of this
+        project's proposers (``None``, ``"ngram"``, ``"suffix"``: refused, not ignored)."""
         if self.engine is None:
             check_model(self.model)
             if self.speculative is not None:
                 proposer_target(self.speculative)
+            _check_drafter_options(self.speculative, self.engine_options)
         return self
 
     @property
@@ -545,6 +552,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
                     tool_call_chunks=_call_chunks(message),
                     response_metadata=meta,
                     usage_metadata=message.usage_metadata,
+                    chunk_position="last",
                 )
             )
             return
@@ -558,8 +566,21 @@ class ChatAgentSpecVLLM(BaseChatModel):
                 content=pieces[-1] if pieces else "",
                 response_metadata=meta,
                 usage_metadata=message.usage_metadata,
+                chunk_position="last",
             )
         )
+
+
+def _check_drafter_options(speculative: str | None, options: dict[str, Any]) -> None:
+    """``build_llm``'s check of the proposer options in ``options``, at construction (none
+    where the engine package is missing: the build reports that)."""
+    if "cost_model" not in options and "proposer_options" not in options:
+        return
+    try:
+        from agentspec_mw_vllm.engine import check_drafter_options
+    except ImportError:
+        return
+    check_drafter_options(speculative, options.get("proposer_options"), options.get("cost_model"))
 
 
 def _call_chunks(message: AIMessage) -> list[ToolCallChunk]:
@@ -691,9 +712,13 @@ class _DeltaChunker:
         self.text = ""
         self.emitted = 0
         self.in_block = False
+        self.finished = False
 
     def feed(self, kind: str, value: Any) -> Iterable[ChatGenerationChunk]:
+        if self.finished:  # one chunk per stream is the last: nothing follows it
+            return []
         if kind == "final":
+            self.finished = True
             return [self._finish(value)]
         self.text += str(value)
         if self.in_block:
@@ -719,6 +744,8 @@ class _DeltaChunker:
         return [ChatGenerationChunk(message=AIMessageChunk(content=piece))]
 
     def _finish(self, result: GenerationResult) -> ChatGenerationChunk:
+        """The stream's last chunk, marked ``chunk_position="last"`` (else LangChain appends
+        an empty one after it, and the stats would not be in the last chunk)."""
         message = self.model._message(result, self.request, self.response_format)
         meta = dict(message.response_metadata)
         calls = message.tool_calls or message.invalid_tool_calls
@@ -739,5 +766,6 @@ class _DeltaChunker:
                 tool_call_chunks=_call_chunks(message),
                 response_metadata=meta,
                 usage_metadata=message.usage_metadata,
+                chunk_position="last",
             )
         )

@@ -64,6 +64,7 @@ __all__ = [
     "apply_env_defaults",
     "build_async_llm",
     "build_llm",
+    "check_drafter_options",
     "default_dtype",
     "default_eager",
     "engine_counters",
@@ -164,6 +165,25 @@ def apply_env_defaults(*, in_process: bool) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
+def check_drafter_options(
+    speculative: str | None,
+    proposer_options: Mapping[str, Any] | None = None,
+    cost_model: str | None = None,
+) -> None:
+    """Refuse ``cost_model`` / ``proposer_options`` (options of this project's proposers)
+    with a ``speculative`` that runs none (``None``, or vLLM's own ``"ngram"`` /
+    ``"suffix"``), instead of ignoring them (the check of ``agentspec serve``)."""
+    if (speculative is None or speculative in VLLM_METHODS) and (
+        cost_model is not None or proposer_options
+    ):
+        given = "cost_model" if cost_model is not None else "proposer_options"
+        raise ValueError(
+            f"{given} configures this project's proposers, which speculative="
+            f"{speculative!r} does not run: leave it out, or choose "
+            "speculative='agentspec' (or a proposer's dotted path)"
+        )
+
+
 def engine_kwargs(
     model: str | None = None,
     *,
@@ -181,9 +201,13 @@ def engine_kwargs(
     of the module docstring; ``llm_kwargs`` override them.
 
     Raises:
-        ValueError: ``k < 1``, or ``max_model_len`` too small to leave ``k`` tokens of
-            headroom (vLLM skips drafting near the limit).
+        ValueError: ``k < 1``, ``max_model_len`` too small to leave ``k`` tokens of
+            headroom (vLLM skips drafting near the limit), or ``cost_model`` /
+            ``proposer_options`` with a ``speculative`` that runs none of this project's
+            proposers (``None``, ``"ngram"``, ``"suffix"``: refused, not ignored, as
+            ``agentspec serve`` refuses ``--cost-model`` / ``--proposer-options``).
     """
+    check_drafter_options(speculative, proposer_options, cost_model)
     if k < 1:
         raise ValueError(f"k={k} must be >= 1")
     if max_model_len < 4 * k:

@@ -42,7 +42,7 @@ class TaggingConfig(BaseModel):
     trace_path: Path | None = None
     """Append every LLM call to this JSONL file (the ``TraceRecord`` schema); ``None``: off."""
     trace_workload: str = Field(default="langgraph", min_length=1)
-    """The ``workload`` field of recorded traces."""
+    """The ``workload`` field of recorded traces (not ``ALL``: the replay's pooled rows)."""
     routing_granularity: RoutingGranularity = "query"
     """Which calls share a replica behind a router (the ``routing_header`` value): ``query``
     (scope + query: a query's agents, fan-out siblings, retries and repeats draft from one
@@ -57,6 +57,14 @@ class TaggingConfig(BaseModel):
     @classmethod
     def _check_header(cls, v: str) -> str:
         return check_header_name(v)
+
+    @field_validator("trace_workload")
+    @classmethod
+    def _check_workload(cls, v: str) -> str:
+        # a TraceRecord refuses it: every record would fail at the end of its call
+        if v == "ALL":  # agentspec replay's pooled rows (agentspec_mw.replay.run.ALL)
+            raise ValueError("'ALL' is the name of the replay's pooled rows: rename the workload")
+        return v
 
     @field_validator("tags_blocks")
     @classmethod

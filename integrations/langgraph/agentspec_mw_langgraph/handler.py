@@ -90,6 +90,7 @@ from agentspec_mw_langgraph.context import (
     set_current_tags,
 )
 from agentspec_mw_langgraph.messages import (
+    has_tool_calls,
     is_tool_result,
     output_text,
     to_openai_messages,
@@ -162,6 +163,7 @@ class _Run:
     namespace: str
     push_index: int | None
     run_id: UUID | None = None  # None: known from a call's metadata only
+    tool_call_id: str | None = None  # a tool run's, from its start (an error has no output)
 
 
 @dataclass
@@ -181,6 +183,7 @@ class _Root:
     # node run -> ordinals of its failed calls, handed out again (smallest first)
     free_ordinals: dict[UUID | None, set[int]] = field(default_factory=dict)
     attempts: dict[_AttemptKey, _Attempt] = field(default_factory=dict)
+    failed_runs: set[UUID] = field(default_factory=set)  # node runs ended by an error
 
 
 @dataclass
@@ -199,6 +202,7 @@ class _Instance:
 @dataclass
 class _Query:
     graph: RedundancyGraph
+    trace_run: str  # the run_id of its trace records (see _open_query)
     active_roots: int = 0
     next_call_index: int = 0
     instances: dict[str, _Instance] = field(default_factory=dict)
@@ -216,6 +220,7 @@ class _Live:
     query_id: str
     tags: StructureTags
     call_index: int
+    trace_run: str  # its trace record's run_id
     after_tool: bool
     prompt: list[dict[str, Any]] | str
     model: str
@@ -301,6 +306,18 @@ def _push_index(path: Any) -> int | None:
     else:
         index = path[1]
     return index if isinstance(index, int) else None
+
+
+def _invocation(namespace: str) -> str:
+    """``".<n>"`` when the task of ``namespace`` (its last part) runs in the ``n``-th
+    re-invocation (``n >= 1``) of its graph by the calling task: LangGraph counts a task's
+    repeated invocations of one subgraph with an all-digit part before the inner task's
+    (``"outer:t1|1|worker:t3"``); ``""`` for the first invocation or a root-graph task."""
+    parts = namespace.split("|")[:-1]
+    digits = []
+    while parts and parts[-1].isdigit():
+        digits.append(parts.pop())
+    return "".join(f".{d}" for d in reversed(digits))
 
 
 def _is_retry(previous: _Attempt, levels: Sequence[_Run]) -> bool:
@@ -425,7 +442,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             query_id = _bounded(
                 derive.query_id_for(str(run_id), thread, self.config.tags_query_from_thread)
             )
-            query = self._open_query(query_id)
+            query = self._open_query(query_id, run_id)
             # a re-run of a failed root's tasks: their attempts are retried
             self._roots[root] = _Root(query_id=query_id, attempts=query.failed_attempts)
             query.failed_attempts = {}
@@ -456,10 +473,19 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             handlers = list(_HANDLERS)
         return any(h is not self and parent_run_id in h._runs for h in handlers)
 
-    def _open_query(self, query_id: str) -> _Query:
+    def _open_query(self, query_id: str, root: UUID) -> _Query:
+        """The state of query ``query_id``, which root run ``root`` starts or joins. A new
+        one counts its calls from 0 under a trace run id of its own: the query id, plus
+        the root run that opened it when the query id does not name that run (a thread's
+        query: its state goes when the thread leaves ``graph_history``, and another
+        handler or process may append the same thread's calls to the same file), so no
+        two recordings share a ``(run_id, call_index)``."""
         query = self._queries.get(query_id) or self._finished.pop(query_id, None)
         if query is None:
-            query = _Query(graph=RedundancyGraph(query_id, self.config.graph_max_calls))
+            trace_run = query_id if str(root) in query_id else _bounded(f"{query_id}|run:{root}")
+            query = _Query(
+                graph=RedundancyGraph(query_id, self.config.graph_max_calls), trace_run=trace_run
+            )
         query.active_roots += 1
         self._queries[query_id] = query
         return query
@@ -483,8 +509,13 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         query = self._queries.get(root.query_id)
         if query is None:
             return
-        if failed:
-            query.failed_attempts.update(root.attempts)
+        if failed:  # the attempts of the tasks that failed, not of those interrupted (a
+            # handler given to the model only sees no node run: all of its attempts)
+            query.failed_attempts.update(
+                (key, attempt)
+                for key, attempt in root.attempts.items()
+                if any(rid is None or rid in root.failed_runs for rid, _ in attempt.levels)
+            )
         query.active_roots -= 1
         if query.active_roots <= 0:
             del self._queries[root.query_id]
@@ -519,7 +550,12 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         try:
             with self._lock:
-                self._release(run_id, failed=not _is_interrupt(error))
+                failed = not _is_interrupt(error)
+                run = self._runs.get(run_id)
+                root = self._roots.get(run.root) if run is not None else None
+                if failed and run is not None and run.node is not None and root is not None:
+                    root.failed_runs.add(run_id)
+                self._release(run_id, failed=failed)
         except Exception as exc:  # noqa: BLE001
             self._failed("on_chain_error", exc)
 
@@ -588,14 +624,14 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         with self._lock:
             self._stats.llm_calls += 1
         try:
-            tags = self._tag_call(serialized, prompt, run_id, parent_run_id, md, kwargs)
+            tags, fanout = self._tag_call(serialized, prompt, run_id, parent_run_id, md, kwargs)
         except Exception as exc:  # noqa: BLE001 - the error policy: no tags for this call
             with self._lock:
                 if run_id in self._roots:  # a call outside a graph: nothing will end it
                     self._release(run_id)
             self._failed("tagging an LLM call", exc)
             return
-        key = tags_routing_key(tags, self.config.routing_granularity)
+        key = tags_routing_key(tags, self.config.routing_granularity, fanout=fanout)
         headers = {} if key is None else {self.config.routing_header: key}
         # an ended ticket reads as ``previous`` in contexts its end event did not reach
         ticket = CallTicket(
@@ -712,7 +748,8 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         parent_run_id: UUID | None,
         md: Mapping[str, Any],
         kwargs: Mapping[str, Any],
-    ) -> StructureTags:
+    ) -> tuple[StructureTags, str | None]:
+        """The call's tags and its fan-out's routing group (``None``: not in a fan-out)."""
         params: Mapping[str, Any] = kwargs.get("invocation_params") or {}
         ids = (serialized or {}).get("id") or []
         model_name = str(kwargs.get("name") or (ids[-1] if ids else "") or "llm")
@@ -800,12 +837,18 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             graph = query.graph
             graph.add_call(call)
             qid = root.query_id
-            tmpl = "/".join(f"{n}@{s}" for n, s in template)
+            # the fan-out ids' step template also counts each level's graph invocation: the
+            # tasks of a subgraph a node runs twice take the same steps in both runs (the
+            # superstep id does not: invocations of a batch run in one superstep)
+            runs = [_invocation(lv.namespace) for lv in levels]
+            pieces = [f"{n}@{s}{inv}" for (n, s), inv in zip(template, runs, strict=True)]
+            tmpl = "/".join(pieces)
             # relations: all of them in the graph; on the tags only the fan-out group. A
             # node's retries and repeats are the same agent in the same query, so they share
             # the proposer's (agent, query) key with its first call: a group id of their own,
             # known only from the second call on, would split that key in two.
             group: tuple[str, Any] | None = None
+            fanout: str | None = None  # the fan-out's routing group: see routing.py
             # keyed by steps, not the namespace: a retried subgraph's inner tasks get new ids
             attempt_key = (tuple((lv.node, lv.step, lv.push_index) for lv in levels), ordinal)
             found = root.attempts.get(attempt_key) if inner else None
@@ -821,13 +864,16 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             if inner is not None:
                 marks = tuple((lv.run_id, lv.namespace) for lv in levels)
                 root.attempts[attempt_key] = _Attempt(call.call_id, first_ns, marks)
-            if any(lv.push_index is not None for lv in levels):
-                # bounded before the ordinal: tags_routing_key strips "#<ordinal>" to keep
-                # a sibling's calls on one key, which a hash of the whole id would defeat
+            pushed = [i for i, lv in enumerate(levels) if lv.push_index is not None]
+            if pushed:
+                # bounded before the ordinal, so that a group id of the whole still holds it
                 suffix = f"#{ordinal}"
                 gid = _bounded(f"{qid}|fanout|{tmpl}", MAX_ID_CHARS - len(suffix)) + suffix
                 graph.join(gid, "fanout", call.call_id)
                 group = (gid, "fanout")
+                # the fan-out itself: its template up to the level its siblings were pushed
+                # at, so a sibling's calls at any inner step or position share its key
+                fanout = _bounded(f"{qid}|fanout|{'/'.join(pieces[: pushed[-1] + 1])}")
             if inner is not None:  # same superstep at every graph level: parallel agents
                 steps = "/".join(str(s) for _, s in template)
                 graph.join(_bounded(f"{qid}|superstep|{steps}"), "superstep", call.call_id)
@@ -872,13 +918,14 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                 query_id=qid,
                 tags=tags,
                 call_index=query.next_call_index,
+                trace_run=query.trace_run,
                 after_tool=after_tool,
                 prompt=wire_prompt,
                 model=str(params.get("model") or params.get("model_name") or model_name),
             )
             query.next_call_index += 1
             self._stats.tags_derived += 1
-            return tags
+            return tags, fanout
 
     @staticmethod
     def _place_call(query: _Query, instance: str, scope: object, call_id: str) -> str | None:
@@ -985,7 +1032,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                     first = response.generations[0] if response.generations else None
                     gen = first[0] if first else None
                     message = getattr(gen, "message", None)
-                    calls = bool(getattr(message, "tool_calls", None))
+                    calls = has_tool_calls(message)  # invalid ones too: still a call
                     call.actual_segment = derive.actual_segment(call.segment, calls)
                     if live.after_tool and query is not None:
                         query.after_tool[call.agent_id] = call.actual_segment
@@ -1013,7 +1060,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             {
                 "workload": self.config.trace_workload,
                 "source": _TRACE_SOURCE,
-                "run_id": live.query_id,
+                "run_id": live.trace_run,
                 "call_index": live.call_index,
                 "agent": call.agent_id,
                 "segment_hint": call.segment or "other",
@@ -1029,6 +1076,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                     "actual_segment": call.actual_segment,
                     "model": live.model,
                     "call_id": call.call_id,
+                    "query_id": live.query_id,
                 },
             }
         )
@@ -1065,6 +1113,8 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                 namespace = str(md.get("langgraph_checkpoint_ns", ""))
                 node = md.get("langgraph_node")
                 query = self._queries[self._roots[run.root].query_id]
+                tool_call_id = kwargs.get("tool_call_id")  # LangChain passes it for a ToolCall
+                run.tool_call_id = str(tool_call_id) if tool_call_id else None
                 query.graph.add_call(
                     CallNode(
                         call_id=str(run_id),
@@ -1092,7 +1142,9 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             if query is None or call is None or call.status != "running":
                 return
             call.status = "ok" if status == "ok" else "error"
-            tool_call_id = getattr(output, "tool_call_id", None)
+            # a tool that raised has no output; a ToolNode that handles the error still
+            # feeds its message back under the call's id
+            tool_call_id = getattr(output, "tool_call_id", None) or run.tool_call_id
             if tool_call_id:
                 query.observations[str(tool_call_id)] = call.call_id
                 while len(query.observations) > _MAX_OBSERVATIONS:  # oldest first

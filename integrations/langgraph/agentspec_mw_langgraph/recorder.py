@@ -5,7 +5,12 @@ them (which may run on the event loop) never waits for the disk. :meth:`close` (
 at interpreter exit) drains the queue and stops the thread; a record queued after it
 starts a new one (after the old one finished), so flushing with ``close()`` between runs
 loses nothing. The file is appended to, so several runs can share it;
-``agentspec replay --traces FILE`` reads it. A file that cannot be opened (a folder,
+``agentspec replay --traces FILE`` reads it. The handler gives each recording a run id of
+its own (``run:<root run id>``, or ``thread:<id>|run:<root run id>`` for a thread's query,
+whose id is in the record's ``meta["query_id"]``) with ``call_index`` counted from 0, so
+records several handlers or processes append, or one handler appends again after a
+thread left its ``graph_history``, never repeat a ``(run_id, call_index)``, which the
+loader refuses. A file that cannot be opened (a folder,
 no permission) is logged once; its records are then counted in :attr:`TraceRecorder.
 failed` and dropped, never queued up.
 """

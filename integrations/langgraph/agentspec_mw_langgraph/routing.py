@@ -12,7 +12,8 @@ of :attr:`TaggingConfig.routing_granularity
 * ``"query"`` (default): isolation scope + query id. A query's agents, fan-out siblings,
   retries and repeats share a replica; different queries spread over the replicas.
 * ``"fanout"``: the calls of a ``Send`` fan-out's siblings get scope + query + that
-  fan-out, so different fan-outs of one query may go to different replicas; other calls
+  fan-out (every call of a sibling: also the turns of a subgraph it runs), so different
+  fan-outs of one query may go to different replicas; other calls
   (and retries, whose group is the retry) get the query key. More spread for queries with
   several wide fan-outs, less history shared between a fan-out and the rest of its query.
 * ``"tenant"``: the scope alone. Most shared history (repeats across queries of a tenant),
@@ -96,12 +97,18 @@ def routing_key(
     return f"as-{digest}"
 
 
-def tags_routing_key(tags: StructureTags, granularity: RoutingGranularity) -> str | None:
+def tags_routing_key(
+    tags: StructureTags, granularity: RoutingGranularity, *, fanout: str | None = None
+) -> str | None:
     """:func:`routing_key` of a call's tags. Only ``fanout`` groups count as groups, and
-    without their call position (the handler's ``...#<ordinal>`` suffix), so a sibling's
-    successive calls stay with the fan-out."""
+    as the fan-out, not the call's position in a sibling: ``fanout`` names it (the handler
+    passes its step template up to the level the siblings were pushed at, so a sibling's
+    calls at inner steps, e.g. the turns of a subgraph it runs, stay with the fan-out);
+    without it, the group id less the handler's ``...#<ordinal>`` suffix."""
     group = tags.group_id if tags.group_kind == "fanout" else None
-    if group is not None:
+    if group is not None and fanout is not None:
+        group = fanout
+    elif group is not None:
         head, _, ordinal = group.rpartition("#")
         group = head if head and ordinal.isdigit() else group
     return routing_key(tags.scope, tags.query_id, group, granularity=granularity)

@@ -9,8 +9,10 @@ then::
     python examples/agent_middleware.py --base-url http://127.0.0.1:8000/v1
 
 The agent is ordinary LangChain code; the AgentSpec line is the middleware, which puts
-each model call's structure tags into the request (``vllm_xargs``) and into the model
-run's metadata. ``with_agentspec(agent, engine=base_url)`` does the same from outside
+each model call's structure tags into the request to the ``engine=`` server
+(``vllm_xargs``) and into the model run's metadata. It goes last in ``middleware=[...]``,
+so that it tags the request that goes out after the other middleware changed it.
+``with_agentspec(agent, engine=base_url)`` does the same from outside
 (examples/remote_server.py). The tiny default model calls a tool only after an example
 exchange, so the conversation starts with one; a larger model does not need it.
 """
@@ -60,12 +62,13 @@ def build_agent(
     chat_kwargs.setdefault("api_key", "unused")  # vLLM ignores it unless --api-key is set
     chat_kwargs.setdefault("temperature", 0)
     llm = ChatOpenAI(model=model, base_url=base_url, **chat_kwargs)
-    tagging = AgentSpecMiddleware(TaggingConfig(tags_scope=scope))
+    tagging = AgentSpecMiddleware(TaggingConfig(tags_scope=scope), engine=base_url)
     agent = create_agent(
         llm,
         tools=[get_weather],
-        # a small model can call tools forever: stop after two model calls
-        middleware=[tagging, ModelCallLimitMiddleware(run_limit=2, exit_behavior="end")],
+        # a small model can call tools forever: stop after two model calls; the tagging
+        # middleware goes last, to tag the model call as the middleware before it leave it
+        middleware=[ModelCallLimitMiddleware(run_limit=2, exit_behavior="end"), tagging],
     )
     return agent, tagging
 

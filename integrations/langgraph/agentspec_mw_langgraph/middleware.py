@@ -5,34 +5,59 @@
     from langchain.agents import create_agent
     from agentspec_mw_langgraph import AgentSpecMiddleware
 
-    agent = create_agent(model, tools, middleware=[AgentSpecMiddleware()])
+    agent = create_agent(
+        model, tools, middleware=[..., AgentSpecMiddleware(engine="http://127.0.0.1:8000/v1")]
+    )
 
 Its ``wrap_model_call``/``awrap_model_call`` derive the tags of each model call from the
 agent's state and runtime and attach them to the request:
 
-* **agent_id** -- ``agent=`` when given, else the model node's place in the graph
-  (``model``; ``researcher/model`` when the agent runs as node ``researcher`` of a parent
-  graph), as :func:`~agentspec_mw_langgraph.with_agentspec` derives it;
+* **agent_id** -- ``agent=`` when given; else the name ``create_agent(name=...)`` gave
+  the agent (its runs' ``lc_agent_name`` metadata), after the nodes it runs under
+  (``planner``; ``tools/planner`` when a tool of another agent invokes it); else the
+  model node's place in the graph (``model``; ``researcher/model`` when the agent runs
+  as node ``researcher`` of a parent graph), as
+  :func:`~agentspec_mw_langgraph.with_agentspec` derives it;
 * **query_id** -- ``thread:<thread_id>`` when the run has one (and
   ``TaggingConfig.tags_query_from_thread``), else ``run:<id>`` of this invocation (set
   when it starts and checkpointed, so an interrupted and resumed invocation keeps it);
-* **segment** -- the rule of :mod:`~agentspec_mw_langgraph.derive` from the request's
-  tools, ``tool_choice`` and last message; after a tool result, what the agent's last
-  answer to a tool result was;
+* **segment** -- the rule of :mod:`~agentspec_mw_langgraph.derive` from the tools and
+  ``tool_choice`` the model is called with (with a ``response_format`` that
+  ``create_agent`` serves as a tool -- ``ToolStrategy``, or a schema the model has no
+  native structured output for -- that adds the schema's tool and forces a tool call)
+  and the last message; after a tool result, what the agent's last answer to a tool
+  result was;
 * **group** -- none: a ``create_agent`` agent has no ``Send`` fan-out, and its later
   model calls (tool-loop turns) are the same agent in the same query, so ``agent_id`` +
   ``query_id`` give them one drafting key with its first call (a ``repeat`` group id,
   known only from the second call on, would split that key in two);
 * **scope**, **blocks** -- from :class:`~agentspec_mw_langgraph.config.TaggingConfig`.
 
-Delivery: for an OpenAI chat model (``ChatOpenAI``, any ``BaseChatOpenAI``) the tags go
-into the request's ``extra_body={"vllm_xargs": ...}`` (through ``ModelRequest.
-model_settings``; keys the model's own ``extra_body`` sets win), with the routing key
-header (``x-session-id``; :mod:`~agentspec_mw_langgraph.routing`) in ``extra_headers``
-unless the model's headers set it; for any model, also into
-the per-call ContextVar that the engine-backed ``ChatAgentSpecVLLM`` sends as
-``extra_args`` (:mod:`~agentspec_mw_langgraph.context`). The tags also go into the model
-run's metadata (``agentspec_*`` keys), so tracers such as LangSmith show them.
+Delivery: an OpenAI chat model (``ChatOpenAI``, any ``BaseChatOpenAI``) whose base URL
+is the ``engine=`` server (compared as ``with_agentspec`` compares them:
+:func:`~agentspec_mw_langgraph.openai_hook.server_key`) is replaced, for this call, by a
+copy that carries the tags in its ``extra_body={"vllm_xargs": ...}`` (keys the model's
+own ``vllm_xargs`` sets win) and the routing key header (``x-session-id``;
+:mod:`~agentspec_mw_langgraph.routing`) unless the model's headers set it; when the
+request's ``model_settings`` already hold ``extra_body``/``extra_headers`` (which the
+model would send instead), the tags go there. So the tags reach only the model they were
+derived for: a middleware inside this one that swaps the model (a fallback, dynamic
+model selection) sends the other model without them, and never hands OpenAI-only
+arguments to a model of another kind. An OpenAI model on another server gets nothing
+(a warning, once per server). Without ``engine=``, any OpenAI model with a base URL
+other than a hosted API's (``api.openai.com``, Azure OpenAI, OpenRouter, Groq...) is
+tagged, with a warning, once, to pass ``engine=``. Any other model gets the tags in the
+per-call ContextVar that the engine-backed ``ChatAgentSpecVLLM`` sends as
+``extra_args`` (:mod:`~agentspec_mw_langgraph.context`), current while the handlers
+inside this middleware run. The tags also go into the model run's metadata
+(``agentspec_*`` keys), so tracers such as LangSmith show them.
+
+Put ``AgentSpecMiddleware`` **last** in ``middleware=[...]``: a middleware's
+``wrap_model_call`` wraps those after it, so the tags are derived from the request that
+the middleware before it hand on -- after a model swap, a tool selection or a fallback
+-- and the model calls of those middleware (``LLMToolSelectorMiddleware``'s selector, a
+summariser) are made outside its call. langchain's middleware API gives no way to wrap
+the final model call from any other position.
 
 A failure while tagging means that call goes out untagged, a logged warning and
 ``stats.adapter_errors += 1`` (``TaggingConfig(adapter_raise_errors=True)``: it raises).
@@ -51,6 +76,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Annotated, Any, NotRequired
+from urllib.parse import urlsplit
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables.config import var_child_runnable_config
@@ -66,11 +92,13 @@ from agentspec_mw_langgraph.context import (
     set_current_tags,
 )
 from agentspec_mw_langgraph.handler import _bounded
+from agentspec_mw_langgraph.openai_hook import server_key
 from agentspec_mw_langgraph.routing import tags_routing_key
 
 try:
     from langchain.agents.middleware import AgentMiddleware, AgentState, ModelRequest
     from langchain.agents.middleware.types import ModelCallResult, PrivateStateAttr
+    from langchain.agents.structured_output import AutoStrategy, ProviderStrategy, ToolStrategy
 except ImportError:  # pragma: no cover - depends on the environment
     raise MissingDependencyError(
         "langchain", "AgentSpecMiddleware", "pip install 'agentspec-mw-langgraph[openai]'"
@@ -80,6 +108,37 @@ __all__ = ["AgentSpecMiddleware", "AgentSpecState", "MiddlewareStats"]
 
 _log = logging.getLogger(__name__)
 _MODEL_NODE = "model"  # create_agent's model node
+_DEFAULT_NAME = "LangGraph"  # a compiled graph's name when it was given none
+# hosted OpenAI-API services (the host or a subdomain): never a vLLM server with the
+# AgentSpec proposer, and the OpenAI API rejects unknown body fields
+_HOSTED_APIS = (
+    "openai.com",
+    "openai.azure.com",
+    "cognitiveservices.azure.com",
+    "services.ai.azure.com",
+    "inference.ai.azure.com",
+    "models.ai.azure.com",
+    "anthropic.com",
+    "googleapis.com",
+    "openrouter.ai",
+    "groq.com",
+    "together.xyz",
+    "together.ai",
+    "fireworks.ai",
+    "mistral.ai",
+    "deepseek.com",
+    "x.ai",
+    "perplexity.ai",
+    "cerebras.ai",
+    "deepinfra.com",
+    "sambanova.ai",
+    "api.nvidia.com",
+    "dashscope.aliyuncs.com",
+    "dashscope-intl.aliyuncs.com",
+    "moonshot.ai",
+    "moonshot.cn",
+    "models.github.ai",
+)
 
 
 class AgentSpecState(AgentState[Any]):
@@ -96,7 +155,8 @@ class MiddlewareStats:
     model_calls: int = 0
     """Model calls seen."""
     tags_derived: int = 0
-    """Model calls that got tags."""
+    """Model calls that got tags (not those of an OpenAI model on another server than the
+    ``engine=``'s, which go without)."""
     tags_delivered: int = 0
     """Model calls whose tags were attached to the request (OpenAI ``extra_body``, or
     sent by the engine-backed chat model)."""
@@ -112,6 +172,82 @@ def _is_openai(model: Any) -> bool:
     return isinstance(model, BaseChatOpenAI)
 
 
+def _base_url(model: Any) -> str | None:
+    """The base URL an OpenAI chat model's requests go to (its SDK client's, which also
+    reflects ``OPENAI_BASE_URL``), or ``None``."""
+    base = getattr(getattr(model, "root_client", None), "base_url", None)
+    if not base:
+        base = getattr(model, "openai_api_base", None)
+    return str(base).rstrip("/") if base else None
+
+
+def _key(url: str | None) -> str | None:
+    if not url:
+        return None
+    try:
+        return server_key(url)
+    except ValueError:
+        return None
+
+
+def _hosted(key: str | None) -> bool:
+    """Whether a server key is a hosted API's (or no server at all)."""
+    host = urlsplit(key).hostname if key else None
+    if not host:
+        return True
+    return any(host == domain or host.endswith("." + domain) for domain in _HOSTED_APIS)
+
+
+def _engine_key(engine: object) -> str | None:
+    """The server key of ``engine=``: a URL, or an OpenAI chat model's base URL.
+
+    Raises:
+        ValueError: a string that is not an ``http(s)://`` URL.
+        TypeError: anything else.
+    """
+    if engine is None:
+        return None
+    if isinstance(engine, str):
+        return server_key(engine)
+    if _is_openai(engine) and getattr(engine, "openai_api_base", None):
+        return server_key(engine.openai_api_base)  # type: ignore[attr-defined]
+    raise TypeError(
+        "engine= must be the vLLM server's OpenAI base URL, e.g. "
+        "AgentSpecMiddleware(engine='http://127.0.0.1:8000/v1') (or a ChatOpenAI with that "
+        f"base_url), got {type(engine).__name__}: {engine!r:.60}"
+    )
+
+
+def _provider_format(model: Any, tools: list[Any]) -> bool:
+    """Whether ``create_agent`` serves a raw schema as the provider's own structured output
+    for this model (else as a tool)."""
+    try:
+        from langchain.agents.factory import _supports_provider_strategy
+    except ImportError:  # pragma: no cover - another langchain version
+        return bool((getattr(model, "profile", None) or {}).get("structured_output"))
+    return bool(_supports_provider_strategy(model, tools=tools))
+
+
+def _tools_as_called(request: ModelRequest[Any]) -> tuple[list[Any], Any]:
+    """The tools and ``tool_choice`` the model is called with: ``create_agent`` adds the
+    ``response_format``'s tools, and forces a tool call, when it serves the format as a
+    tool (``ToolStrategy``; a raw schema or ``AutoStrategy`` for a model without a native
+    structured output)."""
+    tools, choice = list(request.tools), request.tool_choice
+    fmt: Any = request.response_format
+    if fmt is None:
+        return tools, choice
+    if not isinstance(fmt, AutoStrategy | ToolStrategy | ProviderStrategy):
+        fmt = AutoStrategy(schema=fmt)
+    if isinstance(fmt, AutoStrategy):
+        if _provider_format(request.model, request.tools):
+            return tools, choice  # a provider's response_format: no tool
+        fmt = ToolStrategy(schema=fmt.schema)
+    if isinstance(fmt, ToolStrategy) and fmt.schema_specs:
+        return [*tools, *(spec.name for spec in fmt.schema_specs)], "any"
+    return tools, choice
+
+
 def _last_answer_after_tool(messages: Sequence[BaseMessage]) -> Segment | None:
     """What the agent produced the last time it answered a tool result."""
     for before, after in zip(reversed(messages[:-1]), reversed(messages[1:]), strict=True):
@@ -121,22 +257,36 @@ def _last_answer_after_tool(messages: Sequence[BaseMessage]) -> Segment | None:
 
 
 class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
-    """Tags every model call of a ``create_agent`` agent (see the module docstring).
+    """Tags every model call of a ``create_agent`` agent (see the module docstring); put it
+    last in ``middleware=[...]``.
 
     Args:
         config: scope, blocks, segment overrides and the thread rule
             (``TaggingConfig``; its graph/trace fields are not used here).
-        agent: the agent id for every call, a non-empty ``str`` (default: derived from the
-            graph position).
+        agent: the agent id for every call, a non-empty ``str`` (default: the agent's
+            ``create_agent(name=...)``, else derived from the graph position).
+        engine: the vLLM server's OpenAI base URL (``"http://127.0.0.1:8000/v1"``), or a
+            ``ChatOpenAI`` with that ``base_url``: only OpenAI models whose base URL is
+            that server get the tags (``localhost`` and ``127.0.0.1``, a trailing ``/`` or
+            ``/v1`` do not matter). ``None``: any OpenAI model with a base URL other than
+            a hosted API's, with a warning to pass ``engine=``.
 
     Raises:
-        TypeError: ``config`` is not a :class:`TaggingConfig`, or ``agent`` is not a
-            non-empty ``str``.
+        TypeError: ``config`` is not a :class:`TaggingConfig`, ``agent`` is not a
+            non-empty ``str``, or ``engine`` is not a URL or an OpenAI chat model with a
+            ``base_url``.
+        ValueError: ``engine`` is a string that is not an ``http(s)://`` URL.
     """
 
     state_schema = AgentSpecState
 
-    def __init__(self, config: TaggingConfig | None = None, *, agent: str | None = None) -> None:
+    def __init__(
+        self,
+        config: TaggingConfig | None = None,
+        *,
+        agent: str | None = None,
+        engine: Any = None,
+    ) -> None:
         super().__init__()
         if config is not None and not isinstance(config, TaggingConfig):
             raise TypeError(
@@ -150,8 +300,25 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
             )
         self.config = config or TaggingConfig()
         self.agent = agent
+        self.engine = _engine_key(engine)
+        """The server whose requests get the tags, as its normalised base URL
+        (:func:`~agentspec_mw_langgraph.openai_hook.server_key`), or ``None``."""
         self._lock = threading.Lock()
         self._stats = MiddlewareStats()
+        self._warned: set[str] = set()
+
+    # locks do not copy: a copy (copy.deepcopy, pickle) gets its own, and the counters
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        with self._lock:
+            state["_stats"] = replace(self._stats)
+            state["_warned"] = set(self._warned)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     @property
     def stats(self) -> MiddlewareStats:
@@ -162,6 +329,46 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
     def _count(self, field: str) -> None:
         with self._lock:
             setattr(self._stats, field, getattr(self._stats, field) + 1)
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        with self._lock:
+            if key in self._warned:
+                return
+            self._warned.add(key)
+        _log.warning(message, *args)
+
+    def _tags_server(self, model: Any) -> bool:
+        """Whether the requests of an OpenAI chat model get the tags (its base URL is
+        the engine's; without ``engine=``: is not a hosted API's)."""
+        base = _base_url(model)
+        key = _key(base)
+        if self.engine is not None:
+            if key == self.engine:
+                return True
+            self._warn_once(
+                f"other:{key or base}",
+                "agentspec: model calls to %s go without tags: not the engine= server (%s)",
+                base,
+                self.engine,
+            )
+            return False
+        if _hosted(key):
+            self._warn_once(
+                f"hosted:{key or base}",
+                "agentspec: model calls to %s go without tags (a hosted API); to tag a "
+                "vLLM server there pass AgentSpecMiddleware(engine=...)",
+                base or "the default OpenAI API",
+            )
+            return False
+        self._warn_once(
+            "no-engine",
+            "agentspec: AgentSpecMiddleware has no engine=: tagging the model calls to %s "
+            "(any base URL but a hosted API's); pass engine=%r so that only that vLLM "
+            "server's requests carry tags",
+            base,
+            base,
+        )
+        return True
 
     # ------------------------------------------------------------ the query id
     def before_agent(self, state: AgentSpecState, runtime: Any) -> dict[str, Any] | None:
@@ -175,6 +382,22 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
         return self.before_agent(state, runtime)
 
     # ---------------------------------------------------------------- the tags
+    def _agent_id(self, namespace: str) -> str:
+        """``agent=``; else the agent's name after the nodes it runs under; else the
+        model node's place in the graph."""
+        if self.agent:
+            return self.agent
+        metadata = (var_child_runnable_config.get() or {}).get("metadata") or {}
+        name = metadata.get("lc_agent_name")
+        if not isinstance(name, str) or not name or name == _DEFAULT_NAME:
+            return derive.agent_from_namespace(namespace, _MODEL_NODE, _MODEL_NODE)
+        path = [node for node, _ in derive.split_namespace(namespace)]
+        if path and path[-1] == _MODEL_NODE:
+            path.pop()  # the agent's own model node: its name stands for it
+        if not path or path[-1] != name:  # a subgraph node named after the agent: once
+            path.append(name)
+        return "/".join(path)
+
     def tags_for(self, request: ModelRequest[Any]) -> StructureTags:
         """The tags of one model request.
 
@@ -184,7 +407,7 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
         """
         info = getattr(request.runtime, "execution_info", None)
         namespace = str(getattr(info, "checkpoint_ns", "") or "")
-        agent = self.agent or derive.agent_from_namespace(namespace, _MODEL_NODE, _MODEL_NODE)
+        agent = self._agent_id(namespace)
         thread = getattr(info, "thread_id", None)
         has_thread = thread is not None and bool(str(thread))
         state: Mapping[str, Any] = request.state or {}
@@ -200,16 +423,17 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
         messages = list(request.messages)
         last = messages[-1] if messages else None
         after_tool = isinstance(last, ToolMessage)
+        tools, tool_choice = _tools_as_called(request)
         segment = derive.predict_segment(
             node=_MODEL_NODE,
-            tools_bound=bool(request.tools),
-            tool_choice=request.tool_choice,
+            tools_bound=bool(tools),
+            tool_choice=tool_choice,
             last_is_tool_result=after_tool,
             previous_after_tool=_last_answer_after_tool(messages) if after_tool else None,
             overrides=self.config.tags_segment_by_node,
         )
         params = dict(getattr(request.model, "_identifying_params", {}) or {})
-        params["tools"] = request.tools
+        params["tools"] = tools
         return StructureTags(
             scope=self.config.tags_scope,
             agent_id=_bounded(agent),
@@ -219,42 +443,60 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
         )
 
     def _attach(self, request: ModelRequest[Any], tags: StructureTags) -> ModelRequest[Any]:
-        """The request with the tags in its OpenAI ``extra_body`` (other models: as is)."""
-        if not _is_openai(request.model):
-            return request
+        """The request with the tags on its OpenAI model (see the module docstring)."""
+        model = request.model
         wire = tags_to_wire(tags)
-        settings = request.model_settings
-        extra = settings.get("extra_body") or getattr(request.model, "extra_body", None) or {}
-        if not isinstance(extra, Mapping):
-            raise TypeError(f"extra_body is {type(extra).__name__}, not a dict")
-        xargs = extra.get("vllm_xargs")
-        merged = {**wire, **(xargs if isinstance(xargs, Mapping) else {})}
-        body = {**extra, "vllm_xargs": merged}
-        update: dict[str, Any] = {**settings, "extra_body": body}
+        settings = dict(request.model_settings)
+        update: dict[str, Any] = {}  # of the model (a copy for this call)
+
+        def with_tags(extra: Any) -> dict[str, Any]:
+            if not isinstance(extra, Mapping):
+                raise TypeError(f"extra_body is {type(extra).__name__}, not a dict")
+            xargs = extra.get("vllm_xargs")
+            return {
+                **extra,
+                "vllm_xargs": {**wire, **(xargs if isinstance(xargs, Mapping) else {})},
+            }
+
+        if settings.get("extra_body") is not None:  # sent instead of the model's own
+            settings["extra_body"] = with_tags(settings["extra_body"])
+        else:
+            update["extra_body"] = with_tags(getattr(model, "extra_body", None) or {})
         key = tags_routing_key(tags, self.config.routing_granularity)
         if key is not None:
-            own = dict(settings.get("extra_headers") or {})
-            defaults = getattr(request.model, "default_headers", None) or {}
-            taken = {str(name).lower() for name in (*own, *defaults)}
-            if self.config.routing_header.lower() not in taken:  # the caller's header wins
-                own[self.config.routing_header] = key
-            update["extra_headers"] = own
-        attached = request.override(model_settings=update)
+            header = self.config.routing_header
+            own = settings.get("extra_headers")
+            model_kwargs = dict(getattr(model, "model_kwargs", None) or {})
+            kwarg_headers = model_kwargs.get("extra_headers")
+            defaults = getattr(model, "default_headers", None) or {}
+            taken = {str(n).lower() for n in (*(own or {}), *(kwarg_headers or {}), *defaults)}
+            if header.lower() not in taken:  # the caller's header wins
+                if own is not None:
+                    settings["extra_headers"] = {**own, header: key}
+                else:  # model_kwargs go to the SDK's create() as they are
+                    model_kwargs["extra_headers"] = {**(kwarg_headers or {}), header: key}
+                    update["model_kwargs"] = model_kwargs
+        tagged_model = model.model_copy(update=update) if update else model
+        attached = request.override(model=tagged_model, model_settings=settings)
         self._count("tags_delivered")
         return attached
 
     def _prepare(self, request: ModelRequest[Any]) -> tuple[ModelRequest[Any], StructureTags]:
-        """The request with its tags attached, and the tags.
+        """The request with its tags attached (OpenAI models), and the tags.
 
         Raises:
             Exception: whatever tagging raised, when ``adapter_raise_errors`` is set.
         """
         tags = self.tags_for(request)
-        return self._attach(request, tags), tags
+        return (self._attach(request, tags) if _is_openai(request.model) else request), tags
 
     @contextmanager
     def _tagged(self, request: ModelRequest[Any]) -> Iterator[ModelRequest[Any]]:
         self._count("model_calls")
+        openai = _is_openai(request.model)
+        if openai and not self._tags_server(request.model):
+            yield request
+            return
         try:
             tagged, tags = self._prepare(request)
         except Exception as exc:  # noqa: BLE001 - the error policy: this call goes untagged
@@ -271,16 +513,17 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
             yield request
             return
         self._count("tags_derived")
-        ticket = None if _is_openai(tagged.model) else CallTicket(None, self._delivered)
         config = var_child_runnable_config.get() or {}
         metadata = {**(config.get("metadata") or {}), **tags_to_wire(tags)}
         config_token = var_child_runnable_config.set({**config, "metadata": metadata})
         previous = (current_tags(), current_ticket())
-        set_current_tags(tags, ticket)
+        if not openai:  # the engine-backed chat model reads them there
+            set_current_tags(tags, CallTicket(None, self._delivered))
         try:
             yield tagged
         finally:
-            set_current_tags(*previous)
+            if not openai:
+                set_current_tags(*previous)
             var_child_runnable_config.reset(config_token)
 
     def _delivered(self) -> None:

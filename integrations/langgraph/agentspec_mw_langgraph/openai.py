@@ -198,6 +198,31 @@ class AgentSpecAsyncTransport(httpx.AsyncBaseTransport):
         await self._inner.aclose()
 
 
+def _wrap_transports(client: httpx.Client | httpx.AsyncClient) -> None:
+    """Wrap every transport ``client`` may send through -- its own and each mounted one
+    (``proxy=``, environment proxies, ``mounts=``) -- in the tagging transport, in place;
+    one set of counters for all. A transport that already tags is kept as it is."""
+    if not isinstance(client, httpx.Client | httpx.AsyncClient):
+        raise TypeError(f"not an httpx.Client or httpx.AsyncClient: {type(client).__name__}")
+    tagging: type[AgentSpecTransport] | type[AgentSpecAsyncTransport] = (
+        AgentSpecTransport if isinstance(client, httpx.Client) else AgentSpecAsyncTransport
+    )
+    main = client._transport
+    if not isinstance(main, tagging):
+        main = tagging(main)  # type: ignore[arg-type]
+        client._transport = main  # type: ignore[assignment]
+    counter = main._counter
+
+    def wrap(transport: Any) -> Any:
+        if transport is None or isinstance(transport, tagging):
+            return transport  # None: the client's own transport (a NO_PROXY entry)
+        wrapped = tagging(transport)
+        wrapped._counter = counter
+        return wrapped
+
+    client._mounts = {pattern: wrap(t) for pattern, t in client._mounts.items()}
+
+
 def agentspec_http_clients(
     *,
     transport: httpx.BaseTransport | None = None,
@@ -206,13 +231,21 @@ def agentspec_http_clients(
 ) -> tuple[httpx.Client, httpx.AsyncClient]:
     """A sync and an async httpx client whose transports add the tags.
 
-    ``transport``/``async_transport`` are the inner transports (default: plain HTTP);
-    ``client_kwargs`` (timeouts, limits...) go to both clients.
+    ``client_kwargs`` go to both ``httpx.Client`` and ``httpx.AsyncClient`` and mean what
+    they mean there: ``limits``, ``verify``, ``cert``, ``http1``/``http2``, ``timeout``,
+    ``headers``, ``proxy``, ``mounts``, ``trust_env`` (environment proxies such as
+    ``HTTPS_PROXY``/``NO_PROXY``)... Every transport the clients send through -- the
+    default one, a proxy's (``proxy=`` or from the environment) and each of ``mounts`` --
+    adds the tags, with one set of :class:`InjectionStats` counters per client.
+    ``transport``/``async_transport`` replace the default transport, as ``transport=``
+    does in httpx (then ``limits``, ``verify``, ``cert``, ``http1``/``http2`` do not
+    apply to it and environment proxies are not used).
     """
-    return (
-        httpx.Client(transport=AgentSpecTransport(transport), **client_kwargs),
-        httpx.AsyncClient(transport=AgentSpecAsyncTransport(async_transport), **client_kwargs),
-    )
+    sync_client = httpx.Client(transport=transport, **client_kwargs)
+    async_client = httpx.AsyncClient(transport=async_transport, **client_kwargs)
+    _wrap_transports(sync_client)
+    _wrap_transports(async_client)
+    return sync_client, async_client
 
 
 def agentspec_chat_openai(
@@ -223,8 +256,15 @@ def agentspec_chat_openai(
 ) -> Any:
     """``ChatOpenAI(**chat_openai_kwargs)`` whose requests carry the current tags.
 
+    Its clients are built as by :func:`agentspec_http_clients` (``transport``/
+    ``async_transport`` as there). An ``http_client``/``http_async_client`` given instead
+    is used as it is (its headers, event hooks, proxies, limits...), with its transports
+    wrapped in place to add the tags, as :func:`agentspec_http_clients` wraps its own.
+
     Raises:
         MissingDependencyError: ``langchain-openai`` is not installed.
+        TypeError: ``transport`` is given with ``http_client`` (or ``async_transport``
+            with ``http_async_client``), or a given client is not an httpx client.
     """
     try:
         from langchain_openai import ChatOpenAI
@@ -234,7 +274,21 @@ def agentspec_chat_openai(
             "tags on a remote vLLM server",
             "pip install 'agentspec-mw-langgraph[openai]'",
         ) from None
-    sync_client, async_client = agentspec_http_clients(
-        transport=transport, async_transport=async_transport
+    clients: list[Any] = []
+    choices: tuple[tuple[str, type[Any], Any, str], ...] = (
+        ("http_client", httpx.Client, transport, "transport"),
+        ("http_async_client", httpx.AsyncClient, async_transport, "async_transport"),
     )
-    return ChatOpenAI(http_client=sync_client, http_async_client=async_client, **chat_openai_kwargs)
+    for key, cls, own, own_key in choices:
+        client = chat_openai_kwargs.pop(key, None)
+        if client is not None and own is not None:
+            raise TypeError(
+                f"pass {key}= or {own_key}=, not both: a given client keeps its own "
+                "transport (agentspec_chat_openai wraps it to add the tags)"
+            )
+        if client is not None and not isinstance(client, cls):
+            raise TypeError(f"{key}= must be an {cls.__qualname__}, got {type(client).__name__}")
+        client = client if client is not None else cls(transport=own)
+        _wrap_transports(client)
+        clients.append(client)
+    return ChatOpenAI(http_client=clients[0], http_async_client=clients[1], **chat_openai_kwargs)

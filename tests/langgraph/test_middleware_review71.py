@@ -495,3 +495,18 @@ def test_the_middleware_copies(how: str) -> None:
     )
     assert (clone.stats.tags_delivered, middleware.stats.tags_delivered) == (2, 1)
     assert tags_from_wire(server.bodies[1]["vllm_xargs"]).scope == "t"  # type: ignore[union-attr]
+
+
+def test_engine_may_be_a_chat_model_whose_url_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``OPENAI_BASE_URL`` sets the SDK client's URL, not ``openai_api_base``: ``engine=``
+    reads the URL the model's requests go to, as requests are matched."""
+    from langchain_openai import ChatOpenAI
+
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1")
+    model = ChatOpenAI(model="m", api_key="unused")
+    assert (
+        AgentSpecMiddleware(engine=model).engine
+        == AgentSpecMiddleware(engine="http://127.0.0.1:8000/v1").engine
+    )

@@ -213,3 +213,12 @@ def test_the_batch_context_passes_the_step_number_on() -> None:
     assert plugin.build_batch_context(runner, so).scheduler_step is None
     setattr(so, plugin.STEP_ATTR, 7)
     assert plugin.build_batch_context(runner, so).scheduler_step == 7
+
+
+def test_an_output_that_schedules_nothing_takes_no_step_number() -> None:
+    """A SchedulerOutput with no tokens runs no model step (a batch queue's idle output):
+    the next step's number follows the last one's, so no draft call looks skipped."""
+    wrapped = plugin._wrap_schedule(lambda self, n: SimpleNamespace(total_num_scheduled_tokens=n))
+    ours = _scheduler("custom_class")
+    steps = [getattr(wrapped(ours, n), plugin.STEP_ATTR) for n in (5, 0, 0, 3)]
+    assert steps == [1, 1, 1, 2]

@@ -209,8 +209,9 @@ def _engine_key(engine: object) -> str | None:
         return None
     if isinstance(engine, str):
         return server_key(engine)
-    if _is_openai(engine) and getattr(engine, "openai_api_base", None):
-        return server_key(engine.openai_api_base)  # type: ignore[attr-defined]
+    base = _base_url(engine) if _is_openai(engine) else None
+    if base:  # its SDK client's, as requests are matched (OPENAI_BASE_URL included)
+        return server_key(base)
     raise TypeError(
         "engine= must be the vLLM server's OpenAI base URL, e.g. "
         "AgentSpecMiddleware(engine='http://127.0.0.1:8000/v1') (or a ChatOpenAI with that "

@@ -251,10 +251,14 @@ def _wrap_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
         out = original(self, *args, **kwargs)
         reader = _queue_reader(self)
         if reader is not None:
-            # every SchedulerOutput is executed (EngineCore.step, step_with_batch_queue),
-            # a draft call or not: the drafter sees the steps it was not called for
+            # every SchedulerOutput that schedules tokens is a model step (EngineCore.step,
+            # step_with_batch_queue), a draft call or not: the drafter sees the steps it was
+            # not called for. One with none runs no model (nothing to number: a batch
+            # queue's idle outputs, a request still compiling its grammar)
             state = self.__dict__
-            step = state[_STEPS] = state.get(_STEPS, 0) + 1
+            step = state.get(_STEPS, 0)
+            if getattr(out, "total_num_scheduled_tokens", 1) > 0:
+                step = state[_STEPS] = step + 1
             setattr(out, STEP_ATTR, step)
             waiting = reader.read(self)
             if waiting is not None:

@@ -418,3 +418,22 @@ def test_the_reserved_workload_name_is_refused_up_front() -> None:
         TraceRecord(workload="ALL", run_id="r", call_index=0, agent="a", prompt="p", output="o")
     assert TaggingConfig(trace_workload="all").trace_workload == "all"
     json.dumps(TaggingConfig(trace_workload="mine").model_dump(mode="json"))
+
+
+def test_a_deep_copy_of_a_wrapped_app_shares_the_handler() -> None:
+    """``copy.deepcopy(with_agentspec(app))`` works, as it does on the app unwrapped (it
+    raised on the handler's lock), and the copy shares the handler (running a deep-copied
+    compiled graph is LangGraph's own matter: its sentinels do not survive the copy)."""
+    import copy
+
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
+    model = FakeListChatModel(responses=["hi"])
+    g = StateGraph(MessagesState)
+    g.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+    g.add_edge(START, "agent")
+    app = with_agentspec(g.compile())
+    clone = copy.deepcopy(app)
+    assert get_handler(clone) is get_handler(app)
+    app.invoke({"messages": [("user", "hello")]})
+    assert get_handler(app).stats.tags_derived == 1

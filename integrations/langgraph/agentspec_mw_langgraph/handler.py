@@ -367,6 +367,12 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         self._open_calls: OrderedDict[UUID, None] = OrderedDict()  # calls outside a graph
         self._warned_open = False
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> AgentSpecCallbackHandler:
+        """The handler itself: a deep copy of a wrapped app (``copy.deepcopy``) shares it,
+        as it shares the engine the handler sends to; its state is per run, so the copies'
+        runs are tagged and counted apart (a lock cannot be copied)."""
+        return self
+
     # ------------------------------------------------------------------ public
     @property
     def stats(self) -> AdapterStats:

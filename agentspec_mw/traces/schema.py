@@ -16,9 +16,21 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentspec_mw.tags import MAX_ID_CHARS
 
-__all__ = ["Message", "SegmentHint", "TraceRecord"]
+__all__ = ["Message", "SegmentHint", "TraceRecord", "check_workload_name"]
 
 SegmentHint = Literal["plan", "tool_call", "observation", "answer", "other"]
+
+
+def check_workload_name(name: str) -> str:
+    """``name``, unless it is ``ALL``: the name of ``agentspec replay``'s pooled rows
+    (``agentspec_mw.replay.run.ALL``).
+
+    Raises:
+        ValueError: ``name`` is ``ALL``.
+    """
+    if name == "ALL":
+        raise ValueError("'ALL' is the name of the replay's pooled rows: rename the workload")
+    return name
 
 
 class Message(BaseModel):
@@ -96,9 +108,7 @@ class TraceRecord(BaseModel):
     @field_validator("workload")
     @classmethod
     def _not_all(cls, v: str) -> str:
-        if v == "ALL":  # agentspec replay's pooled rows (agentspec_mw.replay.run.ALL)
-            raise ValueError("'ALL' is the name of the replay's pooled rows: rename the workload")
-        return v
+        return check_workload_name(v)
 
     @field_validator("workload", "run_id", "agent", "parent_group", "output")
     @classmethod

@@ -178,7 +178,8 @@ def test_a_failed_count_leaves_the_output_without_the_attribute() -> None:
     assert not hasattr(wrapped(sched), WAITING_ATTR)
 
 
-def test_the_batch_context_passes_the_count_on() -> None:
+def runner_and_output() -> tuple[SimpleNamespace, SimpleNamespace]:
+    """A one-row runner and an empty scheduler output, as ``build_batch_context`` reads them."""
     batch = SimpleNamespace(num_reqs=1, req_ids=["r1"], num_prompt_tokens=[5])
     runner = SimpleNamespace(
         input_batch=batch,
@@ -189,6 +190,11 @@ def test_the_batch_context_passes_the_count_on() -> None:
     so = SimpleNamespace(
         scheduled_spec_decode_tokens={}, num_scheduled_tokens={}, finished_req_ids=set()
     )
+    return runner, so
+
+
+def test_the_batch_context_passes_the_count_on() -> None:
+    runner, so = runner_and_output()
     assert plugin.build_batch_context(runner, so).num_waiting_prompt_tokens is None
     setattr(so, WAITING_ATTR, 77)
     assert plugin.build_batch_context(runner, so).num_waiting_prompt_tokens == 77

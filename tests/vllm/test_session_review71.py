@@ -23,6 +23,7 @@ from agentspec_mw_vllm import plugin
 from agentspec_mw_vllm.metrics import DrafterMetrics
 from agentspec_mw_vllm.session import DraftSession
 from tests.vllm.fakes import ProbeProposer
+from tests.vllm.test_queue import runner_and_output
 from tests.vllm.test_session import Batch, RecordingTimer
 
 STEP = 0.050  # every engine step takes 50 ms
@@ -200,16 +201,7 @@ def test_the_scheduler_wrap_numbers_its_steps_for_a_custom_class_drafter() -> No
 
 
 def test_the_batch_context_passes_the_step_number_on() -> None:
-    batch = SimpleNamespace(num_reqs=1, req_ids=["r1"], num_prompt_tokens=[5])
-    runner = SimpleNamespace(
-        input_batch=batch,
-        requests={},
-        scheduler_config=SimpleNamespace(max_num_batched_tokens=256),
-        max_model_len=1024,
-    )
-    so = SimpleNamespace(
-        scheduled_spec_decode_tokens={}, num_scheduled_tokens={}, finished_req_ids=set()
-    )
+    runner, so = runner_and_output()
     assert plugin.build_batch_context(runner, so).scheduler_step is None
     setattr(so, plugin.STEP_ATTR, 7)
     assert plugin.build_batch_context(runner, so).scheduler_step == 7

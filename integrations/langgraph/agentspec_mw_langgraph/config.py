@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agentspec_mw.tags import Segment, check_blocks
+from agentspec_mw.traces.schema import check_workload_name
 from agentspec_mw_langgraph.routing import ROUTING_HEADER, RoutingGranularity, check_header_name
 
 __all__ = ["TaggingConfig"]
@@ -61,10 +62,8 @@ class TaggingConfig(BaseModel):
     @field_validator("trace_workload")
     @classmethod
     def _check_workload(cls, v: str) -> str:
-        # a TraceRecord refuses it: every record would fail at the end of its call
-        if v == "ALL":  # agentspec replay's pooled rows (agentspec_mw.replay.run.ALL)
-            raise ValueError("'ALL' is the name of the replay's pooled rows: rename the workload")
-        return v
+        # as a TraceRecord checks it: else every record would fail at the end of its call
+        return check_workload_name(v)
 
     @field_validator("tags_blocks")
     @classmethod

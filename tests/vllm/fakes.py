@@ -6,6 +6,8 @@ can load them through the adapter too.
 
 from __future__ import annotations
 
+import http.server
+import json
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -164,3 +166,26 @@ class BatchExtendProbe(ProbeProposer):
         self.batches.append(rows)
         for rid, toks in rows:
             ProbeProposer.extend(self, rid, toks)
+
+
+class OpenAIWorker(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-shaped worker for vllm-router: answers health checks (a model list), and
+    completions with its own port."""
+
+    def do_GET(self) -> None:
+        self._reply({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self._reply({"port": self.server.server_address[1]})
+
+    def _reply(self, obj: object) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass

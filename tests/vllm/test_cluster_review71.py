@@ -8,7 +8,6 @@ server answering ``/health``) stand in for ``agentspec serve``: no engine starts
 
 from __future__ import annotations
 
-import json
 import socket
 import sys
 import threading
@@ -21,6 +20,7 @@ import pytest
 import agentspec_mw_vllm.cluster as cluster
 from agentspec_mw_vllm.cluster import ClusterConfig, running_replicas
 from agentspec_mw_vllm.serve import port_taken
+from tests.vllm.fakes import OpenAIWorker
 
 
 def _ipv6() -> bool:
@@ -123,19 +123,7 @@ class _Worker:
         class Server(http.server.ThreadingHTTPServer):
             address_family = socket.AF_INET6
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = json.dumps({"object": "list", "data": [{"id": "m"}]}).encode()
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = Server(("::1", 0), Handler)
+        self.server = Server(("::1", 0), OpenAIWorker)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://[::1]:{self.server.server_address[1]}"
 

@@ -17,35 +17,14 @@ import pytest
 from agentspec_mw_langgraph.routing import routing_headers
 from agentspec_mw_vllm.cluster import ClusterConfig, running_router
 from tests.serving import free_port
+from tests.vllm.fakes import OpenAIWorker
 
 pytest.importorskip("vllm_router")
 
 
-class _Worker(http.server.BaseHTTPRequestHandler):
-    """Answers health checks, and completions with its own port."""
-
-    def do_GET(self) -> None:
-        self._reply({"object": "list", "data": [{"id": "m", "object": "model"}]})
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        self._reply({"port": self.server.server_address[1]})
-
-    def _reply(self, obj: object) -> None:
-        body = json.dumps(obj).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def workers() -> Iterator[list[str]]:
-    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Worker) for _ in range(2)]
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), OpenAIWorker) for _ in range(2)]
     for s in servers:
         threading.Thread(target=s.serve_forever, daemon=True).start()
     yield [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]

@@ -55,8 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from agentspec_mw_vllm import build_llm, get_metrics, shutdown
 
-    # enforce_eager: no graph compilation at start-up (minutes on CPU)
-    llm = build_llm(args.model, speculative="agentspec", k=8, enforce_eager=True)
+    llm = build_llm(args.model, speculative="agentspec", k=8)
     try:
         app = build_app(llm, args.max_tokens)
         result = app.invoke({"messages": [("user", args.question)]})

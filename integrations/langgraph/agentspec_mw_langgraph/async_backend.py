@@ -15,7 +15,8 @@ its context) and travel in the request's ``extra_args``.
 Refused, with :class:`AsyncEngineLoopError` naming the fix: a sync call from the home
 loop's own thread (it would block the loop the answer needs), any call once the home
 loop has stopped or closed (e.g. the ``AsyncLLM`` was built inside an ``asyncio.run`` that
-has returned), and any call after :meth:`AsyncVLLMBackend.close`. A call on an engine
+has returned), any call after :meth:`AsyncVLLMBackend.close`, and any call in a forked
+child of the process that made the backend (its loop thread is not there). A call on an engine
 that died (its engine core failed: vLLM's output handler ended) raises
 :class:`AsyncEngineDeadError`, chained to the cause where vLLM kept one.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import uuid
@@ -107,6 +109,7 @@ class AsyncVLLMBackend:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
+        self._pid = os.getpid()  # the process whose event loops may run its requests
         self._lock = threading.Lock()
         self._private: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -169,6 +172,12 @@ class AsyncVLLMBackend:
                 closed.
             AsyncEngineDeadError: the engine died (see :meth:`engine_death`).
         """
+        if os.getpid() != self._pid:
+            raise AsyncEngineLoopError(
+                "this AsyncLLM backend was made by the parent of this forked process (its "
+                "event loop runs there); an in-process engine cannot serve a forked child: "
+                "build the model (and its engine) in the child"
+            )
         if self._closed:
             raise AsyncEngineLoopError(
                 "this AsyncLLM backend was closed (agentspec_mw_vllm.engine.shutdown or "

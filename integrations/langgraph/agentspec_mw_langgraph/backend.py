@@ -242,7 +242,12 @@ class VLLMBackend:
             if isinstance(output, BaseException) or getattr(output, "finished", False):
                 with self._lock:
                     self._sinks.pop(request_id, None)
-            sink(output)
+            try:
+                sink(output)
+            except BaseException:  # the consumer is gone: the loop drops the request
+                with self._lock:
+                    self._sinks.pop(request_id, None)
+                raise
 
         with self._lock:
             if self._ending:

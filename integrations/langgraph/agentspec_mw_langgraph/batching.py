@@ -15,14 +15,22 @@ that request's sink only; an error in ``step()`` goes to every pending sink and 
 loop (later submits raise :class:`EngineLoopError`). Drive the engine only through the
 loop while it runs: a direct ``llm.generate`` at the same time would step (and take the
 outputs of) the loop's requests.
+
+The loop thread holds its :class:`EngineLoop` (and so the engine) only while requests
+are in flight: an idle loop that nobody references is collected, and its thread exits.
+A loop serves the process that made it only: in a forked child (no loop thread there)
+:meth:`EngineLoop.submit` raises :class:`EngineLoopError` instead of queueing a request
+nobody will run.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -82,6 +90,7 @@ class EngineLoop:
     def __init__(self, engine: StepEngine, *, name: str = "agentspec-engine-loop") -> None:
         self.engine = engine
         self._name = name
+        self._pid = os.getpid()  # the process whose thread may run the loop
         self._inbox: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
         self._lock = threading.Lock()
@@ -97,9 +106,16 @@ class EngineLoop:
         """Queue a request; ``sink`` gets its outputs (the last one ``finished``). Returns its id.
 
         Raises:
-            EngineLoopError: the loop was closed or its engine failed.
+            EngineLoopError: the loop was closed or its engine failed, or this process is
+                a forked child of the one that made the loop.
         """
         request_id = f"agentspec-{uuid.uuid4().hex}"
+        if os.getpid() != self._pid:
+            raise EngineLoopError(
+                "this in-process engine was built (and is stepped) by the parent of this "
+                "forked process; an in-process engine cannot serve a forked child: build "
+                "the model (and its engine) in the child"
+            )
         with self._lock:
             if self._failure is not None:
                 raise EngineLoopError(
@@ -108,7 +124,15 @@ class EngineLoop:
             if self._closed:
                 raise EngineLoopError("the engine loop was closed; build a new backend")
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                # the thread holds the inbox and a weak reference: the loop (and its
+                # engine) can be collected while idle; then the finalizer stops the thread
+                self._thread = threading.Thread(
+                    target=_serve,
+                    args=(self._inbox, weakref.ref(self)),
+                    name=self._name,
+                    daemon=True,
+                )
+                weakref.finalize(self, self._inbox.put, _Stop())
                 self._thread.start()
             self._inbox.put(_Add(request_id, prompt, params, sink))
         return request_id
@@ -155,14 +179,14 @@ class EngineLoop:
             self._inbox.put(_Stop())
         return self.wait_stopped(timeout)
 
-    def _take_commands(self, block: bool) -> bool:
-        """Apply queued commands (waiting for one when ``block``); ``False`` on stop."""
+    def _take_commands(self, command: _Add | _Abort | _Stop | None = None) -> bool:
+        """Apply ``command`` (if any) and the queued commands; ``False`` on stop."""
         while True:
-            try:
-                command = self._inbox.get(block=block)
-            except queue.Empty:
-                return True
-            block = False
+            if command is None:
+                try:
+                    command = self._inbox.get_nowait()
+                except queue.Empty:
+                    return True
             if isinstance(command, _Stop):
                 if self._sinks:  # finish what is in flight first
                     self._inbox.put(command)
@@ -171,19 +195,25 @@ class EngineLoop:
             if isinstance(command, _Abort):
                 if self._sinks.pop(command.request_id, None) is not None:
                     self.engine.abort_request([command.request_id])
+                command = None
                 continue
+            add, command = command, None
             try:
-                self.engine.add_request(command.request_id, command.prompt, command.params)
+                self.engine.add_request(add.request_id, add.prompt, add.params)
             except Exception as exc:  # noqa: BLE001 - this request's error, to its caller
-                _deliver(command.sink, exc)
+                _deliver(add.sink, exc)
                 continue
-            self._sinks[command.request_id] = command.sink
+            self._sinks[add.request_id] = add.sink
 
-    def _run(self) -> None:
+    def _work(self, first: _Add | _Abort | _Stop) -> bool:
+        """Apply ``first`` and the queued commands, then step the engine until no request
+        is in flight; ``False``: stop the thread (closed, or the engine failed)."""
+        command: _Add | _Abort | _Stop | None = first
         try:
-            while self._take_commands(block=not self._sinks):
+            while self._take_commands(command):
+                command = None
                 if not self._sinks:
-                    continue
+                    return True  # idle: the thread waits without holding the loop
                 self.max_in_flight = max(self.max_in_flight, len(self._sinks))
                 outputs = self.engine.step()
                 self.steps += 1
@@ -199,6 +229,7 @@ class EngineLoop:
                         self._sinks.pop(out.request_id, None)
                         if not getattr(out, "finished", False):
                             self.engine.abort_request([out.request_id])
+            return False
         except BaseException as exc:  # noqa: BLE001 - handed to every waiting caller
             logger.exception("the engine loop stopped: the engine raised")
             with self._lock:
@@ -207,13 +238,14 @@ class EngineLoop:
                 self._sinks.clear()
                 while True:
                     try:
-                        command = self._inbox.get_nowait()
+                        queued = self._inbox.get_nowait()
                     except queue.Empty:
                         break
-                    if isinstance(command, _Add):
-                        pending.append(command.sink)
+                    if isinstance(queued, _Add):
+                        pending.append(queued.sink)
             for sink in pending:
                 _deliver(sink, exc)
+            return False
 
     def _drop_lost(self) -> None:
         """The engine holds none of the requests still waiting here: fail them (no spin)."""
@@ -227,6 +259,18 @@ class EngineLoop:
                     "same engine?)"
                 ),
             )
+
+
+def _serve(inbox: queue.SimpleQueue[_Add | _Abort | _Stop], ref: weakref.ref[EngineLoop]) -> None:
+    """The loop thread: wait for a command holding only ``inbox`` and a weak reference to
+    the loop, then work on the loop until it is idle again. Exits when the loop stops, or
+    has been collected (its finalizer puts a :class:`_Stop` in the inbox)."""
+    while True:
+        command = inbox.get()
+        loop = ref()
+        if loop is None or not loop._work(command):
+            return
+        del loop, command  # idle: hold neither (a command's sink may hold the loop's owner)
 
 
 def _deliver(sink: Sink, item: Any) -> bool:

@@ -31,7 +31,10 @@ request at the next step. All model objects on one engine object share its backe
 ``engine=None`` builds the embedded default on first use:
 ``agentspec_mw_vllm.engine.build_llm(model, speculative=..., k=..., max_model_len=...,
 **engine_options)``; with ``share_engine=True`` (the default) model objects with equal
-settings share one such engine per process (:mod:`~.shared`).
+settings share one such engine per process (:mod:`~.shared`). Settings are equal when
+they give ``vllm.LLM`` the same arguments (``agentspec_mw_vllm.engine.engine_kwargs``):
+``model=None``, ``"default"`` and the default model's folder are one model, an option
+given at its default is the option left out.
 
 Each message's ``response_metadata["speculative_decoding"]`` holds the call's
 ``num_draft_tokens`` and ``num_accepted_draft_tokens`` when the engine reports them
@@ -256,20 +259,13 @@ class ChatAgentSpecVLLM(BaseChatModel):
                 engine = self.engine
                 if engine is None:
                     try:
-                        from agentspec_mw_vllm.engine import build_llm
+                        from agentspec_mw_vllm.engine import build_llm, engine_kwargs
                     except ImportError:
                         raise MissingDependencyError(
                             "agentspec-mw-vllm",
                             "the embedded engine of ChatAgentSpecVLLM",
                             "pip install agentspec-mw-vllm   (or: bash scripts/bootstrap.sh)",
                         ) from None
-                    settings: dict[str, Any] = {
-                        "model": self.model,
-                        "speculative": self.speculative,
-                        "k": self.k,
-                        "max_model_len": self.max_model_len,
-                        **self.engine_options,
-                    }
 
                     def build() -> Any:
                         return build_llm(
@@ -280,7 +276,27 @@ class ChatAgentSpecVLLM(BaseChatModel):
                             **self.engine_options,
                         )
 
-                    engine = shared_engine(settings, build) if self.share_engine else build()
+                    if self.share_engine:
+                        settings: dict[str, Any] = {
+                            "model": self.model,
+                            "speculative": self.speculative,
+                            "k": self.k,
+                            "max_model_len": self.max_model_len,
+                            **self.engine_options,
+                        }
+                        # keyed on what vllm.LLM gets: equal settings spelled differently
+                        # (model None / "default" / its folder, a default option given)
+                        # share one engine; options build_llm refuses raise here
+                        key = engine_kwargs(
+                            self.model,
+                            speculative=self.speculative,
+                            k=self.k,
+                            max_model_len=self.max_model_len,
+                            **self.engine_options,
+                        )
+                        engine = shared_engine(settings, build, key=key)  # deep copies
+                    else:
+                        engine = build()
                     self.engine = engine
                     self._built_here = True
                 self._backend = backend_for(engine)

@@ -13,6 +13,13 @@
   settings wait for it (one build per settings), callers with other settings do not.
 * :func:`release_shared_engines` shuts the shared engines down (tests, or to free memory).
 
+Settings are compared by their key (the chat model's: the effective build arguments,
+``agentspec_mw_vllm.engine.engine_kwargs``), as a deep copy taken when
+:func:`shared_engine` is called, so a nested option mutated later does not change what a
+registered engine was built with.
+A forked child starts with an empty registry (the parent's engines cannot serve it: their
+engine loops are threads of the parent), and a fresh lock.
+
 A registered engine is handed out only while it can serve: one that was shut down
 (``agentspec_mw_vllm.engine.shutdown`` marks it with the attribute
 ``_agentspec_shut_down``) or whose backend reports it dead (its engine loop failed, its
@@ -29,7 +36,9 @@ too (``agentspec_mw_vllm.engine.shutdown`` alone cannot find it).
 
 from __future__ import annotations
 
+import copy
 import logging
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -45,16 +54,18 @@ _ATTR = BACKEND_ATTR
 #: integration does not import this package, so the name is shared, not imported).
 _SHUT_DOWN_ATTR = "_agentspec_shut_down"
 _lock = threading.RLock()  # guards the state below; never held through an engine build
-_engines: list[tuple[dict[str, Any], Any]] = []
+#: ``(key, settings, engine)`` of the engines built (keys are not hashable: a list).
+_engines: list[tuple[Any, dict[str, Any], Any]] = []
 #: The backends of engines that refuse attributes, by ``id(engine)`` (the engine is kept
 #: so that the id is not reused while the entry lives); see the module doc.
 _unattached: dict[int, tuple[Any, EngineBackend]] = {}
 
 
 class _Build:
-    """An engine being built for ``settings``: callers with equal settings wait for it."""
+    """An engine being built for ``key``: callers with an equal key wait for it."""
 
-    def __init__(self, settings: dict[str, Any]) -> None:
+    def __init__(self, key: Any, settings: dict[str, Any]) -> None:
+        self.key = key
         self.settings = settings
         self.thread = threading.get_ident()
         self._done = threading.Event()
@@ -66,7 +77,7 @@ class _Build:
         self._done.wait()
 
 
-_building: list[_Build] = []  # the builds in flight (settings are not hashable: a list)
+_building: list[_Build] = []  # the builds in flight
 
 
 def _make_backend(engine: Any) -> EngineBackend:
@@ -194,7 +205,7 @@ def _drop_unusable() -> list[Any]:
     call after the lock is released (a dead engine's shutdown may take seconds)."""
     dropped = []
     for entry in list(_engines):
-        why = _why_unusable(entry[1])
+        why = _why_unusable(entry[2])
         if why is None:
             continue
         _engines.remove(entry)
@@ -203,8 +214,8 @@ def _drop_unusable() -> list[Any]:
             "created from now on get a new engine (make new model objects to leave it)",
             why,
         )
-        if getattr(entry[1], _SHUT_DOWN_ATTR, False) is not True:
-            dropped.append(entry[1])
+        if getattr(entry[2], _SHUT_DOWN_ATTR, False) is not True:
+            dropped.append(entry[2])
     _prune_unattached()
     return dropped
 
@@ -218,11 +229,15 @@ def _shut_down_dropped(engines: list[Any]) -> None:
             logger.warning("shutting the dropped engine down failed", exc_info=True)
 
 
-def shared_engine(settings: dict[str, Any], build: Callable[[], Any]) -> Any:
-    """The engine built here with ``settings``, or ``build()``'s (remembered), with a
-    warning when engines with other settings exist (or are being built) already.
-    Registered engines that can no longer serve (shut down, failed, died) are dropped
-    first (see the module doc).
+def shared_engine(settings: dict[str, Any], build: Callable[[], Any], *, key: Any = None) -> Any:
+    """The engine built here with settings equal to ``settings``, or ``build()``'s
+    (remembered), with a warning when engines with other settings exist (or are being
+    built) already. Registered engines that can no longer serve (shut down, failed, died)
+    are dropped first (see the module doc).
+
+    Settings are equal when their ``key`` is (``None``: ``settings`` is the key), e.g. the
+    engine's effective build arguments; ``settings`` are what the warning names. Both are
+    deep-copied.
 
     Builds are per settings, outside the registry's lock: a caller whose settings equal
     those of a build in flight waits for it and gets its engine (one build per
@@ -235,17 +250,18 @@ def shared_engine(settings: dict[str, Any], build: Callable[[], Any]) -> Any:
         RuntimeError: called from the build of an engine with equal settings (it would
             wait for itself).
     """
-    settings = dict(settings)
+    settings = copy.deepcopy(settings)
+    key = settings if key is None else copy.deepcopy(key)
     me = threading.get_ident()
     while True:
         with _lock:
             dropped = _drop_unusable()
-            found = next((engine for known, engine in _engines if known == settings), None)
+            found = next((engine for known, _, engine in _engines if known == key), None)
             pending = None
             if found is None:
-                pending = next((b for b in _building if b.settings == settings), None)
+                pending = next((b for b in _building if b.key == key), None)
             if found is None and pending is None:
-                existing = [known for known, _ in _engines] + [b.settings for b in _building]
+                existing = [shown for _, shown, _ in _engines] + [b.settings for b in _building]
                 if existing:
                     logger.warning(
                         "ChatAgentSpecVLLM builds embedded engine #%d in this process: its "
@@ -256,7 +272,7 @@ def shared_engine(settings: dict[str, Any], build: Callable[[], Any]) -> Any:
                         len(existing) + 1,
                         _difference(settings, existing[0]),
                     )
-                mine = _Build(settings)
+                mine = _Build(key, settings)
                 _building.append(mine)
         _shut_down_dropped(dropped)
         if found is not None:
@@ -278,9 +294,23 @@ def shared_engine(settings: dict[str, Any], build: Callable[[], Any]) -> Any:
         raise
     with _lock:
         _building.remove(mine)
-        _engines.append((settings, engine))
+        _engines.append((key, settings, engine))
     mine.finish()
     return engine
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: forget the parent's engines, builds and backends (they cannot
+    serve the child), and replace the lock (a parent's thread may have held it)."""
+    global _lock
+    _lock = threading.RLock()
+    _engines.clear()
+    _building.clear()
+    _unattached.clear()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def shared_engines() -> list[Any]:
@@ -288,7 +318,7 @@ def shared_engines() -> list[Any]:
     registered (the ones that can no longer serve are dropped first)."""
     with _lock:
         dropped = _drop_unusable()
-        engines = [engine for _, engine in _engines]
+        engines = [engine for _, _, engine in _engines]
     _shut_down_dropped(dropped)
     return engines
 
@@ -303,7 +333,7 @@ def release_shared_engines() -> None:
     for pending in builds:
         pending.wait()
     with _lock:
-        engines = [engine for _, engine in _engines]
+        engines = [engine for _, _, engine in _engines]
         _engines.clear()
     for engine in engines:
         _shutdown(engine)

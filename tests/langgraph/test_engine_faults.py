@@ -9,7 +9,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,30 +23,11 @@ from agentspec_mw_langgraph.async_backend import (
 )
 from agentspec_mw_langgraph.backend import BACKEND_ATTR, GenerationRequest, VLLMBackend
 from agentspec_mw_langgraph.batching import EngineLoopError
-from agentspec_mw_langgraph.shared import backend_for, release_shared_engines, shared_engines
+from agentspec_mw_langgraph.shared import backend_for, shared_engines
 
 from .fake_engine import FakeLLM, FakeStepEngine
 
 # --- the shared-engine registry -----------------------------------------------------
-
-
-@pytest.fixture()
-def builds(tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[FakeLLM]]:
-    """``build_llm`` replaced by fake engines answering ``engine<n>`` (n-th build)."""
-    import agentspec_mw_vllm.engine as engine_mod
-
-    built: list[FakeLLM] = []
-
-    def fake_build_llm(model: Any, **kwargs: Any) -> FakeLLM:
-        name = f"engine{len(built) + 1}"
-        llm = FakeLLM(tiny_tokenizer, FakeStepEngine(lambda ids: name))
-        built.append(llm)
-        return llm
-
-    monkeypatch.setattr(engine_mod, "build_llm", fake_build_llm)
-    release_shared_engines()
-    yield built
-    release_shared_engines()
 
 
 def test_a_failed_shared_engine_is_replaced(

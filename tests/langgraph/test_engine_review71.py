@@ -18,7 +18,6 @@ import multiprocessing as mp
 import queue
 import time
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,25 +33,6 @@ from .fake_engine import FakeLLM, FakeStepEngine
 from .test_engine_loop import _FakeAsyncLLM
 
 WAIT_S = 5.0  # only ever reached when the behaviour under test is broken
-
-
-@pytest.fixture()
-def builds(tiny_tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[FakeLLM]]:
-    """``build_llm`` replaced by fake engines answering ``engine<n>`` (n-th build)."""
-    import agentspec_mw_vllm.engine as engine_mod
-
-    built: list[FakeLLM] = []
-
-    def fake_build_llm(model: Any, **kwargs: Any) -> FakeLLM:
-        name = f"engine{len(built) + 1}"
-        llm = FakeLLM(tiny_tokenizer, FakeStepEngine(lambda ids: name))
-        built.append(llm)
-        return llm
-
-    monkeypatch.setattr(engine_mod, "build_llm", fake_build_llm)
-    release_shared_engines()
-    yield built
-    release_shared_engines()
 
 
 # --- 1. the registry keys on the effective build arguments ------------------------------

@@ -369,6 +369,11 @@ def test_a_tool_choice_type_none_or_auto_does_not_force_a_tool() -> None:
         ("explanation", "answer"),
         ("airplane_search", "answer"),
         ("explainer", "answer"),
+        ("replanner", "plan"),
+        ("planning_step", "plan"),
+        ("planet_researcher", "answer"),
+        ("plant_expert", "answer"),
+        ("plane_booking", "answer"),
     ],
 )
 def test_plan_is_a_word_of_the_node_name(node: str, segment: str) -> None:

@@ -19,10 +19,10 @@ The rule (docs/langgraph.md repeats it with examples):
   4. tools bound and the last message is a tool result -> what this agent's previous call
      made after a tool result in this query actually produced; ``answer`` the first time;
   5. no tools bound (or ``tool_choice`` ``"none"`` / ``{"type": "none"}``): ``answer``
-     after a tool result; ``plan`` when a word of the node name starts with ``plan`` or
-     ``replan`` (words split at ``_``, ``-``, spaces and camelCase humps: ``planner``,
-     ``research_plan``, ``makePlan``; not ``explanation`` or ``airplane_search``); else
-     ``answer``.
+     after a tool result; ``plan`` when a word of the node name is ``plan`` or an
+     inflection of it, also after ``re`` (words split at ``_``, ``-``, spaces and camelCase
+     humps: ``planner``, ``research_plan``, ``makePlan``, ``replan``; not ``explanation``,
+     ``airplane_search`` or ``planet_researcher``); else ``answer``.
 
   Tool results themselves (tool runs) are recorded as ``observation`` nodes.
 * **blocks** — ``tags_blocks`` when configured; else the ``agentspec_blocks`` the chat
@@ -56,8 +56,9 @@ HERMES_TOOL_BLOCK = ("<tool_call>", "</tool_call>")
 _HERMES_FAMILIES = re.compile(r"qwen|hermes|smollm", re.IGNORECASE)
 # the words of a node name: split at _, -, whitespace and camelCase humps ("HTTPPlan")
 _NAME_WORDS = re.compile(r"[_\-\s]+|(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
-# a planning node's word ("replan": LangGraph's plan-and-execute tutorial re-plans there)
-_PLAN_WORD = ("plan", "replan")
+# a planning node's word: "plan" and its inflections, also after "re" ("replan": LangGraph's
+# plan-and-execute tutorial re-plans there); not words that only begin so ("planet", "plant")
+_PLAN_WORD = re.compile(r"(re)?plan(s|ner|ners|ning|ned)?", re.IGNORECASE)
 
 
 def split_namespace(checkpoint_ns: str) -> list[tuple[str, str]]:
@@ -130,9 +131,7 @@ def predict_segment(
         return previous_after_tool or "answer"
     if last_is_tool_result:
         return "answer"
-    if node is not None and any(
-        word.lower().startswith(_PLAN_WORD) for word in _NAME_WORDS.split(node)
-    ):
+    if node is not None and any(_PLAN_WORD.fullmatch(word) for word in _NAME_WORDS.split(node)):
         return "plan"
     return "answer"
 

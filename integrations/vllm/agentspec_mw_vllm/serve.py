@@ -69,6 +69,7 @@ from agentspec_mw_vllm.tenancy import (
     load_scope_keys,
 )
 from agentspec_mw_vllm.tool_calling import default_model_tool_args
+from agentspec_mw_vllm.vllm_args import option_name, passed_options
 
 __all__ = ["MIDDLEWARE_PATH", "ServeConfig", "server_command", "server_env", "serve"]
 
@@ -157,15 +158,11 @@ _API_KEY_OPTION = "--api-key"
 _API_KEY_SHORTEST = "--api-k"  # vLLM's parser finds "--api-" ambiguous (--api-server-count)
 
 
-_CONFIG_OPTION = "--config"
-"""vLLM's option naming a YAML file of more options (``FlexibleArgumentParser``)."""
-
-
 def _is_api_key_option(arg: str) -> bool:
     """True for an argument vLLM's parser reads as ``--api-key``: any spelling with ``_``
     for ``-`` (``--api_key``), any prefix it accepts as an abbreviation (``--api-k``), and
     the dotted form it regroups into a JSON value (``--api-key.x v``)."""
-    name = arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+    name = option_name(arg)
     return name.startswith(_API_KEY_SHORTEST) and _API_KEY_OPTION.startswith(name)
 
 
@@ -179,43 +176,16 @@ def _check_no_api_key_option(args: Sequence[str]) -> None:
         ValueError: an ``--api-key`` in either, or a ``--config`` file this cannot read as
             the YAML mapping vLLM needs (vLLM would not start with it either).
     """
-    found = [a.split("=", 1)[0] for a in args if _is_api_key_option(a)]
-    for path in _config_files(args):
-        keys = [o for o in _config_options(path) if _is_api_key_option(o)]
-        found += [f"{key[2:]!r} in {_CONFIG_OPTION} {path}" for key in keys]
+    found = [
+        f"{a[2:]!r}{where}" if where else a.split("=", 1)[0]
+        for a, where in passed_options(args, strict=True)
+        if _is_api_key_option(a)
+    ]
     if found:
         raise ValueError(
             f"vLLM's --api-key ({found[0]}) cannot be combined with "
             "--scope-keys/--scope-header: the scope binding authenticates requests itself"
         )
-
-
-def _config_files(args: Sequence[str]) -> list[str]:
-    """The files that ``args`` name with ``--config FILE`` (what vLLM reads) or
-    ``--config=FILE``."""
-    files = [b for a, b in zip(args, args[1:], strict=False) if a == _CONFIG_OPTION]
-    return files + [a.split("=", 1)[1] for a in args if a.startswith(f"{_CONFIG_OPTION}=")]
-
-
-def _config_options(path: str) -> list[str]:
-    """The option names vLLM takes from its ``--config`` YAML file: ``--KEY`` for each
-    top-level key (``FlexibleArgumentParser.load_config_file``).
-
-    Raises:
-        ValueError: the file cannot be read, is not YAML, or is not a mapping.
-    """
-    import yaml
-
-    what = f"vLLM's {_CONFIG_OPTION} file {path!r}"
-    try:
-        config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read {what} (to check it for --api-key): {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{what} is not YAML: {exc}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{what} must be a YAML mapping of options (option: value)")
-    return [f"--{key}" for key in config]
 
 
 def _check_no_api_key_env(env: Mapping[str, str]) -> None:

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
+from agentspec_mw_vllm.vllm_args import option_name, passed_options
+
 __all__ = [
     "DEFAULT_TOOL_CALL_PARSER",
     "TOOL_PARSER_PLUGIN",
@@ -83,10 +85,8 @@ def _reads_as(arg: str) -> set[str]:
     the server does not start then anyway). No other vLLM option is a prefix of a watched
     one, so that is all (tests/vllm/test_tool_calling_review71.py checks every prefix
     against vLLM's parser)."""
-    if not arg.startswith("--"):
-        return set()
-    name = arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
-    if len(name) <= 2:
+    name = option_name(arg)
+    if not name.startswith("--") or len(name) <= 2:
         return set()
     return {o for o in _WATCHED if any(s.startswith(name) for s in _spellings(o))}
 
@@ -97,15 +97,8 @@ def user_options(extra_args: Sequence[str]) -> set[str]:
     of a ``--config`` YAML file they name (vLLM reads each key ``k`` as ``--k``). A
     ``--config`` file that cannot be read as a YAML mapping is skipped: vLLM refuses it
     when it starts."""
-    from agentspec_mw_vllm.serve import _config_files, _config_options
-
-    names: list[str] = list(extra_args)
-    for path in _config_files(extra_args):
-        try:
-            names += _config_options(path)
-        except ValueError:
-            continue
-    return {option for name in names for option in _reads_as(name)}
+    passed = passed_options(extra_args, strict=False)
+    return {option for name, _ in passed for option in _reads_as(name)}
 
 
 def default_model_tool_args(extra_args: Sequence[str] = ()) -> list[str]:

@@ -73,6 +73,7 @@ __all__ = [
     "is_cpu_build",
     "shutdown",
     "usable_cpus",
+    "unused_drafter_option",
 ]
 
 #: The dotted path vLLM's ``custom_class`` loader imports.
@@ -165,6 +166,21 @@ def apply_env_defaults(*, in_process: bool) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
+def unused_drafter_option(
+    speculative: str | None,
+    proposer_options: Mapping[str, Any] | None = None,
+    cost_model: str | None = None,
+) -> str | None:
+    """Which of ``cost_model`` / ``proposer_options`` is given (in that order) while
+    ``speculative`` runs none of this project's proposers (``None``, ``"ngram"``,
+    ``"suffix"``): an option that would be ignored; ``None`` when there is none."""
+    if speculative is not None and speculative not in VLLM_METHODS:
+        return None
+    if cost_model is not None:
+        return "cost_model"
+    return "proposer_options" if proposer_options else None
+
+
 def check_drafter_options(
     speculative: str | None,
     proposer_options: Mapping[str, Any] | None = None,
@@ -172,11 +188,9 @@ def check_drafter_options(
 ) -> None:
     """Refuse ``cost_model`` / ``proposer_options`` (options of this project's proposers)
     with a ``speculative`` that runs none (``None``, or vLLM's own ``"ngram"`` /
-    ``"suffix"``), instead of ignoring them (the check of ``agentspec serve``)."""
-    if (speculative is None or speculative in VLLM_METHODS) and (
-        cost_model is not None or proposer_options
-    ):
-        given = "cost_model" if cost_model is not None else "proposer_options"
+    ``"suffix"``), instead of ignoring them (as ``agentspec serve`` refuses its flags)."""
+    given = unused_drafter_option(speculative, proposer_options, cost_model)
+    if given is not None:
         raise ValueError(
             f"{given} configures this project's proposers, which speculative="
             f"{speculative!r} does not run: leave it out, or choose "

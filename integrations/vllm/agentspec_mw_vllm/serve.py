@@ -57,6 +57,7 @@ from agentspec_mw_vllm.engine import (
     default_dtype,
     default_eager,
     env_defaults,
+    unused_drafter_option,
 )
 from agentspec_mw_vllm.metrics import LABELS_ENV, parse_labels
 from agentspec_mw_vllm.preload import preload_env
@@ -125,10 +126,9 @@ class ServeConfig(BaseModel):
         if self.bound:
             _check_no_api_key_option(self.extra_args)
             _check_no_api_key_env(os.environ)
-        if (self.speculative is None or self.speculative in VLLM_METHODS) and (
-            self.cost_model is not None or self.proposer_options
-        ):
-            given = "--cost-model" if self.cost_model is not None else "--proposer-options"
+        unused = unused_drafter_option(self.speculative, self.proposer_options, self.cost_model)
+        if unused is not None:
+            given = "--" + unused.replace("_", "-")
             raise ValueError(
                 f"{given} configures this project's proposers, which --speculative "
                 f"{self.speculative or 'none'} does not run: leave it out, or choose "

@@ -1,5 +1,6 @@
-"""Helpers several test modules share: loading a repository script as a module, small
-synthetic ReAct-like calls, and a proposer whose drafts are always wrong."""
+"""Helpers several test modules share: loading a repository script as a module, a package
+faked for ``importlib.util.find_spec``, small synthetic ReAct-like calls, and a proposer
+whose drafts are always wrong."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
+import pytest
 
 from agentspec_mw.proposer import Draft, StepContext, TokenIds
 from agentspec_mw.replay.sim import ReplayCall
@@ -27,6 +30,17 @@ def load_module(path: Path, name: str) -> ModuleType:
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def fake_find_spec(monkeypatch: pytest.MonkeyPatch, name: str, spec: Any) -> None:
+    """``importlib.util.find_spec(name)`` answers ``spec`` (``None``: not installed); other
+    names as before."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda wanted, *a: spec if wanted == name else real(wanted, *a),
+    )
 
 
 def script(name: str) -> ModuleType:

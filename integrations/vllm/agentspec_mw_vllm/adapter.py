@@ -16,6 +16,13 @@ engine's own timed steps, warm-started from a stored fit, ``cpu-smollm2`` on vLL
 build; or a fixed preset) and ``max_k = k``. The session checks every draft
 against the model's vocabulary size (``model_config.get_vocab_size()``) before vLLM sees
 it.
+
+Where vLLM keeps several scheduled batches in flight (``vllm_config.max_concurrent_batches
+> 1``: pipeline parallelism; vLLM turns async scheduling off for a ``custom_class``
+drafter), the time between two draft calls is not one step of the batch the second call
+sees, so ``cost_model="measured"`` is not fitted: the budget prices drafts by the prior
+preset (``cost_prior``, else the platform's), and a warning says so
+(:func:`_concurrent_batches`).
 """
 
 from __future__ import annotations
@@ -76,6 +83,25 @@ def _step_clock() -> Callable[[], float] | None:
     return None
 
 
+def _concurrent_batches(vllm_config: Any) -> int:
+    """How many scheduled batches vLLM keeps in flight (``max_concurrent_batches``: the
+    pipeline-parallel size, 2 under async scheduling; 1 where the config does not say).
+
+    With more than one, vLLM's engine core schedules the next batch while earlier ones run
+    (``EngineCore.step_with_batch_queue``); under pipeline parallelism the scheduler does
+    not schedule a request again until its batch's output is back, so successive batches
+    hold disjoint requests, and the drafter (on the last pipeline stage only) is called once
+    per batch as it leaves that stage. The time between two draft calls is then about one
+    stage's share of the next batch, not its step: the session times no such gap as the
+    step of the batch its call sees (the two calls share no request, so it drops nearly
+    every gap, and keeps only those of a lone batch, whose requests waited out the whole
+    pipeline), and a fit of them would price drafts for another engine."""
+    try:
+        return max(1, int(getattr(vllm_config, "max_concurrent_batches", 1)))
+    except (TypeError, ValueError):
+        return 1
+
+
 def _vocab_size(model_config: Any) -> int:
     """The model's vocabulary (its logits' width): every draft id must be under it."""
     return int(model_config.get_vocab_size())
@@ -96,9 +122,26 @@ class AgentSpecDrafter:
             getattr(vllm_config, "additional_config", None) or {}
         )
         self.step_timer: MeasuredStepTime | None = None
-        if self.config.cost_model == MEASURED:
+        concurrent = _concurrent_batches(vllm_config)
+        cost_label = self.config.cost_model  # the cost model the budget reads, for the log
+        if self.config.cost_model == MEASURED and concurrent > 1:
+            prior = cost_label = _prior(self.config)
+            logger.warning(
+                "agentspec drafter: cost_model=%r is not fitted: vLLM runs %d batches at once "
+                "(pipeline parallel size %s), so the time between two draft calls is not one "
+                "step; drafts are priced by the preset %r instead (set cost_model to the "
+                "preset that describes this engine)",
+                MEASURED,
+                concurrent,
+                getattr(
+                    getattr(vllm_config, "parallel_config", None), "pipeline_parallel_size", "?"
+                ),
+                prior,
+            )
+            cost_model: object = get_cost_model(prior)
+        elif self.config.cost_model == MEASURED:
             self.step_timer = MeasuredStepTime(prior=get_cost_model(_prior(self.config)))
-            cost_model: object = self.step_timer
+            cost_model = self.step_timer
         else:
             cost_model = get_cost_model(self.config.cost_model)
         if proposer is None:
@@ -123,7 +166,7 @@ class AgentSpecDrafter:
             self.config.proposer,
             type(proposer).__qualname__,
             self.k,
-            self.config.cost_model,
+            cost_label,
         )
 
     def set_batch_context(self, ctx: BatchContext | None) -> None:

@@ -58,7 +58,9 @@ class BatchContext:
             or an older scheduler wrap). Two draft calls whose numbers are not
             consecutive had engine steps between them without a draft call: vLLM skips
             the call for the whole batch while a row is within ``k`` tokens of
-            ``max_model_len``.
+            ``max_model_len``. Under pipeline parallelism every scheduled batch still
+            gets its call (on the last stage, in the order scheduled), but successive
+            batches hold disjoint requests: a request's calls are two or more apart.
 
     ``extra_args``, ``max_tokens`` and ``decoding`` are indexed by row; the plugin's read
     a row's ``SamplingParams`` only when indexed, and the session indexes them once per

@@ -31,12 +31,16 @@
 
 Drafts verified in a step without a draft call: the draft last sent to a request is
 verified in the next step that schedules it. Where that step's draft call was skipped (the
-step numbers jump and the request has tokens from a step between the calls), its
-verification is dropped, not counted: that step's schedule never reaches the drafter, so
-how much of the draft the scheduler kept is not known; and the zeros vLLM scheduled in
-the draft's place after the skipped call are never taken for it. A request vLLM left out of
-the skipped steps is verified after them as usual, and counted. Without step numbers (no or
-an older scheduler wrap) the session counts as before.
+step numbers jumped at any call since the draft was sent, and the request has tokens from
+a step the session did not see), its verification is dropped, not counted: that step's
+schedule never reaches the drafter, so how much of the draft the scheduler kept is not
+known; and the zeros vLLM scheduled in the draft's place after the skipped call are never
+taken for it. A request vLLM left out of the skipped steps is verified after them as usual,
+and counted. The jump is looked for since the draft was sent, not only since the last call:
+a request need not be in every call (under pipeline parallelism vLLM alternates disjoint
+micro-batches, so a request's calls are two or more apart, and the jump before one
+micro-batch's call is the other's skipped step). Without step numbers (no or an older
+scheduler wrap) the session counts as before.
 
 Live calibration: when a draft carries the proposer's per-token estimates (``Draft.probs``),
 its tokens' predicted survivals go with the verified count to the metrics (the call's
@@ -57,7 +61,12 @@ vLLM skips the call for the whole batch while a row is within ``k`` tokens of
 ``max_model_len``), which spans several steps. The gap is read on
 ``step_clock`` (default ``clock``, wall time); with a per-thread clock (the adapter passes
 ``time.thread_time`` on vLLM's CPU build) a gap between calls on two threads is not
-reported either.
+reported either. The emitted tokens are the interval's own step's: vLLM calls the drafter
+in ``sample_tokens`` after that step's model run, sampling, rejection sampler and
+bookkeeping, with the tokens the step sampled; what of the step before lands in the
+interval (its scheduler update and output processing, after the draft call) cost ~10 µs per
+emitted token on the demo's CPU engine. Where vLLM runs several batches at once (pipeline
+parallelism) the adapter passes no ``step_timer``: the gap is not one step.
 
 Error policy: wire tags that fail to decode make that request tag-free (a warning and
 ``tag_rejections``); a proposer exception is caught, logged once per kind (verb and
@@ -119,6 +128,9 @@ class _Request:
     its verification only where they are (a prefix of) it — vLLM hands every request zeros
     for a step whose draft call it skipped (a row near the context limit) — and only when
     no step without a draft call scheduled the request since (see the module doc)."""
+    sent_gaps: int = 0
+    """The session's count of gaps in the step numbers when :attr:`sent` was returned: a
+    gap since (this one or a later call's) means steps without a draft call ran after it."""
     end: int | None = None
     """Prompt + ``max_tokens``: the request's tokens can never pass this (``None``: no
     limit known). Read once, when the request is admitted; its sampling params are fixed."""
@@ -293,6 +305,7 @@ class DraftSession:
         self._last_step_end: tuple[int, float] | None = None  # (thread, step clock)
         self._last_ids: frozenset[str] = frozenset()
         self._last_sched_step: int | None = None  # BatchContext.scheduler_step, last call
+        self._gaps = 0  # gaps in the step numbers so far (steps without a draft call ran)
         self._fit_model: object = None  # the step timer's model last published
         self._fit_coef = (0.0, 0.0, 0.0)
         self._fit_draft = (0.0, 0.0, 0.0)  # c_spec_kv, c_draft_kv, seconds per emitted token
@@ -448,6 +461,8 @@ class DraftSession:
             skipped = (
                 sched_step is not None and last_step is not None and sched_step != last_step + 1
             )
+            if skipped:
+                self._gaps += 1
             # the rows' ids and token counts (as Python ints: a numpy scalar costs per
             # access), read once for the step timer and the rows
             present = frozenset(ctx.req_ids[:n])
@@ -515,15 +530,22 @@ class DraftSession:
                     scheduled = spec.get(rid, ())
                     drafted = len(scheduled)
                     sent = state.sent
-                    if skipped and sent is not None and num_tokens - len(sampled) > state.fed:
-                        # the request emitted tokens in a step between the calls (fed: its
-                        # tokens when the draft was sent): the draft was verified there, in
-                        # a step whose draft call vLLM skipped, and this step verified the
-                        # zeros vLLM put in its place. Dropped, not counted: that step's
-                        # schedule never reaches the drafter, so how much of the draft the
-                        # scheduler kept (token budget, grammar) is not known — a rejection
-                        # and a cut read alike in the tokens — and with several steps
-                        # between the calls neither is the draft's own emitted count.
+                    if (
+                        sent is not None
+                        and state.sent_gaps != self._gaps
+                        and num_tokens - len(sampled) > state.fed
+                    ):
+                        # steps without a draft call ran since the draft was sent (at this
+                        # call or one in between: under pipeline parallelism the request's
+                        # last call was two or more calls ago), and the request emitted
+                        # tokens in one (fed: its tokens when the draft was sent): the draft
+                        # was verified there, in a step whose draft call vLLM skipped, and
+                        # this step verified the zeros vLLM put in its place. Dropped, not
+                        # counted: that step's schedule never reaches the drafter, so how
+                        # much of the draft the scheduler kept (token budget, grammar) is not
+                        # known — a rejection and a cut read alike in the tokens — and with
+                        # several steps between the calls neither is the draft's own emitted
+                        # count.
                         drafted = 0
                     if drafted and sent is not None and list(scheduled) == sent[:drafted]:
                         accepted = min(drafted, max(0, len(sampled) - 1))
@@ -742,6 +764,7 @@ class DraftSession:
                 state = self._reqs.get(rid)
                 if state is not None:
                     state.sent = out[row]
+                    state.sent_gaps = self._gaps
                     state.probs = getattr(draft, "probs", None)  # optional: estimates
                     block = getattr(draft, "block", None)
                     if block and self._block_of is not None:  # else looked up (_keep_blocks)

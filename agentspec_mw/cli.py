@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agentspec_mw.errors import AgentSpecError
+from agentspec_mw.errors import AgentSpecError, validation_message
 
 __all__ = ["check_writable", "main", "os_error_message", "validation_message"]
 
@@ -22,18 +22,6 @@ _PLUGIN_COMMANDS: list[tuple[str, str]] = [
     ("agentspec_mw_vllm.cli", "add_commands"),
     ("agentspec_mw_langgraph.cli", "add_commands"),
 ]
-
-
-def validation_message(exc: ValidationError) -> str:
-    """A pydantic ``ValidationError`` as one line: ``field: message`` per problem, joined
-    by ``; ``, without pydantic's input dump and documentation link (what every
-    ``agentspec`` command prints for a bad option)."""
-    parts = []
-    for e in exc.errors():
-        where = ".".join(str(part) for part in e["loc"])
-        msg = " ".join(str(e["msg"]).removeprefix("Value error, ").split())
-        parts.append(f"{where}: {msg}" if where else msg)
-    return "; ".join(parts)
 
 
 def os_error_message(exc: OSError) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 
 class AgentSpecError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -37,3 +39,16 @@ class MissingDependencyError(AgentSpecError, ImportError):
             f"{feature} needs the package {package!r}, which is not installed. "
             f"Install it with: {install}"
         )
+
+
+def validation_message(exc: ValidationError) -> str:
+    """A pydantic ``ValidationError`` as one line: ``field: message`` per problem, joined
+    by ``; ``, without pydantic's ``Value error,`` prefix, input dump and documentation
+    link (what every ``agentspec`` command prints for a bad option, and what a malformed
+    tag's ``TagError`` says: a client fixes every problem in one round trip)."""
+    parts = []
+    for e in exc.errors():
+        where = ".".join(str(part) for part in e["loc"])
+        msg = " ".join(str(e["msg"]).removeprefix("Value error, ").split())
+        parts.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(parts)

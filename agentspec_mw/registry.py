@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agentspec_mw.errors import ProposerLoadError
+from agentspec_mw.errors import ProposerLoadError, validation_message
 from agentspec_mw.proposer import Proposer, ProposerEnv
 
 __all__ = ["BUILTIN_PROPOSERS", "make_proposer", "proposer_target", "resolve_proposer_class"]
@@ -75,8 +75,6 @@ def make_proposer(spec: str, env: ProposerEnv | None = None, **options: Any) -> 
     except (TypeError, ValueError) as exc:
         reason = str(exc)
         if isinstance(exc, ValidationError):  # an options model's: one line, no input dump
-            from agentspec_mw.cli import validation_message
-
             reason = validation_message(exc)
         raise ProposerLoadError(f"proposer {spec!r}: bad options {options!r}: {reason}") from exc
     except MemoryError as exc:  # e.g. an index sized past this machine's memory

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agentspec_mw.errors import TagError
+from agentspec_mw.errors import TagError, validation_message
 
 __all__ = [
     "MAX_BLOCKS",
@@ -250,6 +250,12 @@ def _decode(extra: Mapping[str, Any]) -> StructureTags:
         if size > MAX_WIRE_CHARS:
             raise TagError(f"agentspec tags are {size}+ chars on the wire, over {MAX_WIRE_CHARS}")
     version = ours.pop("v", None)
+    if version is None:
+        raise TagError(
+            f"agentspec_v is missing: tags need the version key, agentspec_v={WIRE_VERSION}"
+        )
+    if isinstance(version, str) and version.strip() == str(WIRE_VERSION):
+        raise TagError(f"agentspec_v={_show(version)}: send the int {WIRE_VERSION}, not the string")
     if version != WIRE_VERSION:
         raise TagError(
             f"agentspec_v={_show(version)}: unsupported tag version (this build reads "
@@ -276,10 +282,7 @@ def _decode(extra: Mapping[str, Any]) -> StructureTags:
             group_kind=ours.get("group_kind"),  # type: ignore[arg-type]
         )
     except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        where = f"{loc}: " if loc else ""
-        raise TagError(f"invalid agentspec tags: {where}{first['msg']}") from None
+        raise TagError(f"invalid agentspec tags: {validation_message(exc)}") from None
 
 
 @lru_cache(maxsize=1024)

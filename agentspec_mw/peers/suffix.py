@@ -1,12 +1,20 @@
 """``suffix``: SuffixDecoding through arctic-inference's ``SuffixDecodingCache``.
 
-Driven exactly as vLLM's ``SuffixDecodingProposer`` (``vllm/v1/spec_decode/suffix_decoding.py``)
+Driven as vLLM 0.32's ``SuffixDecodingProposer`` (``vllm/v1/spec_decode/suffix_decoding.py``)
 drives it: a request's prompt starts a per-request tree (an id seen before is evicted
-first); every accepted token is added with ``add_active_response``; the pattern is the last
-``max_tree_depth`` tokens of prompt + output; ``speculate`` gets ``max_spec_tokens = k``,
-``max_spec_factor`` and ``min_token_prob``; ``stop_request`` moves the response into the
-global tree. Defaults are vLLM's: depth 24, spec factor 1.0, min prob 0.1, 10,000 cached
-requests.
+first) and takes a response slot in the global tree (``max_cached_requests`` slots, FIFO);
+every accepted token is added with ``add_active_response``, which extends both the
+request's tree and its response in the global tree, so other requests draft from a
+response while it is still being generated; the pattern is the last ``max_tree_depth``
+tokens of prompt + output; ``speculate`` gets ``max_spec_tokens = k``, ``max_spec_factor``
+and ``min_token_prob``; ``stop_request`` drops the request's tree, and its response stays
+in the global tree. Defaults are vLLM's: depth 24, spec factor 1.0, min prob 0.1, 10,000
+cached requests.
+
+One difference: vLLM stops a request whenever a step does not schedule it (preempted, or
+skipped once the step's token budget is spent: ``GPUModelRunner._update_states`` drops it
+from the input batch) and, when it next samples, evicts its response from the global tree
+and restarts its tree from the prompt alone; here a request keeps both until it ends.
 """
 
 from __future__ import annotations
@@ -68,7 +76,8 @@ def new_suffix_cache(max_tree_depth: int, max_cached_requests: int) -> Any:
 
 
 class SuffixProposer:
-    """SuffixDecoding: per-request prompt tree + global tree over earlier responses."""
+    """SuffixDecoding: per-request tree (prompt + own output) + global tree over the
+    responses of earlier and in-flight requests."""
 
     name = "suffix"
 

@@ -5,9 +5,14 @@ The rule (docs/langgraph.md repeats it with examples):
 * **agent_id** — the node names along ``langgraph_checkpoint_ns`` joined by ``/`` (task
   ids and the counters of repeated subgraph invocations dropped): node ``agent`` of the
   root graph is ``agent``; node ``agent`` of a subgraph mounted as node ``researcher`` is
-  ``researcher/agent``. A call outside any graph node uses the run name of the model.
+  ``researcher/agent``. A call outside any graph node uses the run name of the model. A
+  model call a LangChain middleware makes for itself (its metadata marks it: ``lc_source``,
+  ``lc_internal_call``; ``SummarizationMiddleware``'s summary, ``LLMToolSelectorMiddleware``'s
+  selection) is an agent of its own: that id, ``/`` and its source (``model/tool_selection``).
 * **query_id** — ``thread:<thread_id>`` when the run has a ``thread_id`` (and
-  ``tags_query_from_thread`` is on), else ``run:<root run id>``.
+  ``tags_query_from_thread`` is on), else ``run:<root run id>``; a graph run started while
+  another graph run holds its thread (same scope, same process) gets
+  ``thread:<thread_id>|run:<root run id>``.
 * **segment**, predicted before generation, first match wins:
 
   1. ``tags_segment_by_node[node]`` when configured;
@@ -46,6 +51,7 @@ __all__ = [
     "agent_from_namespace",
     "blocks_for",
     "forces_tool",
+    "internal_call_source",
     "predict_segment",
     "query_id_for",
     "split_namespace",
@@ -84,11 +90,34 @@ def agent_from_namespace(checkpoint_ns: str | None, node: str | None, fallback: 
     return "/".join(names) if names else fallback
 
 
-def query_id_for(root_run_id: str, thread_id: Any, use_thread: bool) -> str:
-    """``thread:<id>`` for a threaded run (when ``use_thread``), else ``run:<root id>``."""
+def query_id_for(
+    root_run_id: str, thread_id: Any, use_thread: bool, *, thread_busy: bool = False
+) -> str:
+    """``thread:<id>`` for a threaded run (when ``use_thread``), else ``run:<root id>``.
+
+    ``thread_busy``: another graph run holds the thread now (two concurrent runs given the
+    same ``thread_id``); this one is a query of its own, ``thread:<id>|run:<root id>``.
+    """
     if use_thread and thread_id is not None and str(thread_id):
-        return f"thread:{thread_id}"
+        return f"thread:{thread_id}|run:{root_run_id}" if thread_busy else f"thread:{thread_id}"
     return f"run:{root_run_id}"
+
+
+# LangChain's marks of a model call a middleware makes for itself (langchain.agents.
+# middleware: ``lc_source`` names the middleware's purpose, ``internal_call_metadata()``
+# sets ``lc_internal_call``, public for third-party middleware)
+_SOURCE_KEY = "lc_source"
+_INTERNAL_KEY = "lc_internal_call"
+
+
+def internal_call_source(metadata: Mapping[str, Any]) -> str | None:
+    """The source of a middleware's own model call from its run metadata (``"summarization"``,
+    ``"tool_selection"``; ``"internal"`` when only ``lc_internal_call`` marks it), else
+    ``None`` (an agent's own call)."""
+    source = metadata.get(_SOURCE_KEY)
+    if isinstance(source, str) and source:
+        return source
+    return "internal" if metadata.get(_INTERNAL_KEY) else None
 
 
 def _choice_mode(tool_choice: Any) -> Any:

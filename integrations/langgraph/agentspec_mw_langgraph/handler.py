@@ -7,6 +7,13 @@ is a few dict operations, so it never blocks the event loop. A root's state is r
 when the root run ends (or errors, e.g. on an interrupt); the redundancy graph of a query
 outlives it (the last ``graph_history`` finished queries are kept for inspection).
 
+A query is one graph run, or the runs of one thread (``thread_id``) one after another:
+a graph run started while another graph run holds its thread (``app.batch(inputs,
+config)`` with one ``thread_id`` for all, two apps run at once on one thread; any
+handler of the process, same scope) is a query of its own,
+``thread:<thread_id>|run:<root run id>``, so concurrent runs never share groups,
+relations or learned segments; the thread's next run joins its query again.
+
 Events seen twice (the same handler passed again at call time) are ignored by run id.
 A wrapped app run inside another wrapped app's run (mounted as a node, or invoked from
 one) is left to the outer app's handler: a handler ignores runs nested in a run another
@@ -115,6 +122,32 @@ _HANDLERS: weakref.WeakSet[AgentSpecCallbackHandler] = weakref.WeakSet()
 """Every live handler: a run nested in a run another of them tracks is left to it."""
 # guards _HANDLERS: a set iterated while another thread adds to it raises RuntimeError
 _HANDLERS_LOCK = threading.Lock()
+_ThreadKey = tuple[str, str]  # (scope, thread query id)
+_THREAD_RUNS: dict[_ThreadKey, tuple[weakref.ref[AgentSpecCallbackHandler], UUID]] = {}
+"""The graph run holding each thread's query in this process: its handler and root run."""
+_THREAD_RUNS_LOCK = threading.Lock()  # taken inside a handler's lock, never the reverse
+
+
+def _claim_thread(key: _ThreadKey, handler: AgentSpecCallbackHandler, root: UUID) -> bool:
+    """Make graph run ``root`` the holder of a thread's query unless another graph run
+    (of any handler: its tags go to the same engine) holds it; a holder is freed when its
+    root run is released (:func:`_free_thread`) or its handler is gone."""
+    with _THREAD_RUNS_LOCK:
+        held = _THREAD_RUNS.get(key)
+        if held is not None and held[0]() is not None:
+            return False
+        _THREAD_RUNS[key] = (weakref.ref(handler), root)
+        return True
+
+
+def _free_thread(key: _ThreadKey, root: UUID) -> None:
+    """Release a thread's query held by graph run ``root``."""
+    with _THREAD_RUNS_LOCK:
+        held = _THREAD_RUNS.get(key)
+        if held is not None and held[1] == root:
+            del _THREAD_RUNS[key]
+
+
 # what a task call's attempts share: each level's (node, step, push index), the ordinal
 _AttemptKey = tuple[tuple[tuple[str | None, int | None, int | None], ...], int]
 
@@ -184,6 +217,7 @@ class _Root:
     free_ordinals: dict[UUID | None, set[int]] = field(default_factory=dict)
     attempts: dict[_AttemptKey, _Attempt] = field(default_factory=dict)
     failed_runs: set[UUID] = field(default_factory=set)  # node runs ended by an error
+    thread: _ThreadKey | None = None  # the thread whose query this graph run holds
 
 
 @dataclass
@@ -433,9 +467,22 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
 
     # ------------------------------------------------------------------ runs
     def _register(
-        self, run_id: UUID, parent_run_id: UUID | None, name: str | None, md: Mapping[str, Any]
+        self,
+        run_id: UUID,
+        parent_run_id: UUID | None,
+        name: str | None,
+        md: Mapping[str, Any],
+        *,
+        graph_run: bool = False,
     ) -> _Run | None:
-        """Record a run; ``None`` if it was already seen. Caller holds the lock."""
+        """Record a run; ``None`` if it was already seen. Caller holds the lock.
+
+        A root ``graph_run`` (a chain run: a graph invocation) with a thread holds that
+        thread's query while it runs; one started while another graph run holds it is a
+        query of its own (concurrent runs given one ``thread_id`` never share groups,
+        relations or learned segments). Roots that are LLM, tool or retriever runs join
+        the thread's query (a handler given to the model only sees each call as a root).
+        """
         if run_id in self._runs:
             self._stats.duplicate_events += 1
             return None
@@ -445,12 +492,21 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                 return None
             root = run_id
             thread = md.get("thread_id")
-            query_id = _bounded(
-                derive.query_id_for(str(run_id), thread, self.config.tags_query_from_thread)
-            )
+            use_thread = self.config.tags_query_from_thread
+            query_id = _bounded(derive.query_id_for(str(run_id), thread, use_thread))
+            held: _ThreadKey | None = None
+            if graph_run and query_id != _bounded(f"run:{run_id}"):
+                held = (self.config.tags_scope, query_id)
+                if not _claim_thread(held, self, run_id):
+                    held = None
+                    query_id = _bounded(
+                        derive.query_id_for(str(run_id), thread, use_thread, thread_busy=True)
+                    )
             query = self._open_query(query_id, run_id)
             # a re-run of a failed root's tasks: their attempts are retried
-            self._roots[root] = _Root(query_id=query_id, attempts=query.failed_attempts)
+            self._roots[root] = _Root(
+                query_id=query_id, attempts=query.failed_attempts, thread=held
+            )
             query.failed_attempts = {}
         else:
             root = parent.root
@@ -504,6 +560,8 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         root = self._roots.pop(run_id, None)
         if root is None:
             return
+        if root.thread is not None:
+            _free_thread(root.thread, run_id)
         for rid in root.run_ids:
             self._runs.pop(rid, None)
             live = self._live.pop(rid, None)
@@ -542,7 +600,9 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
     ) -> None:
         try:
             with self._lock:
-                self._register(run_id, parent_run_id, kwargs.get("name"), metadata or {})
+                self._register(
+                    run_id, parent_run_id, kwargs.get("name"), metadata or {}, graph_run=True
+                )
         except Exception as exc:  # noqa: BLE001 - the error policy
             self._failed("on_chain_start", exc)
 
@@ -810,7 +870,13 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                 node_run = cursor
             node = inner.node if inner else None
             namespace = inner.namespace if inner else ""
-            agent_id = _bounded(derive.agent_from_namespace(namespace, node, model_name))
+            agent_id = derive.agent_from_namespace(namespace, node, model_name)
+            # a middleware's own model call (a summary, a tool selection) in a node is not
+            # that node's agent speaking: an agent of its own
+            source = derive.internal_call_source(md)
+            if source is not None:
+                agent_id = f"{agent_id}/{source}"
+            agent_id = _bounded(agent_id)
             template = tuple((lv.node or "", lv.step) for lv in levels)
             free = root.free_ordinals.get(node_run)
             if free:  # a failed call's ordinal: the smallest first
@@ -883,14 +949,13 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             if inner is not None:  # same superstep at every graph level: parallel agents
                 steps = "/".join(str(s) for _, s in template)
                 graph.join(_bounded(f"{qid}|superstep|{steps}"), "superstep", call.call_id)
-            instance = (
-                "/".join(
-                    lv.node + ("" if lv.push_index is None else f"[{lv.push_index}]")
-                    for lv in levels
-                    if lv.node
-                )
-                or agent_id
+            path = "/".join(
+                lv.node + ("" if lv.push_index is None else f"[{lv.push_index}]")
+                for lv in levels
+                if lv.node
             )
+            # a middleware's own calls are an instance apart from its node's agent
+            instance = (f"{path}/{source}" if source is not None else path) if path else agent_id
             # the node run whose concurrent calls are siblings: outside a graph none; a
             # handler given to the model only sees no node run, but its task's namespace
             scope: object = node_run

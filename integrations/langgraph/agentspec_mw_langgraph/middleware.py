@@ -21,6 +21,8 @@ agent's state and runtime and attach them to the request:
 * **query_id** -- ``thread:<thread_id>`` when the run has one (and
   ``TaggingConfig.tags_query_from_thread``), else ``run:<id>`` of this invocation (set
   when it starts and checkpointed, so an interrupted and resumed invocation keeps it);
+  invocations running at once with one ``thread_id`` share it (the middleware keeps no
+  per-query state: they share a drafting key, within one scope);
 * **segment** -- the rule of :mod:`~agentspec_mw_langgraph.derive` from the tools and
   ``tool_choice`` the model is called with (with a ``response_format`` that
   ``create_agent`` serves as a tool -- ``ToolStrategy``, or a schema the model has no
@@ -48,16 +50,25 @@ arguments to a model of another kind. An OpenAI model on another server gets not
 other than a hosted API's (``api.openai.com``, Azure OpenAI, OpenRouter, Groq...) is
 tagged, with a warning, once, to pass ``engine=``. Any other model gets the tags in the
 per-call ContextVar that the engine-backed ``ChatAgentSpecVLLM`` sends as
-``extra_args`` (:mod:`~agentspec_mw_langgraph.context`), current while the handlers
-inside this middleware run. The tags also go into the model run's metadata
+``extra_args`` (:mod:`~agentspec_mw_langgraph.context`), set when the agent's model call
+starts and given back when it ends (by an inline callback handler the call's run config
+carries, first among its handlers). The tags also go into that model run's metadata
 (``agentspec_*`` keys), so tracers such as LangSmith show them.
+
+A model call a middleware makes for itself is never tagged as the agent's step: it goes
+untagged, wherever this middleware is placed. LangChain marks such calls in their run
+metadata (``lc_source``, ``lc_internal_call``:
+:func:`~agentspec_mw_langgraph.derive.internal_call_source`): ``SummarizationMiddleware``'s
+summary (made in its ``before_model`` node, outside any model call) and
+``LLMToolSelectorMiddleware``'s selection (made inside the model call, within this
+middleware's when that one comes after it) get neither the ContextVar nor the metadata.
+``with_agentspec`` tags them as agents of their own.
 
 Put ``AgentSpecMiddleware`` **last** in ``middleware=[...]``: a middleware's
 ``wrap_model_call`` wraps those after it, so the tags are derived from the request that
-the middleware before it hand on -- after a model swap, a tool selection or a fallback
--- and the model calls of those middleware (``LLMToolSelectorMiddleware``'s selector, a
-summariser) are made outside its call. langchain's middleware API gives no way to wrap
-the final model call from any other position.
+the middleware before it hand on -- after a model swap, a tool selection or a fallback.
+langchain's middleware API gives no way to wrap the final model call from any other
+position.
 
 A failure while tagging means that call goes out untagged, a logged warning and
 ``stats.adapter_errors += 1`` (``TaggingConfig(adapter_raise_errors=True)``: it raises).
@@ -78,6 +89,7 @@ from dataclasses import dataclass, replace
 from typing import Annotated, Any, NotRequired
 from urllib.parse import urlsplit
 
+from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables.config import var_child_runnable_config
 
@@ -87,7 +99,7 @@ from agentspec_mw_langgraph import derive
 from agentspec_mw_langgraph.config import TaggingConfig
 from agentspec_mw_langgraph.context import (
     CallTicket,
-    current_tags,
+    current_call,
     current_ticket,
     set_current_tags,
 )
@@ -255,6 +267,96 @@ def _last_answer_after_tool(messages: Sequence[BaseMessage]) -> Segment | None:
         if isinstance(after, AIMessage) and isinstance(before, ToolMessage):
             return "tool_call" if after.tool_calls else "answer"
     return None
+
+
+def _first_handler(callbacks: Any, handler: BaseCallbackHandler) -> Any:
+    """``callbacks`` (a run config's: a manager, a list or ``None``) with ``handler``
+    first, inherited by child runs; a manager is copied, never changed."""
+    if isinstance(callbacks, BaseCallbackManager):
+        manager = callbacks.copy()
+        manager.handlers.insert(0, handler)
+        manager.inheritable_handlers.insert(0, handler)
+        return manager
+    return [handler, *(callbacks or [])]
+
+
+class _StepTagger(BaseCallbackHandler):
+    """Gives one model request's tags to the agent's model call(s) it makes.
+
+    Runs inline (as :class:`~agentspec_mw_langgraph.handler.AgentSpecCallbackHandler`),
+    first among the handlers: at each chat model (or LLM) start inside the request's
+    ``handler(...)`` it puts the wire tags into the run's metadata (tracers show them)
+    and, for a model that reads them there (``context``), into the per-call ContextVar,
+    given back when the call ends (an end event sent from another context ends the
+    ticket, which then reads as what it replaced). A call a middleware makes for itself
+    inside the request (``LLMToolSelectorMiddleware``'s selection; LangChain marks such
+    calls: :func:`~agentspec_mw_langgraph.derive.internal_call_source`) is not the agent's
+    step and gets neither; nor do the calls of a ``generate`` batch.
+    """
+
+    run_inline = True
+
+    def __init__(
+        self, tags: StructureTags, *, context: bool, on_delivered: Callable[[], None]
+    ) -> None:
+        super().__init__()
+        self.tags = tags
+        self.context = context
+        self._on_delivered = on_delivered
+        self._tickets: dict[uuid.UUID, CallTicket] = {}
+        self._lock = threading.Lock()
+
+    def on_chat_model_start(
+        self,
+        serialized: dict[str, Any] | None,
+        messages: list[list[BaseMessage]],
+        *,
+        run_id: uuid.UUID,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._start(run_id, metadata, kwargs.get("batch_size"))
+
+    def on_llm_start(
+        self,
+        serialized: dict[str, Any] | None,
+        prompts: list[str],
+        *,
+        run_id: uuid.UUID,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._start(run_id, metadata, kwargs.get("batch_size"))
+
+    def _start(self, run_id: uuid.UUID, metadata: dict[str, Any] | None, batch_size: Any) -> None:
+        if derive.internal_call_source(metadata or {}) is not None:
+            return  # a middleware's own call: not this agent step
+        if isinstance(batch_size, int) and batch_size > 1:
+            return  # one ContextVar, one shared metadata dict: not for a batch
+        if isinstance(metadata, dict):  # the run's own dict, which tracers read
+            metadata.update(tags_to_wire(self.tags))
+        if not self.context:
+            return
+        ticket = CallTicket(None, self._on_delivered, previous=current_call())
+        with self._lock:
+            self._tickets[run_id] = ticket
+        set_current_tags(self.tags, ticket)
+
+    def _end(self, run_id: uuid.UUID) -> None:
+        with self._lock:
+            ticket = self._tickets.pop(run_id, None)
+        if ticket is None:
+            return
+        restore = current_ticket() is ticket
+        ticket.end()
+        if restore:
+            set_current_tags(*ticket.previous)
+
+    def on_llm_end(self, response: Any, *, run_id: uuid.UUID, **kwargs: Any) -> None:
+        self._end(run_id)
+
+    def on_llm_error(self, error: BaseException, *, run_id: uuid.UUID, **kwargs: Any) -> None:
+        self._end(run_id)
 
 
 class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
@@ -493,6 +595,12 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
 
     @contextmanager
     def _tagged(self, request: ModelRequest[Any]) -> Iterator[ModelRequest[Any]]:
+        """The request to hand on, tagged, while the model calls inside run.
+
+        The tags reach only the agent's own model call: the calls inside this
+        middleware's ``handler(...)`` get them from a :class:`_StepTagger` given to
+        them through the run config (first among the handlers), which skips the calls
+        a middleware makes for itself (:func:`~.derive.internal_call_source`)."""
         self._count("model_calls")
         openai = _is_openai(request.model)
         if openai and not self._tags_server(request.model):
@@ -514,21 +622,31 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
             yield request
             return
         self._count("tags_derived")
+        tagger = _StepTagger(tags, context=not openai, on_delivered=self._delivered_once())
+        tagger.raise_error = self.config.adapter_raise_errors  # else LangChain logs it
         config = var_child_runnable_config.get() or {}
-        metadata = {**(config.get("metadata") or {}), **tags_to_wire(tags)}
-        config_token = var_child_runnable_config.set({**config, "metadata": metadata})
-        previous = (current_tags(), current_ticket())
-        if not openai:  # the engine-backed chat model reads them there
-            set_current_tags(tags, CallTicket(None, self._delivered))
+        config_token = var_child_runnable_config.set(
+            {**config, "callbacks": _first_handler(config.get("callbacks"), tagger)}
+        )
+        previous = current_call()
+        set_current_tags(None)  # only the tagger sets them, at the agent's call
         try:
             yield tagged
         finally:
-            if not openai:
-                set_current_tags(*previous)
+            set_current_tags(*previous)
             var_child_runnable_config.reset(config_token)
 
-    def _delivered(self) -> None:
-        self._count("tags_delivered")
+    def _delivered_once(self) -> Callable[[], None]:
+        """A delivery callback for one model request: counted once, however many
+        attempts (a retry middleware inside this one) sent the tags."""
+        done = threading.Event()
+
+        def delivered() -> None:
+            if not done.is_set():
+                done.set()
+                self._count("tags_delivered")
+
+        return delivered
 
     def wrap_model_call(
         self,

@@ -61,14 +61,42 @@ class AsyncEngineDeadError(AgentSpecError, RuntimeError):
 
 
 class _Pump:
-    """One request in flight on the home loop: its consumer's ``put``, its future, and
-    whether the consumer got its end marker (after which ``put`` drops items)."""
+    """One request of a caller on the home loop: its consumer's ``put``, its future and
+    task, and whether the consumer got its end marker (after which ``put`` drops items).
+
+    Made before the request is submitted, so that an interrupt reaching the caller at any
+    point -- ``KeyboardInterrupt`` (Ctrl-C in a notebook) anywhere, or a cancellation at an
+    ``await`` -- can :meth:`cancel` it: through its future once the caller holds it,
+    through its task once that runs, or, submitted but not started yet, by the task itself,
+    which then ends at once (vLLM never sees the request).
+    """
 
     def __init__(self, put: Callable[[Any], Any]) -> None:
         self._put = put
         self._lock = threading.Lock()
         self._ended = False
+        self._cancelled = False
         self.future: Future[None] | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    def started(self) -> bool:
+        """Called by the request's task when it starts: ``False`` (end at once) when the
+        request was cancelled before; otherwise it is now cancellable through the task."""
+        with self._lock:
+            if self._cancelled:
+                return False
+            self._task = asyncio.current_task()
+            return True
+
+    def cancel(self) -> None:
+        """Stop the request (vLLM aborts it) and drop its items (idempotent)."""
+        with self._lock:
+            self._cancelled = self._ended = True
+            future, task = self.future, self._task
+        if future is not None:
+            future.cancel()
+        elif task is not None:  # the caller was interrupted before it held the future
+            task.get_loop().call_soon_threadsafe(task.cancel)
 
     def put(self, item: Any) -> None:
         with self._lock:
@@ -224,20 +252,20 @@ class AsyncVLLMBackend:
         yield "final", result_of(last)
 
     def _pump(
-        self, home: asyncio.AbstractEventLoop, request: GenerationRequest, put: Callable[..., Any]
-    ) -> Future[None]:
-        """Run ``request`` on ``home``, handing its items to ``put`` (tracked until it
+        self, home: asyncio.AbstractEventLoop, request: GenerationRequest, pump: _Pump
+    ) -> None:
+        """Run ``request`` on ``home``, handing its items to ``pump`` (tracked until it
         ends, so that :meth:`close` can end it).
 
         Raises:
             AsyncEngineLoopError: the backend was closed.
         """
-        pump = _Pump(put)
 
         async def run() -> None:
             try:
-                async for item in self._deltas(request):
-                    pump.put(item)
+                if pump.started():
+                    async for item in self._deltas(request):
+                        pump.put(item)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
                 pump.put(("error", exc))
             finally:
@@ -251,20 +279,24 @@ class AsyncVLLMBackend:
                     "this AsyncLLM backend was closed; build a new engine and a new model "
                     "object on it"
                 )
+            self._pumps.add(pump)  # first: close() reaches it from the moment it can run
             pump.future = asyncio.run_coroutine_threadsafe(run(), home)
-            self._pumps.add(pump)
-        return pump.future
 
     def stream(self, request: GenerationRequest) -> Iterator[tuple[str, Any]]:
         """Sync stream of ``("delta", text)`` items ending with ``("final", result)``.
 
-        Raises:
-            AsyncEngineLoopError: called on the home loop's thread, or that loop stopped.
-        """
-        return self._start(request)[1]
+        The request is submitted when the iteration starts, inside the generator: an
+        iterator dropped (or interrupted) before or after that point leaves nothing
+        running in the engine.
 
-    def _start(self, request: GenerationRequest) -> tuple[Future[None], Generator[tuple[str, Any]]]:
-        """Submit ``request`` now (see :meth:`stream`): its future and its item iterator."""
+        Raises:
+            AsyncEngineLoopError: iterated on the home loop's thread, or that loop stopped.
+        """
+        items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        return self._drain(items, _Pump(items.put), request)
+
+    def _submit(self, request: GenerationRequest, pump: _Pump) -> None:
+        """Submit ``request`` for a blocking consumer (see :meth:`stream`)."""
         home = self.home_loop()
         if _running_loop() is home:
             raise AsyncEngineLoopError(
@@ -272,31 +304,41 @@ class AsyncVLLMBackend:
                 "event loop that owns it would block the loop its answer needs; use "
                 "ainvoke/astream/abatch there, or build the AsyncLLM outside any event loop."
             )
-        items: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        future = self._pump(home, request, items.put)  # submitted now, iterated later
-        return future, self._drain(items, future)
+        self._pump(home, request, pump)
 
-    @staticmethod
-    def _drain(items: queue.SimpleQueue[Any], future: Future[None]) -> Generator[tuple[str, Any]]:
+    def _drain(
+        self,
+        items: queue.SimpleQueue[Any],
+        pump: _Pump,
+        submit: GenerationRequest | None = None,
+    ) -> Generator[tuple[str, Any]]:
+        """``pump``'s items (``submit``: submit that request first); cancels it at the end
+        (a consumer that stopped early or was interrupted: vLLM aborts the request)."""
         try:
+            if submit is not None:
+                self._submit(submit, pump)
             while (item := items.get()) is not _END:
                 if item[0] == "error":
                     raise item[1]
                 yield item
         finally:
-            future.cancel()  # a consumer that stopped early: vLLM aborts the request
+            pump.cancel()
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Every request's result; when one fails, the others are cancelled and it raises."""
-        started: list[tuple[Future[None], Generator[tuple[str, Any]]]] = []
+        """Every request's result; when one fails (or the caller is interrupted), every
+        request is cancelled and it raises."""
+        started: list[tuple[_Pump, Generator[tuple[str, Any]]]] = []
         try:
-            for r in requests:  # all in flight: one engine batch
-                started.append(self._start(r))
+            for r in requests:  # all in flight before any is drained: one engine batch
+                items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+                pump = _Pump(items.put)
+                started.append((pump, self._drain(items, pump)))  # before submitting
+                self._submit(r, pump)
             return [_final(s) for _, s in started]
         except BaseException:
-            for future, stream in started:  # a stream not started has no finally to run
+            for pump, stream in started:  # a stream not started has no finally to run
                 stream.close()
-                future.cancel()  # vLLM aborts the request
+                pump.cancel()  # vLLM aborts the request
             raise
 
     async def agenerate(self, request: GenerationRequest) -> GenerationResult:
@@ -310,16 +352,15 @@ class AsyncVLLMBackend:
         home = self.home_loop()
         caller = asyncio.get_running_loop()  # the home loop too: tracked, so close() ends it
         items: asyncio.Queue[Any] = asyncio.Queue()
-        future = self._pump(
-            home, request, lambda item: caller.call_soon_threadsafe(items.put_nowait, item)
-        )
+        pump = _Pump(lambda item: caller.call_soon_threadsafe(items.put_nowait, item))
         try:
+            self._pump(home, request, pump)
             while (item := await items.get()) is not _END:
                 if item[0] == "error":
                     raise item[1]
                 yield item
         finally:
-            future.cancel()
+            pump.cancel()  # e.g. the task was cancelled: vLLM aborts the request
 
     def close(self) -> None:
         """End the requests in flight, then stop and close the private loop, if any (the
@@ -345,8 +386,7 @@ class AsyncVLLMBackend:
                     "object on it"
                 )
             )
-            if pump.future is not None:
-                pump.future.cancel()
+            pump.cancel()
         if loop is None or thread is None:
             return
         if loop.is_running():

@@ -12,8 +12,10 @@ request's structure tags travel as ``SamplingParams(extra_args=...)``.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import queue
+import sys
 import threading
 from collections.abc import AsyncIterator, Generator, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ __all__ = [
     "GenerationResult",
     "OutputTracker",
     "VLLMBackend",
+    "import_vllm",
     "result_of",
     "sampling_params",
 ]
@@ -89,8 +92,43 @@ class EngineBackend(Protocol):
         ...
 
 
+#: What :func:`import_vllm` imports by default: what ``build_llm`` / ``build_async_llm``
+#: and :func:`sampling_params` import (each pulls in ``vllm.multimodal.media.audio``).
+VLLM_MODULES = ("vllm.sampling_params", "vllm.engine.arg_utils", "vllm.entrypoints.llm")
+
+
+def import_vllm(modules: Sequence[str] = VLLM_MODULES) -> None:
+    """Import ``modules`` of vLLM on a short-lived thread of their own (best effort: a
+    module that fails to import is left to its importer to report; no-op once imported).
+
+    vLLM (0.32) keeps an exception raised during its import in a module global --
+    ``vllm.multimodal.media.audio._torchcodec_import_exc``, where torchcodec is missing or
+    unusable -- and that exception's traceback holds every frame that was on the stack
+    when the module was first imported, locals included, for the life of the process.
+    Imported under ``ChatAgentSpecVLLM``'s first engine build (or first request), those
+    frames hold the model object, its engine and its backend, which then were never
+    freed, shut down or not. On a fresh thread the pinned frames hold nothing of the
+    caller's.
+    """
+    if all(name in sys.modules for name in modules):
+        return
+
+    def run() -> None:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - the caller's own import reports it
+                logger.debug("importing %s failed", name, exc_info=True)
+                return
+
+    thread = threading.Thread(target=run, name="agentspec-import-vllm", daemon=True)
+    thread.start()
+    thread.join()
+
+
 def sampling_params(r: GenerationRequest) -> Any:
     """vLLM ``SamplingParams`` for one request (tags travel in ``extra_args``)."""
+    import_vllm(("vllm.sampling_params",))  # not on this stack: see import_vllm
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
@@ -168,6 +206,41 @@ class _LLMEngineInputs:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.engine.has_unfinished_requests())
+
+
+class _Call:
+    """One caller's request on a :class:`VLLMBackend`, made before it is submitted.
+
+    An interrupt can reach the caller at any point -- ``KeyboardInterrupt`` (Ctrl-C in a
+    notebook) anywhere, or an asyncio cancellation at an ``await`` -- including after the
+    engine loop has taken the request but before the caller holds its id. :meth:`cancel`
+    aborts the request by its id when the caller has it; otherwise the request's sink,
+    which sees the cancellation, aborts it at its next output. Either way the engine stops
+    generating it and the backend forgets it.
+    """
+
+    def __init__(self, backend: VLLMBackend, put: Any) -> None:
+        self._backend = backend
+        self._put = put
+        self.request_id: str | None = None
+        self.cancelled = False
+
+    def submit(self, request: GenerationRequest) -> None:
+        self.request_id = self._backend._submit(request, self._sink)
+
+    def _sink(self, output: Any) -> None:
+        if not self.cancelled:
+            self._put(output)
+            return
+        request_id = getattr(output, "request_id", None)
+        if request_id is not None and not getattr(output, "finished", False):
+            self._backend._abort(request_id)  # cancelled before its id reached the caller
+
+    def cancel(self) -> None:
+        """Abort the request (idempotent; a finished or unsubmitted one is left alone)."""
+        self.cancelled = True
+        if self.request_id is not None:
+            self._backend._abort(self.request_id)
 
 
 class VLLMBackend:
@@ -292,58 +365,66 @@ class VLLMBackend:
         return items
 
     def stream(self, request: GenerationRequest) -> Iterator[tuple[str, Any]]:
-        """``("delta", text)`` items as the engine produces them, then ``("final", result)``."""
-        return self._start(request)
+        """``("delta", text)`` items as the engine produces them, then ``("final", result)``.
 
-    def _start(self, request: GenerationRequest) -> Iterator[tuple[str, Any]]:
-        """Submit now; the returned iterator yields the request's items."""
+        The request is submitted when the iteration starts, inside the generator: an
+        iterator dropped (or interrupted) before or after that point leaves nothing running
+        in the engine."""
         outputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        request_id = self._submit(request, outputs.put)
-        return self._drain(request, request_id, outputs)
+        return self._drain(request, _Call(self, outputs.put), outputs, submit=True)
 
     def _drain(
-        self, request: GenerationRequest, request_id: str, outputs: queue.SimpleQueue[Any]
+        self,
+        request: GenerationRequest,
+        call: _Call,
+        outputs: queue.SimpleQueue[Any],
+        *,
+        submit: bool = False,
     ) -> Generator[tuple[str, Any]]:
+        """``call``'s items (``submit``: submit it first); cancels it unless it finished."""
         tracker, done = OutputTracker(), False
         try:
+            if submit:
+                call.submit(request)
             while not done:
                 for item in self._items(request, outputs.get(), tracker):
                     done = item[0] == "final"
                     yield item
         finally:
-            if not done:  # the consumer stopped early, or the request failed
-                self._abort(request_id)
+            if not done:  # the consumer stopped early or was interrupted, or it failed
+                call.cancel()
 
     async def astream(self, request: GenerationRequest) -> AsyncIterator[tuple[str, Any]]:
         """Async twin of :meth:`stream` (any event loop)."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[Any] = asyncio.Queue()
-        request_id = self._submit(
-            request, lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out)
-        )
+        call = _Call(self, lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out))
         tracker, done = OutputTracker(), False
         try:
+            call.submit(request)
             while not done:
                 for item in self._items(request, await outputs.get(), tracker):
                     done = item[0] == "final"
                     yield item
         finally:
-            if not done:
-                self._abort(request_id)
+            if not done:  # e.g. the task was cancelled: abort the request
+                call.cancel()
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Every request's result; when one fails, the others are aborted and it raises."""
-        started: list[tuple[str, Generator[tuple[str, Any]]]] = []
+        """Every request's result; when one fails (or the caller is interrupted), every
+        request is aborted and it raises."""
+        started: list[tuple[_Call, Generator[tuple[str, Any]]]] = []
         try:
-            for r in requests:  # all submitted: they share steps
+            for r in requests:  # all submitted before any is drained: they share steps
                 outputs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-                request_id = self._submit(r, outputs.put)
-                started.append((request_id, self._drain(r, request_id, outputs)))
+                call = _Call(self, outputs.put)
+                started.append((call, self._drain(r, call, outputs)))  # before submitting
+                call.submit(r)
             return [_final(s) for _, s in started]
         except BaseException:
-            for request_id, stream in started:  # a stream not started has no finally to run
+            for call, stream in started:  # a stream not started has no finally to run
                 stream.close()
-                self._abort(request_id)
+                call.cancel()
             raise
 
     async def agenerate(self, request: GenerationRequest) -> GenerationResult:

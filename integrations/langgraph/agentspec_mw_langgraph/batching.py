@@ -126,14 +126,20 @@ class EngineLoop:
             if self._thread is None:
                 # the thread holds the inbox and a weak reference: the loop (and its
                 # engine) can be collected while idle; then the finalizer stops the thread
-                self._thread = threading.Thread(
+                thread = threading.Thread(
                     target=_serve,
                     args=(self._inbox, weakref.ref(self)),
                     name=self._name,
                     daemon=True,
                 )
-                weakref.finalize(self, self._inbox.put, _Stop())
-                self._thread.start()
+                try:
+                    thread.start()
+                finally:
+                    # kept only once started: a Ctrl-C before start() left a thread that
+                    # never ran, and every later call waited on it for good
+                    if thread.ident is not None:
+                        self._thread = thread
+                        weakref.finalize(self, self._inbox.put, _Stop())
             self._inbox.put(_Add(request_id, prompt, params, sink))
         return request_id
 

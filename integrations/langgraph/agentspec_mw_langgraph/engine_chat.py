@@ -88,6 +88,7 @@ from agentspec_mw_langgraph.backend import (
     EngineBackend,
     GenerationRequest,
     GenerationResult,
+    import_vllm,
 )
 from agentspec_mw_langgraph.constrain import output_constraint, parsed_response
 from agentspec_mw_langgraph.context import deliver_wire_tags
@@ -266,6 +267,7 @@ class ChatAgentSpecVLLM(BaseChatModel):
                             "the embedded engine of ChatAgentSpecVLLM",
                             "pip install agentspec-mw-vllm   (or: bash scripts/bootstrap.sh)",
                         ) from None
+                    import_vllm()  # off this stack, which holds self (see import_vllm)
 
                     def build() -> Any:
                         return build_llm(

@@ -3,7 +3,8 @@
 * :func:`backend_for` gives every model object on the same engine object the same backend
   (one engine loop per engine: two would step it at once). The backend is kept on the
   engine (attribute ``_agentspec_backend``), so it lives as long as the engine, and
-  ``agentspec_mw_vllm.engine.shutdown(engine)`` closes it.
+  ``agentspec_mw_vllm.engine.shutdown(engine)`` closes it. It is made outside the
+  registry's lock: callers for the same engine wait for that one making, the others go on.
 * :func:`shared_engine` gives model objects that build their embedded engine
   (``engine=None``) with equal settings one engine per process: a planner and a writer
   on two ``ChatAgentSpecVLLM`` objects share one engine's steps and one proposer history.
@@ -53,7 +54,7 @@ _ATTR = BACKEND_ATTR
 #: Set (``True``) on an engine by ``agentspec_mw_vllm.engine.shutdown`` (the vLLM
 #: integration does not import this package, so the name is shared, not imported).
 _SHUT_DOWN_ATTR = "_agentspec_shut_down"
-_lock = threading.RLock()  # guards the state below; never held through an engine build
+_lock = threading.RLock()  # guards the state below; held through no build or making
 #: ``(key, settings, engine)`` of the engines built (keys are not hashable: a list).
 _engines: list[tuple[Any, dict[str, Any], Any]] = []
 #: The backends of engines that refuse attributes, by ``id(engine)`` (the engine is kept
@@ -62,7 +63,8 @@ _unattached: dict[int, tuple[Any, EngineBackend]] = {}
 
 
 class _Build:
-    """An engine being built for ``key``: callers with an equal key wait for it."""
+    """An engine being built for ``key`` (or a backend being made for the engine ``key``):
+    callers with an equal key wait for it."""
 
     def __init__(self, key: Any, settings: dict[str, Any]) -> None:
         self.key = key
@@ -78,6 +80,8 @@ class _Build:
 
 
 _building: list[_Build] = []  # the builds in flight
+#: The backends being made by :func:`backend_for`, keyed by their engine (``_Build.key``).
+_making: list[_Build] = []
 
 
 def _make_backend(engine: Any) -> EngineBackend:
@@ -99,25 +103,54 @@ def _make_backend(engine: Any) -> EngineBackend:
 def backend_for(engine: Any) -> EngineBackend:
     """The backend of ``engine`` (an :class:`EngineBackend` is its own), made once.
 
+    The backend is made outside the registry's lock (a new ``VLLMBackend`` may wait up
+    to its ``previous_loop_wait_s`` for a closed backend's engine loop to stop): callers
+    for the same engine wait for that one making (one backend per engine), callers for
+    other engines, and the registry's other functions, go on meanwhile. A making that
+    raises registers nothing and raises in its own caller; the callers that waited for it
+    then go on as if it had never started.
+
     Raises:
         TypeError: ``engine`` is not an engine this package can drive.
+        RuntimeError: called while making the backend of the same engine (it would wait
+            for itself).
     """
     if isinstance(engine, EngineBackend):
         return engine
-    with _lock:
-        _prune_unattached()
-        backend = getattr(engine, _ATTR, None)
-        if backend is not None and not getattr(getattr(backend, "loop", None), "closed", False):
-            return backend  # type: ignore[no-any-return]
-        entry = _unattached.get(id(engine))
-        if entry is not None and entry[0] is engine:
-            return entry[1]
+    me = threading.get_ident()
+    while True:
+        with _lock:
+            _prune_unattached()
+            backend = getattr(engine, _ATTR, None)
+            loop = getattr(backend, "loop", None)
+            if backend is not None and not getattr(loop, "closed", False):
+                return backend  # type: ignore[no-any-return]
+            entry = _unattached.get(id(engine))
+            if entry is not None and entry[0] is engine:
+                return entry[1]
+            pending = next((m for m in _making if m.key is engine), None)
+            if pending is None:
+                mine = _Build(engine, {})
+                _making.append(mine)
+                break
+        if pending.thread == me:
+            raise RuntimeError(
+                "backend_for was called while making the backend of the same engine (it "
+                "would wait for itself)"
+            )
+        pending.wait()  # then look again: its backend, or (it failed) no making in flight
+    try:
         backend = _make_backend(engine)
-        try:
-            setattr(engine, _ATTR, backend)
-        except (AttributeError, TypeError):
-            _unattached[id(engine)] = (engine, backend)
-        return backend
+        with _lock:
+            try:
+                setattr(engine, _ATTR, backend)
+            except (AttributeError, TypeError):
+                _unattached[id(engine)] = (engine, backend)
+    finally:
+        with _lock:
+            _making.remove(mine)
+        mine.finish()
+    return backend
 
 
 def _stopped(backend: Any) -> bool:
@@ -306,6 +339,7 @@ def _forget_after_fork() -> None:
     _lock = threading.RLock()
     _engines.clear()
     _building.clear()
+    _making.clear()
     _unattached.clear()
 
 

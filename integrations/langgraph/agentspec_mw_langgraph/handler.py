@@ -8,11 +8,13 @@ when the root run ends (or errors, e.g. on an interrupt); the redundancy graph o
 outlives it (the last ``graph_history`` finished queries are kept for inspection).
 
 A query is one graph run, or the runs of one thread (``thread_id``) one after another:
-a graph run started while another graph run holds its thread (``app.batch(inputs,
-config)`` with one ``thread_id`` for all, two apps run at once on one thread; any
-handler of the process, same scope) is a query of its own,
+a graph run that finds its thread held by another graph run of the process still running
+(``app.batch(inputs, config)`` with one ``thread_id`` for all, two apps run at once on
+one thread; any handler, same scope) is a query of its own,
 ``thread:<thread_id>|run:<root run id>``, so concurrent runs never share groups,
-relations or learned segments; the thread's next run joins its query again.
+relations or learned segments; the thread's next run joins its query again. A run holds
+its thread from its first child run until it ends (or errors, is interrupted, or its
+stream is closed): a start another handler rejected holds nothing.
 
 Events seen twice (the same handler passed again at call time) are ignored by run id.
 A wrapped app run inside another wrapped app's run (mounted as a node, or invoked from
@@ -218,6 +220,10 @@ class _Root:
     attempts: dict[_AttemptKey, _Attempt] = field(default_factory=dict)
     failed_runs: set[UUID] = field(default_factory=set)  # node runs ended by an error
     thread: _ThreadKey | None = None  # the thread whose query this graph run holds
+    # False: a threaded graph run whose first child run has not started yet; it holds no
+    # thread and no query until then (see AgentSpecCallbackHandler._settle)
+    opened: bool = True
+    thread_id: Any = None  # the run's thread_id, for the query id its first child settles
 
 
 @dataclass
@@ -478,10 +484,11 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         """Record a run; ``None`` if it was already seen. Caller holds the lock.
 
         A root ``graph_run`` (a chain run: a graph invocation) with a thread holds that
-        thread's query while it runs; one started while another graph run holds it is a
-        query of its own (concurrent runs given one ``thread_id`` never share groups,
-        relations or learned segments). Roots that are LLM, tool or retriever runs join
-        the thread's query (a handler given to the model only sees each call as a root).
+        thread's query while it runs, from its first child run on (:meth:`_settle`); one
+        that finds another graph run holding it is a query of its own (concurrent runs
+        given one ``thread_id`` never share groups, relations or learned segments). Roots
+        that are LLM, tool or retriever runs join the thread's query (a handler given to
+        the model only sees each call as a root).
         """
         if run_id in self._runs:
             self._stats.duplicate_events += 1
@@ -494,22 +501,17 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             thread = md.get("thread_id")
             use_thread = self.config.tags_query_from_thread
             query_id = _bounded(derive.query_id_for(str(run_id), thread, use_thread))
-            held: _ThreadKey | None = None
+            state = _Root(query_id=query_id, thread_id=thread)
+            self._roots[root] = state
             if graph_run and query_id != _bounded(f"run:{run_id}"):
-                held = (self.config.tags_scope, query_id)
-                if not _claim_thread(held, self, run_id):
-                    held = None
-                    query_id = _bounded(
-                        derive.query_id_for(str(run_id), thread, use_thread, thread_busy=True)
-                    )
-            query = self._open_query(query_id, run_id)
-            # a re-run of a failed root's tasks: their attempts are retried
-            self._roots[root] = _Root(
-                query_id=query_id, attempts=query.failed_attempts, thread=held
-            )
-            query.failed_attempts = {}
+                state.opened = False  # the thread is claimed at its first child run
+            else:
+                self._open_root(root, state)
         else:
             root = parent.root
+            state = self._roots[root]
+            if not state.opened:
+                self._settle(root, state)
         node = md.get("langgraph_node")
         is_node = node is not None and name == node
         run = _Run(
@@ -524,6 +526,31 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         self._runs[run_id] = run
         self._roots[root].run_ids.add(run_id)
         return run
+
+    def _open_root(self, root: UUID, state: _Root) -> None:
+        """Open (or join) the query of root run ``root``. Caller holds the lock."""
+        query = self._open_query(state.query_id, root)
+        # a re-run of a failed root's tasks: their attempts are retried
+        state.attempts = query.failed_attempts
+        query.failed_attempts = {}
+        state.opened = True
+
+    def _settle(self, root: UUID, state: _Root) -> None:
+        """At a threaded graph run's first child run: claim its thread's query, or (another
+        graph run holds it) make it a query of its own, and open that query. Caller holds
+        the lock.
+
+        Not at the run's start: a start another handler rejects (``raise_error``; LangChain
+        then sends no end event, and the graph never runs) would hold the thread for the
+        life of the handler, and every later run of the thread would be a query apart."""
+        key = (self.config.tags_scope, state.query_id)
+        if _claim_thread(key, self, root):
+            state.thread = key
+        else:
+            state.query_id = _bounded(
+                derive.query_id_for(str(root), state.thread_id, True, thread_busy=True)
+            )
+        self._open_root(root, state)
 
     def _nested_elsewhere(self, parent_run_id: UUID | None) -> bool:
         """Whether a run whose parent this handler does not know runs inside a run another
@@ -570,6 +597,8 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                     live.call.status = "error"
                 if live.ticket is not None:
                     live.ticket.end()
+        if not root.opened:  # a graph run that never ran a child: it opened no query
+            return
         query = self._queries.get(root.query_id)
         if query is None:
             return

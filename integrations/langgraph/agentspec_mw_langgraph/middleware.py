@@ -62,7 +62,11 @@ metadata (``lc_source``, ``lc_internal_call``:
 summary (made in its ``before_model`` node, outside any model call) and
 ``LLMToolSelectorMiddleware``'s selection (made inside the model call, within this
 middleware's when that one comes after it) get neither the ContextVar nor the metadata.
-``with_agentspec`` tags them as agents of their own.
+``with_agentspec`` tags them as agents of their own. One exception: an OpenAI model's
+tags travel on the model object this middleware hands on (its ``extra_body``), so a
+middleware after this one that calls that same model for itself
+(``LLMToolSelectorMiddleware`` without a ``model=`` of its own) sends them too -- one
+more reason to put this middleware last.
 
 Put ``AgentSpecMiddleware`` **last** in ``middleware=[...]``: a middleware's
 ``wrap_model_call`` wraps those after it, so the tags are derived from the request that

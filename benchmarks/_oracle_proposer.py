@@ -11,6 +11,8 @@ the engine running in the script's process):
   its budget reads the engine's measured cost model);
 * ``"trim"``: AgentSpec's drafts cut where they leave the known output (their accepted
   prefix): the same accepted tokens without the rejected ones — a perfect length choice.
+  Where the output is not known (a request past the recorded tokens, which lack the last
+  step's), the draft is dropped: a rejected token is never drafted in this mode.
 
 In every mode each request's tokens are recorded (at ``stop``). AgentSpec sees the requests
 of its own modes only (``agentspec``, ``trim``), as its engine in ``agentspec bench`` sees
@@ -79,8 +81,11 @@ class OracleProposer:
             if self.mode == "agentspec":
                 return drafts
             for i, (rid, d) in enumerate(zip(req_ids, drafts, strict=True)):
-                at = self._known(rid) if len(d) else None
-                if at is None:
+                if not len(d):
+                    continue
+                at = self._known(rid)
+                if at is None:  # no recorded output to cut at (past its end, or another
+                    drafts[i] = Draft(())  # output): its accepted prefix is not known
                     continue
                 known, n = at
                 cut = accepted_length(d.token_ids, np.asarray(known[n:]))

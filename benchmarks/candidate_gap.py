@@ -7,7 +7,7 @@ have accepted against the recorded output:
 
 * ``suffix`` — SuffixDecoding's draft;
 * ``iso`` / ``agent`` / ``scope`` / ``local`` — each AgentSpec source's whole candidate (up to k);
-* ``best`` — the best of the three (an oracle that knows the output);
+* ``best`` — the best of the four (an oracle that knows the output);
 * ``picked`` — the candidate AgentSpec chose, whole;
 * ``drafted`` / ``accepted`` — what the budget let through, and what of it was accepted.
 

@@ -31,6 +31,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 from _replay_setup import load_workloads  # noqa: F401  (puts this checkout first on sys.path)
@@ -407,25 +408,26 @@ def ratio_rows(runs: Sequence[Run], names: Sequence[str]) -> list[str]:
     head = " | ".join(f"{a}/{b}" for a, b in pairs)
     rows = [f"| b | workload | {head} | share of headroom |", "| --- " * (3 + len(pairs)) + "|"]
     for b in batches:
-        ratios: dict[tuple[str, str], list[float]] = {p: [] for p in pairs}
-        for wl in [*wls, "geomean"]:
+        per_wl: dict[str, list[float]] = {}
+        for wl in wls:
             vals = []
             for a, c in pairs:
-                if wl == "geomean":
-                    v = geomean(ratios[(a, c)])
-                else:
-                    ra, rc = by.get((wl, b, a)), by.get((wl, b, c))
-                    v = rc.time_s / ra.time_s if ra and rc else math.nan
-                    if not math.isnan(v):
-                        ratios[(a, c)].append(v)
-                vals.append(v)
+                ra, rc = by.get((wl, b, a)), by.get((wl, b, c))
+                vals.append(rc.time_s / ra.time_s if ra and rc else math.nan)
+            per_wl[wl] = vals
+        # the geometric means over the workloads with every ratio at this batch: one set
+        # for every column (a column's mean over fewer workloads would not compare)
+        full = [v for v in per_wl.values() if not any(math.isnan(x) for x in v)]
+        means = [geomean([v[j] for v in full]) for j in range(len(pairs))]
+        label = "geomean" if len(full) == len(wls) else f"geomean ({len(full)} of {len(wls)})"
+        for wl, vals in [*per_wl.items(), (label, means)]:
             share = "–"
             named = dict(zip(pairs, vals, strict=True))
             got, top = named.get(("agentspec", "suffix")), named.get((ORACLE, "suffix"))
             if got and top and top > 1:
                 share = f"{math.log(got) / math.log(top):.0%}"
             cells = " | ".join(f"{v:.3f}" for v in vals)
-            name = f"**{wl}**" if wl == "geomean" else wl
+            name = f"**{wl}**" if wl == label else wl
             rows.append(f"| {b} | {name} | {cells} | {share} |")
     return rows
 
@@ -510,11 +512,19 @@ def report(runs: Sequence[Run], names: Sequence[str], preset: str, k: int, targe
 
 
 def merge(paths: Sequence[str], target: float) -> int:
-    """Print the tables of several ``--json`` reports as one (same preset and k)."""
+    """Print the tables of several ``--json`` reports as one (same preset and k). A file
+    given twice is read once; two files with a run of the same workload, batch and
+    proposer are refused (the ratio table would keep one of them, the time table both)."""
     runs: list[Run] = []
     names: list[str] = []
     presets, ks = set(), set()
+    seen: set[Path] = set()
+    where: dict[tuple[str, int, str], str] = {}
     for path in paths:
+        if Path(path).resolve() in seen:
+            print(f"headroom: {path} given again: read once", file=sys.stderr)
+            continue
+        seen.add(Path(path).resolve())
         with open(path) as fh:
             rep = json.load(fh)
         presets.add(rep["config"]["cost_model"])
@@ -522,7 +532,15 @@ def merge(paths: Sequence[str], target: float) -> int:
         names += [n for n in rep["config"]["names"] if n not in names]
         for r in rep["runs"]:
             r.pop("accepted_per_decode_step", None)
-            runs.append(Run(**r))
+            run = Run(**r)
+            key = (run.workload, run.batch, run.proposer)
+            if key in where:
+                raise SystemExit(
+                    f"--merge: {run.proposer} on {run.workload} at b={run.batch} is in both "
+                    f"{where[key]} and {path}: merge reports of different runs only"
+                )
+            where[key] = path
+            runs.append(run)
     if len(presets) != 1 or len(ks) != 1:
         raise SystemExit(f"--merge: reports mix presets {presets} or k {ks}")
     names.remove(ORACLE)

@@ -2,7 +2,8 @@
 
 Replays real traces through each proposer at a batch size (default 256 calls in flight)
 and reports the per-step proposer time over the steps where the batch was full — the
-number the AgentSpec issue bounds (median ≤ 2 ms for 256 requests). Prints a table;
+number docs/results.md holds to its bar (p50 ≤ 1.5 ms for 256 requests; the median of
+several runs' p50, the hour's load moves one run's). Prints a table;
 ``--json`` writes it. Timings are wall-clock on this machine: run it on a quiet machine
 and compare proposers within one run.
 

@@ -44,9 +44,12 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
 
 from agentspec_mw.default_model import resolve_model
 from agentspec_mw_vllm.config import ADDITIONAL_CONFIG_KEY, drafter_section
@@ -269,7 +272,10 @@ def build_llm(
             name / dotted path.
         k: draft tokens per request per step (``num_speculative_tokens``).
         max_model_len: context limit; keep it >= prompt + max_tokens + k.
-        seed: the engine seed.
+        seed: the engine seed. vLLM seeds the global RNGs with it when it builds the
+            worker, which runs in this process: torch's stays so seeded (the engine's
+            sampling draws from it), Python's ``random`` and numpy's are restored to the
+            caller's state.
         proposer_options: keyword options for our proposer (adapter methods only).
         cost_model: a :mod:`agentspec_mw.costmodel` preset for the proposer's budget, or
             ``"measured"`` (fitted to this engine's timed steps).
@@ -292,7 +298,15 @@ def build_llm(
         cost_model=cost_model,
         **llm_kwargs,
     )
-    return LLM(**kwargs)
+    # vLLM seeds the process's global RNGs with ``seed`` when it builds the engine's
+    # worker, here in this process: Python's ``random`` and numpy's are the caller's,
+    # given back as they were (torch's stays seeded: the engine samples from it)
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        return LLM(**kwargs)
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
 
 
 def build_async_llm(

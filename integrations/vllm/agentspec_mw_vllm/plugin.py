@@ -50,6 +50,7 @@ import functools
 import inspect
 import logging
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
@@ -279,27 +280,31 @@ def _safe_rebind_kernels(overrides: list[tuple[Callable[..., Any], Any]]) -> Non
                 return wrapper
         return None
 
-    for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        if not isinstance(namespace, dict) or not namespace:
-            continue
-        for attr, value in list(namespace.items()):
-            wrapper = lookup(value)
-            if wrapper is not None:
-                setattr(module, attr, wrapper)
+    # reading every module attribute's __dict__ touches deprecated aliases, which warn
+    # (torch.distributed.reduce_op: a FutureWarning naming this file on every start)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict) or not namespace:
                 continue
-            try:
-                inst = vars(value)
-            except Exception:  # no __dict__, or a proxy that raises on lookup
-                continue
-            if not isinstance(inst, Mapping):
-                continue
-            wrapper = lookup(inst.get("kernel"))
-            if wrapper is None:
-                continue
-            value.kernel = wrapper
-            if not isinstance(value, type):
-                value.__dict__.pop("_kernel_arg_names", None)
+            for attr, value in list(namespace.items()):
+                wrapper = lookup(value)
+                if wrapper is not None:
+                    setattr(module, attr, wrapper)
+                    continue
+                try:
+                    inst = vars(value)
+                except Exception:  # no __dict__, or a proxy that raises on lookup
+                    continue
+                if not isinstance(inst, Mapping):
+                    continue
+                wrapper = lookup(inst.get("kernel"))
+                if wrapper is None:
+                    continue
+                value.kernel = wrapper
+                if not isinstance(value, type):
+                    value.__dict__.pop("_kernel_arg_names", None)
 
 
 def _install_dispatcher_fix() -> None:

@@ -100,7 +100,12 @@ def _add_bench(sub: Any) -> None:
         ),
     )
     p.add_argument("--n", type=_ints, default=None, help="concurrent workflows (1,4,16,32,64)")
-    p.add_argument("--methods", type=_names, default=None, help="comma list (all five)")
+    p.add_argument(
+        "--methods",
+        type=_names,
+        default=None,
+        help="comma list (all five); none always runs too, as the baseline",
+    )
     p.add_argument(
         "--apps",
         type=_names,

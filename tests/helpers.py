@@ -1,6 +1,6 @@
 """Helpers several test modules share: loading a repository script as a module, a package
-faked for ``importlib.util.find_spec``, small synthetic ReAct-like calls, and a proposer
-whose drafts are always wrong."""
+faked for ``importlib.util.find_spec``, small synthetic ReAct-like calls, a proposer
+whose drafts are always wrong, and one row of an ``agentspec bench --json`` report."""
 
 from __future__ import annotations
 
@@ -78,3 +78,17 @@ class Wrong:
 
     def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
         return [Draft((-1,) * k) for _ in req_ids]
+
+
+def bench_row(label: str, n: int, tput: list[float], acc: float | None = None) -> dict[str, Any]:
+    """One ``agentspec bench --json`` row of ``label`` on the demo at ``n`` with these
+    repeats' tok/s (``acc``: its acceptance)."""
+    return {
+        "label": label, "app": "demo", "n": n, "repeats": len(tput),
+        "tokens_per_s": float(np.median(tput)), "ratio_to_none": 1.0,
+        "tokens_per_s_repeats": tput, "tpot_p50_ms": None, "tpot_p99_ms": None,
+        "latency_p50_s": 1.0, "drafted": 100, "accepted": 50, "acceptance": acc,
+        "rejection": None, "proposer_ms_per_step": None, "fit_error_median": None,
+        "fit_error_mean": None, "fit_steps": 0, "per_agent_acceptance": {},
+        "per_block": {}, "identical_to_none": True, "load_avg": 1.0,
+    }  # fmt: skip

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.helpers import script
+from tests.helpers import bench_row, script
 
 
 @pytest.fixture()
@@ -638,17 +638,6 @@ def test_bench_bars_pools_repeats_per_configuration(
     at N = 1 (``min_workflows``) is another configuration; the better peer is per run."""
     tool = script("bench_bars")
 
-    def row(label: str, n: int, tput: list[float], acc: float | None = None) -> dict[str, Any]:
-        return {
-            "label": label, "app": "demo", "n": n, "repeats": len(tput),
-            "tokens_per_s": float(np.median(tput)), "ratio_to_none": 1.0,
-            "tokens_per_s_repeats": tput, "tpot_p50_ms": None, "tpot_p99_ms": None,
-            "latency_p50_s": 1.0, "drafted": 100, "accepted": 50, "acceptance": acc,
-            "rejection": None, "proposer_ms_per_step": None, "fit_error_median": None,
-            "fit_error_mean": None, "fit_steps": 0, "per_agent_acceptance": {},
-            "per_block": {}, "identical_to_none": True, "load_avg": 1.0,
-        }  # fmt: skip
-
     def report(name: str, config: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         path = tmp_path / name
         meta = {"cpus": 2, "load_before": [0.0], "load_after": [0.0], "engine_start_s": {}}
@@ -661,33 +650,33 @@ def test_bench_bars_pools_repeats_per_configuration(
         "old.json",
         {"max_tokens": 32},  # from before min_workflows: N workflows per run
         [
-            row("none", 1, [100.0, 100.0]),
-            row("suffix", 1, [120.0, 110.0]),
-            row("agentspec", 1, [110.0, 120.0]),
-            row("none", 32, [300.0, 300.0]),
-            row("ngram", 32, [310.0, 300.0]),
-            row("suffix", 32, [250.0, 250.0]),
-            row("agentspec", 32, [330.0, 300.0], 0.8),
-            row("agentspec-untagged", 32, [300.0, 310.0], 0.7),
+            bench_row("none", 1, [100.0, 100.0]),
+            bench_row("suffix", 1, [120.0, 110.0]),
+            bench_row("agentspec", 1, [110.0, 120.0]),
+            bench_row("none", 32, [300.0, 300.0]),
+            bench_row("ngram", 32, [310.0, 300.0]),
+            bench_row("suffix", 32, [250.0, 250.0]),
+            bench_row("agentspec", 32, [330.0, 300.0], 0.8),
+            bench_row("agentspec-untagged", 32, [300.0, 310.0], 0.7),
         ],
     )
     new = report(
         "new.json",
         {"max_tokens": 32, "min_workflows": 8},
         [
-            row("none", 1, [100.0]),
-            row("suffix", 1, [100.0]),
-            row("agentspec", 1, [105.0]),
-            row("none", 32, [300.0]),
-            row("ngram", 32, [300.0]),
-            row("agentspec", 32, [360.0], 0.75),
-            row("agentspec-untagged", 32, [300.0], 0.76),
+            bench_row("none", 1, [100.0]),
+            bench_row("suffix", 1, [100.0]),
+            bench_row("agentspec", 1, [105.0]),
+            bench_row("none", 32, [300.0]),
+            bench_row("ngram", 32, [300.0]),
+            bench_row("agentspec", 32, [360.0], 0.75),
+            bench_row("agentspec-untagged", 32, [300.0], 0.76),
         ],
     )
     sampled = report(
         "sampled.json",
         {"max_tokens": 32, "min_workflows": 8, "temperature": 0.7},
-        [row("none", 32, [300.0]), row("agentspec", 32, [270.0])],
+        [bench_row("none", 32, [300.0]), bench_row("agentspec", 32, [270.0])],
     )
     assert tool.main([old, new, sampled]) == 0
     out = capsys.readouterr().out

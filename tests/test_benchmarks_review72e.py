@@ -6,23 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from tests.helpers import script
-
-
-def _bench_row(label: str, n: int, tput: list[float], acc: float | None = None) -> dict[str, Any]:
-    """One ``agentspec bench --json`` row of ``label`` at ``n`` with these repeats' tok/s."""
-    return {
-        "label": label, "app": "demo", "n": n, "repeats": len(tput),
-        "tokens_per_s": float(np.median(tput)), "ratio_to_none": 1.0,
-        "tokens_per_s_repeats": tput, "tpot_p50_ms": None, "tpot_p99_ms": None,
-        "latency_p50_s": 1.0, "drafted": 100, "accepted": 50, "acceptance": acc,
-        "rejection": None, "proposer_ms_per_step": None, "fit_error_median": None,
-        "fit_error_mean": None, "fit_steps": 0, "per_agent_acceptance": {},
-        "per_block": {}, "identical_to_none": True, "load_avg": 1.0,
-    }  # fmt: skip
+from tests.helpers import bench_row, script
 
 
 def _bench_report(path: Path, rows: list[dict[str, Any]]) -> str:
@@ -45,9 +31,9 @@ def test_bench_bars_tags_bar_misses_on_acceptance_lower_tagged_in_every_run(
         _bench_report(
             tmp_path / f"run{i}.json",
             [
-                _bench_row("none", 32, [300.0, 300.0]),
-                _bench_row("agentspec", 32, [315.0, 309.0], acc=0.76 - 0.01 * i),
-                _bench_row("agentspec-untagged", 32, [300.0, 300.0], acc=0.78),
+                bench_row("none", 32, [300.0, 300.0]),
+                bench_row("agentspec", 32, [315.0, 309.0], acc=0.76 - 0.01 * i),
+                bench_row("agentspec-untagged", 32, [300.0, 300.0], acc=0.78),
             ],
         )
         for i in range(2)
@@ -66,9 +52,9 @@ def test_bench_bars_tags_bar_is_met_where_both_halves_are(
     path = _bench_report(
         tmp_path / "run.json",
         [
-            _bench_row("none", 32, [300.0]),
-            _bench_row("agentspec", 32, [306.0], acc=0.78),
-            _bench_row("agentspec-untagged", 32, [300.0], acc=0.77),
+            bench_row("none", 32, [300.0]),
+            bench_row("agentspec", 32, [306.0], acc=0.78),
+            bench_row("agentspec-untagged", 32, [300.0], acc=0.77),
         ],
     )
     assert tool.main([path]) == 0

@@ -284,15 +284,39 @@ class _OutsideLoopAsyncLLM(_SlowAsyncLLM):
             yield out
 
 
+class _CountingAsyncLLM(_OutsideLoopAsyncLLM):
+    """Counts the requests that reached the engine and those still running."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.started = 0
+        self.running = 0
+
+    async def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Any]:
+        if prompt["prompt_token_ids"]:
+            self.started += 1
+            self.running += 1
+        try:
+            async for out in super().generate(prompt, params, request_id):
+                yield out
+        finally:
+            if prompt["prompt_token_ids"]:
+                self.running -= 1
+
+
 def test_a_failed_async_generate_cancels_the_other_requests(tiny_tokenizer: Any) -> None:
+    """The two others are stopped: aborted in the engine, or (cancelled before their task
+    ran, since review 72) never sent to it; none keeps running."""
     pytest.importorskip("vllm")
-    engine = _OutsideLoopAsyncLLM(tiny_tokenizer)
+    engine = _CountingAsyncLLM(tiny_tokenizer)
     backend = AsyncVLLMBackend(engine)
     ok = GenerationRequest(prompt_token_ids=[1], max_tokens=200)
     bad = GenerationRequest(prompt_token_ids=[], max_tokens=200)
     with pytest.raises(ValueError, match="empty prompt"):
         backend.generate([bad, ok, ok])
-    assert _wait(lambda: engine.cancelled == 2)
+    time.sleep(0.2)  # a request still starting would show up as running here
+    assert _wait(lambda: engine.running == 0)
+    assert engine.cancelled == engine.started <= 2
     backend.close()
 
 

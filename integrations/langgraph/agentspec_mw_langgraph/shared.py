@@ -78,6 +78,13 @@ class _Build:
     def wait(self) -> None:
         self._done.wait()
 
+    def wait_unless_mine(self, message: str) -> None:
+        """Wait for it; raise ``RuntimeError(message)`` instead when the calling thread is
+        the one doing it (it would wait for itself)."""
+        if self.thread == threading.get_ident():
+            raise RuntimeError(message)
+        self.wait()
+
 
 _building: list[_Build] = []  # the builds in flight
 #: The backends being made by :func:`backend_for`, keyed by their engine (``_Build.key``).
@@ -117,7 +124,6 @@ def backend_for(engine: Any) -> EngineBackend:
     """
     if isinstance(engine, EngineBackend):
         return engine
-    me = threading.get_ident()
     while True:
         with _lock:
             _prune_unattached()
@@ -133,12 +139,10 @@ def backend_for(engine: Any) -> EngineBackend:
                 mine = _Build(engine, {})
                 _making.append(mine)
                 break
-        if pending.thread == me:
-            raise RuntimeError(
-                "backend_for was called while making the backend of the same engine (it "
-                "would wait for itself)"
-            )
-        pending.wait()  # then look again: its backend, or (it failed) no making in flight
+        pending.wait_unless_mine(  # then look again: its backend, or (it failed) none
+            "backend_for was called while making the backend of the same engine (it "
+            "would wait for itself)"
+        )
     try:
         backend = _make_backend(engine)
         with _lock:
@@ -285,7 +289,6 @@ def shared_engine(settings: dict[str, Any], build: Callable[[], Any], *, key: An
     """
     settings = copy.deepcopy(settings)
     key = settings if key is None else copy.deepcopy(key)
-    me = threading.get_ident()
     while True:
         with _lock:
             dropped = _drop_unusable()
@@ -312,12 +315,10 @@ def shared_engine(settings: dict[str, Any], build: Callable[[], Any], *, key: An
             return found
         if pending is None:
             break
-        if pending.thread == me:
-            raise RuntimeError(
-                "shared_engine was called from its own build for the same settings "
-                "(the build would wait for itself)"
-            )
-        pending.wait()  # then look again: its engine, or (it failed) no build in flight
+        pending.wait_unless_mine(  # then look again: its engine, or (it failed) none
+            "shared_engine was called from its own build for the same settings "
+            "(the build would wait for itself)"
+        )
     try:
         engine = build()
     except BaseException:

@@ -129,12 +129,15 @@ def test_two_apps_running_at_once_on_one_thread_are_queries_apart(
     def run(i: int) -> None:
         outs.append(apps[i].invoke({"topics": [f"R{i}a"], "notes": [], "summary": ""}, THREAD))
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
-    assert len(outs) == 2
+    def run_both() -> None:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert len(outs) == 2
+
+    run_both()
     groups = [{t.group_id for t, _ in m.seen if t is not None and t.group_id} for m in models]
     queries = [{t.query_id for t, _ in m.seen if t is not None} for m in models]
     assert all(len(q) == 1 for q in queries) and queries[0] != queries[1]
@@ -153,12 +156,7 @@ def test_two_apps_running_at_once_on_one_thread_are_queries_apart(
         m._seen.clear()
     apps[:] = scoped
     outs.clear()
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
-    assert len(outs) == 2
+    run_both()
     for m in models:
         assert {t.query_id for t, _ in m.seen if t is not None} == {"thread:1"}
 

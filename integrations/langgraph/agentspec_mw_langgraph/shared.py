@@ -25,7 +25,11 @@ A registered engine is handed out only while it can serve: one that was shut dow
 (``agentspec_mw_vllm.engine.shutdown`` marks it with the attribute
 ``_agentspec_shut_down``) or whose backend reports it dead (its engine loop failed, its
 ``AsyncLLM`` died or its backend was closed) is dropped from the registry -- shut down
-first, if it was not -- and :func:`shared_engine` builds a new one.
+first, if it was not -- and :func:`shared_engine` builds a new one. ``shutdown`` drops
+a registered engine at once: the registry puts a hook in the engine's list
+``_agentspec_on_shutdown``, which ``shutdown`` calls once the engine is shut down, so
+the registry holds no dead engine (its weights, its KV cache) until its next call. An
+engine that refuses attributes carries neither the mark nor the hook (see below).
 
 An engine that refuses attributes cannot carry its backend: the registry keeps the
 backend (and the engine) until the backend is closed and no longer drives the engine
@@ -54,6 +58,9 @@ _ATTR = BACKEND_ATTR
 #: Set (``True``) on an engine by ``agentspec_mw_vllm.engine.shutdown`` (the vLLM
 #: integration does not import this package, so the name is shared, not imported).
 _SHUT_DOWN_ATTR = "_agentspec_shut_down"
+#: The engine's list of callables that ``agentspec_mw_vllm.engine.shutdown`` calls, each
+#: with the engine, once it is shut down (the name is shared likewise).
+_ON_SHUTDOWN_ATTR = "_agentspec_on_shutdown"
 _lock = threading.RLock()  # guards the state below; held through no build or making
 #: ``(key, settings, engine)`` of the engines built (keys are not hashable: a list).
 _engines: list[tuple[Any, dict[str, Any], Any]] = []
@@ -266,6 +273,28 @@ def _shut_down_dropped(engines: list[Any]) -> None:
             logger.warning("shutting the dropped engine down failed", exc_info=True)
 
 
+def _forget_shut_down(engine: Any) -> None:
+    """The hook :func:`shared_engine` leaves on its engines: unregister ``engine`` (it was
+    shut down). It takes only the registry's lock, briefly, and is called without it
+    (``shutdown`` runs outside the lock; a thread holding it re-enters the ``RLock``)."""
+    with _lock:
+        _engines[:] = [entry for entry in _engines if entry[2] is not engine]
+
+
+def _hook_shutdown(engine: Any) -> None:
+    """Have ``shutdown(engine)`` call :func:`_forget_shut_down` (call with ``_lock``
+    held); an engine that refuses attributes gets none (see the module doc)."""
+    hooks = getattr(engine, _ON_SHUTDOWN_ATTR, None)
+    if hooks is None:
+        hooks = []
+        try:
+            setattr(engine, _ON_SHUTDOWN_ATTR, hooks)
+        except (AttributeError, TypeError):
+            return
+    if isinstance(hooks, list) and _forget_shut_down not in hooks:
+        hooks.append(_forget_shut_down)
+
+
 def shared_engine(settings: dict[str, Any], build: Callable[[], Any], *, key: Any = None) -> Any:
     """The engine built here with settings equal to ``settings``, or ``build()``'s
     (remembered), with a warning when engines with other settings exist (or are being
@@ -329,6 +358,7 @@ def shared_engine(settings: dict[str, Any], build: Callable[[], Any], *, key: An
     with _lock:
         _building.remove(mine)
         _engines.append((key, settings, engine))
+        _hook_shutdown(engine)
     mine.finish()
     return engine
 

@@ -352,7 +352,9 @@ def shutdown(engine: Any) -> None:
     ``_agentspec_backend``: the requests in flight are aborted and their callers get an
     "engine shut down" error at once, and its engine loop thread is joined), then the
     engine core (and its process, if any), so that a later engine can start in the same
-    process.
+    process. Last, it calls each callable in the engine's list ``_agentspec_on_shutdown``
+    with the engine (the LangGraph adapter's registry of shared engines leaves one there
+    to drop its reference at once); one that raises is logged and the others still run.
 
     Raises:
         RuntimeError: the engine loop still steps the engine after its backend's
@@ -379,6 +381,13 @@ def shutdown(engine: Any) -> None:
         core.shutdown()
     elif hasattr(engine, "shutdown"):
         engine.shutdown()
+    for hook in list(getattr(engine, "_agentspec_on_shutdown", None) or ()):
+        try:
+            hook(engine)
+        except Exception:  # noqa: BLE001 - a hook must not fail the shutdown
+            import logging
+
+            logging.getLogger(__name__).warning("an on-shutdown hook failed", exc_info=True)
     gc.collect()
 
 

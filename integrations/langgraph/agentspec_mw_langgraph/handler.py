@@ -16,6 +16,14 @@ relations or learned segments; the thread's next run joins its query again. A ru
 its thread from its first child run until it ends (or errors, is interrupted, or its
 stream is closed): a start another handler rejected holds nothing.
 
+A graph (or retriever) run whose start never completed -- another handler rejected it
+(``raise_error``), this handler's own start failed under ``adapter_raise_errors``, or its
+task was cancelled while other handlers' starts ran -- gets no end event: its state is
+dropped (no graph kept) at the next event once LangChain has let its run id go. The handler
+keeps only a weak reference to the run id object it is given, which LangChain's run
+manager holds for as long as the run may send events (its own tables key the run by an
+equal copy).
+
 Events seen twice (the same handler passed again at call time) are ignored by run id.
 A wrapped app run inside another wrapped app's run (mounted as a node, or invoked from
 one) is left to the outer app's handler: a handler ignores runs nested in a run another
@@ -399,6 +407,9 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         self._lock = threading.Lock()
         self._runs: dict[UUID, _Run] = {}
         self._roots: dict[UUID, _Root] = {}
+        # root graph/retriever run -> a weak reference to the run id object LangChain holds
+        self._started: dict[UUID, weakref.ref[UUID]] = {}
+        self._let_go: deque[UUID] = deque()  # roots whose id object died (weakref callbacks)
         with _HANDLERS_LOCK:
             _HANDLERS.add(self)
         self._live: dict[UUID, _Live] = {}
@@ -450,6 +461,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
     def live_state(self) -> dict[str, int]:
         """Sizes of the per-run state (all zero when no run is in flight)."""
         with self._lock:
+            self._drop_let_go()
             return {"runs": len(self._runs), "roots": len(self._roots), "calls": len(self._live)}
 
     def close(self) -> None:
@@ -480,6 +492,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         md: Mapping[str, Any],
         *,
         graph_run: bool = False,
+        watch: bool = False,
     ) -> _Run | None:
         """Record a run; ``None`` if it was already seen. Caller holds the lock.
 
@@ -489,7 +502,12 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         given one ``thread_id`` never share groups, relations or learned segments). Roots
         that are LLM, tool or retriever runs join the thread's query (a handler given to
         the model only sees each call as a root).
+
+        A root run whose end event releases it (``watch``: a chain or retriever run) is
+        kept under a copy of its id and dropped once LangChain lets the id go without an
+        end (:meth:`_watch`).
         """
+        self._drop_let_go()
         if run_id in self._runs:
             self._stats.duplicate_events += 1
             return None
@@ -497,6 +515,8 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         if parent is None:
             if self._nested_elsewhere(parent_run_id):
                 return None
+            if watch:
+                run_id = self._watch(run_id)
             root = run_id
             thread = md.get("thread_id")
             use_thread = self.config.tags_query_from_thread
@@ -526,6 +546,30 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         self._runs[run_id] = run
         self._roots[root].run_ids.add(run_id)
         return run
+
+    def _watch(self, run_id: UUID) -> UUID:
+        """A copy of root run id ``run_id`` to key its state by, and a weak reference to
+        the object itself: LangChain's run manager for the run holds it (and its child
+        runs' managers, as their parent id) for as long as the run may send events, and
+        a start that never completed (rejected by another handler, failed here under
+        ``raise_error``, cancelled) made no run manager. When it dies without an end event
+        the run's state is dropped at the next event (:meth:`_drop_let_go`). Caller holds
+        the lock."""
+        own = UUID(int=run_id.int)
+        let_go = self._let_go  # not self: the callback must not keep the handler alive
+        try:  # the callback may run anywhere (even under this lock): it only appends
+            self._started[own] = weakref.ref(run_id, lambda _: let_go.append(own))
+        except TypeError:  # not weakly referenceable (a UUID subclass with slots)
+            return run_id
+        return own
+
+    def _drop_let_go(self) -> None:
+        """Drop the state of every root run whose id LangChain let go without its end
+        event: its start never completed. Caller holds the lock."""
+        while self._let_go:
+            root = self._let_go.popleft()
+            if self._started.pop(root, None) is not None:  # else it ended meanwhile
+                self._release(root, ran=False)
 
     def _open_root(self, root: UUID, state: _Root) -> None:
         """Open (or join) the query of root run ``root``. Caller holds the lock."""
@@ -579,11 +623,13 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         self._queries[query_id] = query
         return query
 
-    def _release(self, run_id: UUID, failed: bool = False) -> None:
+    def _release(self, run_id: UUID, failed: bool = False, ran: bool = True) -> None:
         """Drop a root's state when the root run ends (``failed``: with an error that is
-        not an interrupt). A call still open is ended as failed (cancelled: no end event
-        will come). Caller holds the lock."""
+        not an interrupt; not ``ran``: its start never completed, and a query it leaves
+        with no call is not kept). A call still open is ended as failed (cancelled: no end
+        event will come). Caller holds the lock."""
         self._open_calls.pop(run_id, None)
+        self._started.pop(run_id, None)
         root = self._roots.pop(run_id, None)
         if root is None:
             return
@@ -612,6 +658,8 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         query.active_roots -= 1
         if query.active_roots <= 0:
             del self._queries[root.query_id]
+            if not ran and not query.graph.calls and not query.graph.dropped:
+                return  # a run that never started: no graph to keep
             self._finished[root.query_id] = query
             while len(self._finished) > self.config.graph_history:
                 self._finished.popitem(last=False)
@@ -630,7 +678,12 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         try:
             with self._lock:
                 self._register(
-                    run_id, parent_run_id, kwargs.get("name"), metadata or {}, graph_run=True
+                    run_id,
+                    parent_run_id,
+                    kwargs.get("name"),
+                    metadata or {},
+                    graph_run=True,
+                    watch=True,
                 )
         except Exception as exc:  # noqa: BLE001 - the error policy
             self._failed("on_chain_start", exc)
@@ -1278,7 +1331,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         outside any graph run is a root of its own until it ends)."""
         try:
             with self._lock:
-                self._register(run_id, parent_run_id, None, metadata or {})
+                self._register(run_id, parent_run_id, None, metadata or {}, watch=True)
         except Exception as exc:  # noqa: BLE001
             self._failed("on_retriever_start", exc)
 

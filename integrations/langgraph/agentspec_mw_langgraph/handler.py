@@ -508,6 +508,13 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         end (:meth:`_watch`).
         """
         self._drop_let_go()
+        held = self._started.get(run_id)
+        if held is not None and held() is not run_id:
+            # an equal id while the state kept under it is a start that never completed
+            # whose id object someone still holds (a caller retrying with an equal id):
+            # that state goes, this run starts afresh (the same handler seen twice gets
+            # the same object, and stays a duplicate)
+            self._release(run_id, ran=False)
         if run_id in self._runs:
             self._stats.duplicate_events += 1
             return None
@@ -555,6 +562,8 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
         ``raise_error``, cancelled) made no run manager. When it dies without an end event
         the run's state is dropped at the next event (:meth:`_drop_let_go`). Caller holds
         the lock."""
+        if not isinstance(run_id, UUID):  # a caller's ``run_id`` LangChain passed as is
+            return run_id
         own = UUID(int=run_id.int)
         let_go = self._let_go  # not self: the callback must not keep the handler alive
         try:  # the callback may run anywhere (even under this lock): it only appends

@@ -125,6 +125,20 @@ def test_a_failed_shutdown_keeps_the_engine_for_release_to_retry() -> None:
     assert engine.shutdowns == 1 and _registered() == []
 
 
+def test_the_next_call_finishes_a_shutdown_that_raised() -> None:
+    """``shutdown`` marks the engine before it can raise (its loop still steps it): the
+    registry's next call drops the marked engine and shuts it down again, once the loop
+    has stopped, instead of forgetting it with its core still running."""
+    engine = shared_engine(A, lambda: _Engine("a"))
+    stuck = SimpleNamespace(loop=SimpleNamespace(running=True), close=lambda: None)
+    engine._agentspec_backend = stuck
+    with pytest.raises(RuntimeError, match="still steps"):
+        shutdown(engine)
+    stuck.loop.running = False
+    fresh = shared_engine(A, lambda: _Engine("a2"))
+    assert fresh is not engine and engine.shutdowns == 1 and _registered() == [fresh]
+
+
 def test_shutdown_under_the_registrys_lock_does_not_deadlock() -> None:
     """From a thread holding the lock (it is re-entrant), and from another thread while
     a third holds it (the hook waits for the lock, then drops the engine)."""

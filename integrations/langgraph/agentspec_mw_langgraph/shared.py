@@ -245,8 +245,11 @@ def _shutdown(engine: Any) -> None:
 
 def _drop_unusable() -> list[Any]:
     """Forget the registered engines that can no longer serve (call with ``_lock``
-    held); the ones not shut down yet are returned for :func:`_shut_down_dropped`, to
-    call after the lock is released (a dead engine's shutdown may take seconds)."""
+    held); they are returned for :func:`_shut_down_dropped`, to call after the lock is
+    released (a dead engine's shutdown may take seconds). One marked shut down is still
+    registered only if its ``shutdown`` raised part-way (a shutdown that finished calls
+    the registry's hook, which unregisters it): shutting it down again (idempotent)
+    finishes the job instead of leaving its core running."""
     dropped = []
     for entry in list(_engines):
         why = _why_unusable(entry[2])
@@ -258,8 +261,7 @@ def _drop_unusable() -> list[Any]:
             "created from now on get a new engine (make new model objects to leave it)",
             why,
         )
-        if getattr(entry[2], _SHUT_DOWN_ATTR, False) is not True:
-            dropped.append(entry[2])
+        dropped.append(entry[2])
     _prune_unattached()
     return dropped
 

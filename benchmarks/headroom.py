@@ -53,7 +53,7 @@ from agentspec_mw.traces.tokenized import load_tokenizer, tokenize_trace
 
 ORACLE = "oracle"
 #: The ways :class:`BestOf` combines drafters (``MODE:a+b`` proposer names).
-MODES = ("best", "trim", "shadow")
+MODES = ("best", "trim", "shadow", "tree")
 #: The step-time terms of a linear preset, in the order :func:`terms` returns them.
 TERMS = ("fixed", "prefill", "decode", "draft", "kv")
 
@@ -96,7 +96,13 @@ class BestOf:
     ceiling of any budget over those drafts as they come. ``shadow:a+b`` drafts ``a``'s;
     ``b`` only shadows it: its accepted tokens are counted at ``a``'s positions
     (``parts_accepted``), which is how a per-call-step comparison made on one drafter's
-    steps reads the other."""
+    steps reads the other. ``tree:a+b`` verifies both drafts as a two-branch token tree
+    (no oracle: the engine accepts the branch the output follows further): it costs a
+    token per tree node (``a``'s tokens, then ``b``'s past their common prefix, ``b`` cut
+    so that the tree holds at most ``k``) and is accepted for the longer accepted branch;
+    it is drafted here as that branch's accepted tokens, then rejected filler up to the
+    tree's size — what a tree-attention verifier would cost and emit, had the engine one
+    for these drafters."""
 
     def __init__(self, parts: Sequence[Proposer], calls: Sequence[ReplayCall], mode: str) -> None:
         if mode not in MODES:
@@ -130,6 +136,9 @@ class BestOf:
             if self.mode == "shadow":
                 out.append(each[0][i])
                 continue
+            if self.mode == "tree":
+                out.append(_tree_draft([d[i] for d in each[:2]], t, k))
+                continue
             j = max(range(len(each)), key=lambda j: (acc[j], -len(each[j][i])))
             d = each[j][i]
             if self.mode == "trim" and len(d) > acc[j]:
@@ -141,6 +150,24 @@ class BestOf:
         self.truth.stop(req_id)
         for p in self.parts:
             p.stop(req_id)
+
+
+def _tree_draft(branches: Sequence[Draft], truth: np.ndarray, k: int) -> Draft:
+    """Two drafts as a tree of at most ``k`` nodes, as a linear draft of the same size
+    that the output accepts as far as the better branch (``BestOf``'s ``tree`` mode)."""
+    a = np.asarray(branches[0].token_ids, dtype=np.int64)
+    b = np.asarray(branches[1].token_ids, dtype=np.int64)
+    m = min(len(a), len(b))
+    shared = int(np.argmin(a[:m] == b[:m])) if m and not (a[:m] == b[:m]).all() else m
+    b = b[: max(shared, k - len(a) + shared)]
+    size = len(a) + len(b) - min(shared, len(b))
+    win = max((a, b), key=lambda x: accepted_length(tuple(int(v) for v in x), truth))
+    acc = accepted_length(tuple(int(v) for v in win), truth)
+    toks = [int(v) for v in win[:acc]]
+    if size > acc:
+        nxt = int(truth[acc]) if acc < len(truth) else 0
+        toks += [nxt + 1 if nxt == 0 else nxt - 1] * (size - acc)  # rejected at once
+    return Draft(tuple(toks))
 
 
 @dataclass

@@ -176,3 +176,35 @@ def test_calibration_split_labels_and_table(
     cells[0, 9] = (9.5, 10, 10)
     (line,) = cal.brier(cells)
     assert "reliability 0.0125" in line and "(100%)" in line
+
+
+def test_a_tree_of_two_drafts_costs_its_nodes_and_is_accepted_for_the_better_branch() -> None:
+    hr = script("headroom")
+
+    class Prefix(hr.OracleProposer):  # type: ignore[name-defined,misc]
+        """Right for ``n`` tokens, then one wrong token."""
+
+        def __init__(self, calls: Sequence[ReplayCall], n: int, name: str) -> None:
+            super().__init__(calls)
+            self.n, self.name = n, name
+
+        def propose(self, req_ids: Sequence[str], k: int, step: StepContext) -> list[Draft]:
+            return [Draft(d.token_ids[: self.n] + (-1,)) for d in super().propose(req_ids, k, step)]
+
+    calls = _calls(n_runs=1, per_run=1)
+    rid, out = calls[0].req_id, calls[0].output
+    step = StepContext(batch_size=1, num_kv_tokens=0)
+    for parts, k, want_acc, want_len in (
+        # 2 + 4 nodes (1 shared): the right branch is cut to 3 (k = 4), accepted for 3
+        ([Prefix(calls, 1, "one"), hr.OracleProposer(calls)], 4, 3, 4),
+        # the first branch alone fills k: no room for the second
+        ([Wrong(), hr.OracleProposer(calls)], 4, 0, 4),
+        # the first branch is the better: 3 nodes, then the second's 5 of its 8 (k = 8)
+        ([Prefix(calls, 2, "two"), Wrong()], 8, 2, 8),
+    ):
+        tree = hr.BestOf(parts, calls, "tree")
+        tree.start(rid, calls[0].prompt)
+        (d,) = tree.propose([rid], k, step)
+        assert len(d.token_ids) == want_len
+        assert sim.accepted_length(d.token_ids, out) == want_acc
+        assert d.token_ids[:want_acc] == tuple(int(t) for t in out[:want_acc])

@@ -158,11 +158,11 @@ def _tree_draft(branches: Sequence[Draft], truth: np.ndarray, k: int) -> Draft:
     a = np.asarray(branches[0].token_ids, dtype=np.int64)
     b = np.asarray(branches[1].token_ids, dtype=np.int64)
     m = min(len(a), len(b))
-    shared = int(np.argmin(a[:m] == b[:m])) if m and not (a[:m] == b[:m]).all() else m
+    differ = np.flatnonzero(a[:m] != b[:m])
+    shared = int(differ[0]) if len(differ) else m  # their common prefix
     b = b[: max(shared, k - len(a) + shared)]
-    size = len(a) + len(b) - min(shared, len(b))
-    win = max((a, b), key=lambda x: accepted_length(tuple(int(v) for v in x), truth))
-    acc = accepted_length(tuple(int(v) for v in win), truth)
+    size = len(a) + len(b) - shared
+    acc, win = max(((accepted_length(x, truth), x) for x in (a, b)), key=lambda p: p[0])
     toks = [int(v) for v in win[:acc]]
     if size > acc:
         nxt = int(truth[acc]) if acc < len(truth) else 0

@@ -1,8 +1,10 @@
-"""Shared fixtures: the sample trace and a tiny byte-level BPE tokenizer built offline."""
+"""Shared fixtures: the sample trace, a tiny byte-level BPE tokenizer built offline, and one
+real ``agentspec serve`` for the modules that test the server at the engine's defaults."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,22 @@ def tiny_tokenizer(tiny_tokenizer_dir: Path):  # type: ignore[no-untyped-def]
 @pytest.fixture()
 def sample_path() -> Path:
     return SAMPLE
+
+
+@pytest.fixture(scope="session")
+def agentspec_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real ``agentspec serve`` with the agentspec drafter at the engine tests' settings
+    (:data:`tests.vllm.conftest.ENGINE_KW`; agent labels on, no scope binding), shared by
+    ``tests/vllm/test_server.py`` and ``tests/security/test_server_open.py``: a start is
+    ~25 s on 2 cores, and an idle server costs ~1 % of a core. Its base URL."""
+    pytest.importorskip("vllm")
+    from tests.serving import running_server
+    from tests.vllm.conftest import ENGINE_KW
+
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    args = ["--speculative", "agentspec", "--k", str(ENGINE_KW["k"])]
+    args += ["--max-model-len", str(ENGINE_KW["max_model_len"]), "--"]
+    args += ["--enforce-eager", "--kv-cache-memory-bytes", str(ENGINE_KW["kv_cache_memory_bytes"])]
+    args += ["--max-num-seqs", str(ENGINE_KW["max_num_seqs"])]
+    with running_server(args, log) as base:
+        yield base

@@ -715,20 +715,27 @@ def test_no_preload_engines_drop_an_exported_preload(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.engine
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_bench_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The real command, CI-sized: two engine processes, two demo workflows each."""
+    """The real command, CI-sized: two engine processes, two workflows each of the demo app
+    and of a user's app the engine processes import from the path given on the command
+    line (one run of both: an engine process's start is most of a quick run's time)."""
     pytest.importorskip("vllm")
     from agentspec_mw.cli import main
 
+    (tmp_path / "mine.py").write_text(_EXT_APP)
+    mine = f"{tmp_path / 'mine.py'}:build"
     out, js = tmp_path / "bench", tmp_path / "bench.json"
-    rc = main(["bench", "--quick", "--no-progress", "--out", str(out), "--json", str(js)])
+    argv = ["bench", "--quick", "--apps", f"demo,{mine}", "--no-progress", "--out", str(out)]
+    rc = main([*argv, "--json", str(js)])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert "outputs identical to none in every run: yes" in text
     report = BenchReport.model_validate_json(js.read_text())
-    by_label = {r.label: r for r in report.rows}
-    assert set(by_label) == {"none", "agentspec"}
+    assert {(r.app, r.label) for r in report.rows} == {
+        (app, label) for app in ("demo", mine) for label in ("none", "agentspec")
+    }
+    by_label = {r.label: r for r in report.rows if r.app == "demo"}
     assert by_label["none"].drafted == 0 and by_label["agentspec"].drafted > 0
     assert by_label["agentspec"].proposer_ms_per_step is not None
     assert by_label["none"].proposer_ms_per_step is None
@@ -742,27 +749,17 @@ def test_bench_quick_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert out.with_suffix(".png").stat().st_size > 1000
 
 
-@pytest.mark.engine
-@pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_bench_quick_with_an_app_by_file_path(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The engine processes import a user's app from the path given on the command line."""
-    pytest.importorskip("vllm")
-    from agentspec_mw.cli import main
+def test_the_sample_output_of_a_users_app_is_its_final_state() -> None:
+    """An app the bench does not know shows its first query's final state (the end-to-end
+    run shows the demo's)."""
+    from agentspec_mw_langgraph.bench import _sample_output
 
-    (tmp_path / "mine.py").write_text(_EXT_APP)
-    app = f"{tmp_path / 'mine.py'}:build"
-    out, js = tmp_path / "bench", tmp_path / "bench.json"
-    argv = ["bench", "--quick", "--apps", app, "--no-progress", "--out", str(out)]
-    rc = main([*argv, "--json", str(js)])
-    text = capsys.readouterr().out
-    assert rc == 0, text
-    report = BenchReport.model_validate_json(js.read_text())
-    assert {(r.app, r.label) for r in report.rows} == {(app, "none"), (app, "agentspec")}
-    assert all(r.identical_to_none and r.tokens_per_s > 0 for r in report.rows)
-    assert "the final state" in report.sample_output
+    config = BenchConfig.model_construct(ns=(2,), apps=("mine.py:build",))  # no file to check
+    view = {"topic": "tea", "answer": "steep it"}
+    results = {("none", "mine.py:build", 2, 0): _result("none", 2, 1.0, views=[view])}
+    assert _sample_output(results, config) == (
+        "the final state (mine.py:build, N=2, first query):\n" + json.dumps(view)
+    )
 
 
 def test_the_timed_steps_are_written_one_line_per_run(tmp_path: Path) -> None:

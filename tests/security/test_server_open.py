@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -20,27 +19,16 @@ import pytest
 from agentspec_mw_vllm.metrics import MAX_AGENT_LABELS, MAX_BLOCK_LABELS, MAX_LABEL_CHARS
 from tests.security.serverutil import REPETITIVE, completion, post, series, total
 from tests.security.test_wire_fuzz import _mutated_wire, _random_wire
-from tests.serving import http_get, running_server
-from tests.vllm.conftest import ENGINE_KW
+from tests.serving import http_get
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 SEED = 32
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    pytest.importorskip("vllm")
-    from tests.vllm.test_engine import _agentspec_available
-
-    if not _agentspec_available():
-        pytest.skip("the agentspec proposer is not in this checkout")
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    args = ["--speculative", "agentspec", "--k", str(ENGINE_KW["k"])]
-    args += ["--max-model-len", str(ENGINE_KW["max_model_len"]), "--"]
-    args += ["--enforce-eager", "--kv-cache-memory-bytes", str(ENGINE_KW["kv_cache_memory_bytes"])]
-    args += ["--max-num-seqs", str(ENGINE_KW["max_num_seqs"])]
-    with running_server(args, log) as base:
-        yield base
+def server(agentspec_server: str) -> str:
+    """The session's shared ``agentspec serve`` (tests/conftest.py)."""
+    return agentspec_server
 
 
 def _fuzz_bodies() -> list[bytes]:

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
-from tests.serving import http_get, running_server
-from tests.vllm.conftest import ENGINE_KW, MAX_TOKENS, PROMPTS, wire
+from tests.serving import http_get
+from tests.vllm.conftest import MAX_TOKENS, PROMPTS, wire
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
@@ -29,17 +28,9 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from tests.vllm.test_engine import _agentspec_available
-
-    spec = "agentspec" if _agentspec_available() else "agentspec_mw.peers.suffix.SuffixProposer"
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    args = ["--speculative", spec, "--k", str(ENGINE_KW["k"])]
-    args += ["--max-model-len", str(ENGINE_KW["max_model_len"]), "--"]
-    args += ["--enforce-eager", "--kv-cache-memory-bytes", str(ENGINE_KW["kv_cache_memory_bytes"])]
-    args += ["--max-num-seqs", str(ENGINE_KW["max_num_seqs"])]
-    with running_server(args, log) as base:
-        yield base
+def server(agentspec_server: str) -> str:
+    """The session's shared ``agentspec serve`` (tests/conftest.py)."""
+    return agentspec_server
 
 
 def _complete(base: str, prompt: str, xargs: dict[str, Any] | None) -> str:

@@ -897,3 +897,15 @@ def test_show_prints_a_stored_report_and_plots_it(
     assert main(["bench", "--show", str(clean), "--n", "4"]) == 2  # --show runs nothing
     assert main(["bench", "--show", str(tmp_path / "missing.json")]) == 2
     assert "no such report" in capsys.readouterr().err
+
+
+def test_an_engine_process_exits_with_its_code_and_flushes_its_output() -> None:
+    """:func:`exit_now` skips Python's teardown, not what the process printed."""
+    import subprocess
+
+    code = (
+        "import sys; from agentspec_mw_langgraph.bench_worker import exit_now; "
+        "sys.stdout.write('result line'); sys.stderr.write('log line'); exit_now(3)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (3, "result line", "log line")

@@ -242,7 +242,9 @@ class _Engine:
 
     def request_stop(self) -> None:
         """Send the ``stop`` command and return at once: each engine takes seconds to shut
-        down (~4.5 s here), so :func:`run_bench` asks them all before waiting for any."""
+        down (~2 s here; the process then skips Python's teardown,
+        :func:`~agentspec_mw_langgraph.bench_worker.exit_now`), so :func:`run_bench` asks
+        them all before waiting for any."""
         stdin = self.proc.stdin
         if self.proc.poll() is None and stdin is not None and not stdin.closed:
             try:

@@ -55,6 +55,9 @@ def test_notebook_runs_top_to_bottom(path: Path) -> None:
         timeout=240,
         kernel_name="python3",
         resources={"metadata": {"path": str(EXAMPLES)}},
+        # the kernel is killed once the last cell ran: a graceful shutdown waited ~3.4 s
+        # for Python's teardown of vLLM and torch (the notebooks shut their engine down)
+        shutdown_kernel="immediate",
     )
     client.execute()  # raises CellExecutionError on the first failing cell
 

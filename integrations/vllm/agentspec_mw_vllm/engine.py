@@ -302,11 +302,36 @@ def build_llm(
     # worker, here in this process: Python's ``random`` and numpy's are the caller's,
     # given back as they were (torch's stays seeded: the engine samples from it)
     py_state, np_state = random.getstate(), np.random.get_state()
+    frozen = _freeze_heap_for_build()
     try:
         return LLM(**kwargs)
+    except BaseException:
+        if frozen:  # vLLM did not get to freeze it: as the caller had it
+            gc.unfreeze()
+        raise
     finally:
         random.setstate(py_state)
         np.random.set_state(np_state)
+
+
+def _freeze_heap_for_build() -> bool:
+    """Collect and freeze the process's heap before an in-process engine is built; whether
+    this froze a heap that was not frozen.
+
+    vLLM's engine core freezes the heap of the process it runs in at the end of its init
+    (``freeze_gc_heap``: three collections, then ``gc.freeze()``), and its model loader
+    collects twice before that. With the engine core in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) those five collections each scanned the caller's
+    whole heap; frozen first, they scan only the engine's new objects, and the heap ends
+    as frozen as vLLM leaves it. A build took 1.5 s less of ~5 s in a process that had
+    imported LangGraph, transformers and vLLM (2026-12-07). With the engine core in a
+    child process nothing is frozen here."""
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        return False
+    was_frozen = gc.get_freeze_count() > 0
+    gc.collect()
+    gc.freeze()
+    return not was_frozen
 
 
 def build_async_llm(

@@ -306,7 +306,7 @@ def build_llm(
     try:
         return LLM(**kwargs)
     except BaseException:
-        if frozen:  # vLLM did not get to freeze it: as the caller had it
+        if frozen:  # a failed build leaves the heap unfrozen, as the caller had it
             gc.unfreeze()
         raise
     finally:

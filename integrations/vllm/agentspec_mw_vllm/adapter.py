@@ -50,8 +50,21 @@ logger = logging.getLogger("agentspec_mw_vllm.adapter")
 
 
 def _token_bytes(model_config: Any) -> list[bytes]:
-    from transformers import AutoTokenizer
+    """The bytes of each token of the engine's tokenizer (:func:`token_bytes_table`).
 
+    The tokenizer is vLLM's own when it is a Hugging Face one: vLLM keeps one per process
+    (``cached_tokenizer_from_config``), which the embedded engine's front end has loaded
+    already in this process (loading it again took ~0.7 s of every engine start); else,
+    and in an engine process of its own, it is loaded here.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+    if not getattr(model_config, "skip_tokenizer_init", False):
+        from vllm.tokenizers import cached_tokenizer_from_config
+
+        cached = cached_tokenizer_from_config(model_config)
+        if isinstance(cached, PreTrainedTokenizerBase):
+            return token_bytes_table(cached)
     tokenizer = AutoTokenizer.from_pretrained(
         model_config.tokenizer,
         revision=getattr(model_config, "tokenizer_revision", None),

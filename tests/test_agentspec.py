@@ -611,6 +611,28 @@ def test_request_record_counts_right_candidate_tokens_in_a_row(tb) -> None:  # t
     assert all(st <= q for q, st in seen)  # never more than the tokens verified so far
 
 
+def test_drafts_are_frozen_draft_values(tb) -> None:  # type: ignore[no-untyped-def]
+    """``propose`` builds its drafts field by field (faster than ``Draft.__init__``): they
+    are still ``Draft`` values, equal to and hashed as the same draft made the usual way,
+    and frozen."""
+    import dataclasses
+
+    from agentspec_mw.proposer import Draft
+
+    copy = list(range(100, 140))
+    p = _prop(tb)
+    p.start("r", [1, 2, 3], None)
+    p.extend("r", copy + copy[:10])
+    d = p.propose(["r"], 8, StepContext(batch_size=1, num_kv_tokens=53))[0]
+    assert type(d) is Draft and len(d) > 0
+    assert d.token_ids == tuple(copy[10 : 10 + len(d)])
+    same = Draft(d.token_ids, d.probs, d.block)
+    assert d == same and hash(d) == hash(same) and repr(d) == repr(same)
+    assert all(isinstance(x, float) for x in d.probs) and isinstance(d.block, str)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.token_ids = ()  # type: ignore[misc]
+
+
 def _step_time_reference(
     cost: StepTimeFn, b: int, kv: float, budget: int | None, waiting: int, n: int
 ) -> float:

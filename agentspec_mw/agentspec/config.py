@@ -114,7 +114,8 @@ class AgentSpecConfig(BaseModel):
     index_max_tokens: int = Field(default=1 << 20, ge=1024, le=1 << 32)
     """Tokens the history index holds (all keys together, rounded up to a power of two);
     the oldest are evicted first. Memory: 128 bytes per token (a 64-byte record and its
-    hash-table entries; 1M tokens = 128 MiB; the most, 2^32 tokens, 512 GiB)."""
+    hash-table entries; 1M tokens = 128 MiB; the most, 2^32 tokens, 512 GiB), reserved
+    when the proposer is built and resident as the index is first written."""
     index_max_keys: int = Field(default=200_000, ge=1)
     """Identities (scope, agent, query group) remembered — each one's block kinds and its
     agent-wide history are keys of the index; the least recently used go. Raise it when

@@ -52,10 +52,12 @@ logger = logging.getLogger("agentspec_mw_vllm.adapter")
 def _token_bytes(model_config: Any) -> list[bytes]:
     """The bytes of each token of the engine's tokenizer (:func:`token_bytes_table`).
 
-    The tokenizer is vLLM's own when it is a Hugging Face one: vLLM keeps one per process
-    (``cached_tokenizer_from_config``), which the embedded engine's front end has loaded
-    already in this process (loading it again took ~0.7 s of every engine start); else,
-    and in an engine process of its own, it is loaded here.
+    The tokenizer is the one vLLM keeps per process (``cached_tokenizer_from_config``) when
+    it is a Hugging Face one: the embedded engine's front end has loaded it already in this
+    process (loading it again took ~0.4-0.7 s of every engine start); in an engine process
+    of its own this loads it the way vLLM does and leaves it there for vLLM's later use.
+    A tokenizer of another kind (vLLM's Mistral-format ones) or ``skip_tokenizer_init``:
+    Hugging Face's ``AutoTokenizer`` loads it here.
     """
     from transformers import AutoTokenizer, PreTrainedTokenizerBase
 

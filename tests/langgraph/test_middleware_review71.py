@@ -165,6 +165,39 @@ def test_without_engine_it_warns_once_and_skips_models_without_a_server(
     assert len(hints) == 1 and "engine='http://127.0.0.1:9/v1'" in hints[0]
 
 
+@pytest.mark.parametrize(
+    ("base_url", "tagged"),
+    [
+        ("http://10.0.3.7:8000/v1", True),
+        ("http://192.168.1.20:8000/v1", True),
+        ("http://[::1]:8000/v1", True),
+        ("http://vllm:8000/v1", True),  # a Compose or Kubernetes service name
+        ("http://vllm.default.svc.cluster.local:8000/v1", True),
+        ("http://gpu-box.local:8000/v1", True),
+        ("http://host.docker.internal:8000/v1", True),
+        ("https://llm-gateway.example.com/v1", False),  # a gateway: maybe a hosted API's
+        ("https://api.groq.com/openai/v1", False),
+        ("https://openrouter.ai/api/v1", False),
+        ("https://my-resource.openai.azure.com/openai/v1", False),
+        ("http://34.120.1.5:8000/v1", False),  # a public address
+    ],
+)
+def test_without_engine_only_a_server_on_a_private_network_is_tagged(
+    base_url: str, tagged: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    from langchain.agents import create_agent
+
+    server = FakeOpenAI()
+    middleware = AgentSpecMiddleware()
+    with caplog.at_level(logging.WARNING, logger="agentspec_mw_langgraph.middleware"):
+        _run(create_agent(chat_openai(server, base_url=base_url), [], middleware=[middleware]))
+    assert (_wire(server)[0] is not None) is tagged
+    assert (server.headers[0].get(HEADER) is not None) is tagged
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert ("has no engine=" if tagged else "go without tags") in warning
+    assert f"engine={base_url!r}" in warning
+
+
 def test_engine_argument() -> None:
     server = FakeOpenAI()
     assert AgentSpecMiddleware(engine=chat_openai(server)).engine == "http://localhost:9"

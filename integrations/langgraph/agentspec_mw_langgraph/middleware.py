@@ -46,9 +46,11 @@ model would send instead), the tags go there. So the tags reach only the model t
 derived for: a middleware inside this one that swaps the model (a fallback, dynamic
 model selection) sends the other model without them, and never hands OpenAI-only
 arguments to a model of another kind. An OpenAI model on another server gets nothing
-(a warning, once per server). Without ``engine=``, any OpenAI model with a base URL
-other than a hosted API's (``api.openai.com``, Azure OpenAI, OpenRouter, Groq...) is
-tagged, with a warning, once, to pass ``engine=``. Any other model gets the tags in the
+(a warning, once per server). Without ``engine=``, an OpenAI model whose base URL is on
+this machine or a private network (a loopback or private address, ``localhost``, a name
+with no dot, ``.local``, ``.internal``...) is tagged, with a warning, once, to pass
+``engine=``; one on a public name (a hosted API, or a gateway in front of one, where an
+unknown body field can fail the request) is not. Any other model gets the tags in the
 per-call ContextVar that the engine-backed ``ChatAgentSpecVLLM`` sends as
 ``extra_args`` (:mod:`~agentspec_mw_langgraph.context`), set when the agent's model call
 starts and given back when it ends (by an inline callback handler the call's run config
@@ -84,6 +86,7 @@ request carries the middleware's tags and the engine-backed model the handler's.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 import uuid
@@ -125,36 +128,10 @@ __all__ = ["AgentSpecMiddleware", "AgentSpecState", "MiddlewareStats"]
 _log = logging.getLogger(__name__)
 _MODEL_NODE = "model"  # create_agent's model node
 _DEFAULT_NAME = "LangGraph"  # a compiled graph's name when it was given none
-# hosted OpenAI-API services (the host or a subdomain): never a vLLM server with the
-# AgentSpec proposer, and the OpenAI API rejects unknown body fields
-_HOSTED_APIS = (
-    "openai.com",
-    "openai.azure.com",
-    "cognitiveservices.azure.com",
-    "services.ai.azure.com",
-    "inference.ai.azure.com",
-    "models.ai.azure.com",
-    "anthropic.com",
-    "googleapis.com",
-    "openrouter.ai",
-    "groq.com",
-    "together.xyz",
-    "together.ai",
-    "fireworks.ai",
-    "mistral.ai",
-    "deepseek.com",
-    "x.ai",
-    "perplexity.ai",
-    "cerebras.ai",
-    "deepinfra.com",
-    "sambanova.ai",
-    "api.nvidia.com",
-    "dashscope.aliyuncs.com",
-    "dashscope-intl.aliyuncs.com",
-    "moonshot.ai",
-    "moonshot.cn",
-    "models.github.ai",
-)
+# host names that only resolve on one's own network (RFC 6762 .local, RFC 8375 .home.arpa,
+# the .internal and .lan of clouds, Docker and home routers, Kubernetes' .svc); a name
+# with no dot (a Compose or Kubernetes service) is one too
+_PRIVATE_SUFFIXES = (".local", ".localhost", ".internal", ".lan", ".home.arpa", ".svc")
 
 
 class AgentSpecState(AgentState[Any]):
@@ -206,12 +183,21 @@ def _key(url: str | None) -> str | None:
         return None
 
 
-def _hosted(key: str | None) -> bool:
-    """Whether a server key is a hosted API's (or no server at all)."""
+def _own_network(key: str | None) -> bool:
+    """Whether a server key's host is this machine or on a private network: a loopback,
+    private or link-local address, ``localhost``, a name with no dot, or a name under a
+    suffix only a private network resolves (:data:`_PRIVATE_SUFFIXES`). Decided from the
+    URL alone (no lookup): a hosted API, or a gateway in front of one, is on a public
+    name, and an unknown body field there can fail the request."""
     host = urlsplit(key).hostname if key else None
     if not host:
-        return True
-    return any(host == domain or host.endswith("." + domain) for domain in _HOSTED_APIS)
+        return False
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        host = host.rstrip(".")
+        return host == "localhost" or "." not in host or host.endswith(_PRIVATE_SUFFIXES)
+    return address.is_loopback or address.is_private or address.is_link_local
 
 
 def _engine_key(engine: object) -> str | None:
@@ -375,8 +361,8 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
         engine: the vLLM server's OpenAI base URL (``"http://127.0.0.1:8000/v1"``), or a
             ``ChatOpenAI`` with that ``base_url``: only OpenAI models whose base URL is
             that server get the tags (``localhost`` and ``127.0.0.1``, a trailing ``/`` or
-            ``/v1`` do not matter). ``None``: any OpenAI model with a base URL other than
-            a hosted API's, with a warning to pass ``engine=``.
+            ``/v1`` do not matter). ``None``: any OpenAI model whose base URL is on this
+            machine or a private network, with a warning to pass ``engine=``.
 
     Raises:
         TypeError: ``config`` is not a :class:`TaggingConfig`, ``agent`` is not a
@@ -446,7 +432,8 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
 
     def _tags_server(self, model: Any) -> bool:
         """Whether the requests of an OpenAI chat model get the tags (its base URL is
-        the engine's; without ``engine=``: is not a hosted API's)."""
+        the engine's; without ``engine=``: is on this machine or a private network,
+        :func:`_own_network`)."""
         base = _base_url(model)
         key = _key(base)
         if self.engine is not None:
@@ -459,19 +446,21 @@ class AgentSpecMiddleware(AgentMiddleware[AgentSpecState, Any, Any]):
                 self.engine,
             )
             return False
-        if _hosted(key):
+        if not _own_network(key):
             self._warn_once(
-                f"hosted:{key or base}",
-                "agentspec: model calls to %s go without tags (a hosted API); to tag a "
-                "vLLM server there pass AgentSpecMiddleware(engine=...)",
+                f"public:{key or base}",
+                "agentspec: model calls to %s go without tags: without engine= only a "
+                "server on this machine or a private network gets them; to tag a vLLM "
+                "server there pass AgentSpecMiddleware(engine=%r)",
                 base or "the default OpenAI API",
+                base or "http://<vllm-host>:8000/v1",
             )
             return False
         self._warn_once(
             "no-engine",
             "agentspec: AgentSpecMiddleware has no engine=: tagging the model calls to %s "
-            "(any base URL but a hosted API's); pass engine=%r so that only that vLLM "
-            "server's requests carry tags",
+            "(a server on this machine or a private network); pass engine=%r so that "
+            "only that vLLM server's requests carry tags",
             base,
             base,
         )

@@ -171,6 +171,8 @@ def test_without_engine_it_warns_once_and_skips_models_without_a_server(
         ("http://10.0.3.7:8000/v1", True),
         ("http://192.168.1.20:8000/v1", True),
         ("http://[::1]:8000/v1", True),
+        ("http://100.101.7.3:8000/v1", True),  # an overlay network's (shared) address
+        ("http://[fd7a:115c:a1e0::1]:8000/v1", True),  # an IPv6 unique local address
         ("http://vllm:8000/v1", True),  # a Compose or Kubernetes service name
         ("http://vllm.default.svc.cluster.local:8000/v1", True),
         ("http://gpu-box.local:8000/v1", True),

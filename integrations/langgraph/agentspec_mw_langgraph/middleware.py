@@ -47,7 +47,7 @@ derived for: a middleware inside this one that swaps the model (a fallback, dyna
 model selection) sends the other model without them, and never hands OpenAI-only
 arguments to a model of another kind. An OpenAI model on another server gets nothing
 (a warning, once per server). Without ``engine=``, an OpenAI model whose base URL is on
-this machine or a private network (a loopback or private address, ``localhost``, a name
+this machine or a private network (an address that is not global, ``localhost``, a name
 with no dot, ``.local``, ``.internal``...) is tagged, with a warning, once, to pass
 ``engine=``; one on a public name (a hosted API, or a gateway in front of one, where an
 unknown body field can fail the request) is not. Any other model gets the tags in the
@@ -184,8 +184,9 @@ def _key(url: str | None) -> str | None:
 
 
 def _own_network(key: str | None) -> bool:
-    """Whether a server key's host is this machine or on a private network: a loopback,
-    private or link-local address, ``localhost``, a name with no dot, or a name under a
+    """Whether a server key's host is this machine or on a private network: an address
+    that is not global (loopback, private, link-local, the shared 100.64/10 of carrier NAT
+    and overlay networks), ``localhost``, a name with no dot, or a name under a
     suffix only a private network resolves (:data:`_PRIVATE_SUFFIXES`). Decided from the
     URL alone (no lookup): a hosted API, or a gateway in front of one, is on a public
     name, and an unknown body field there can fail the request."""
@@ -197,7 +198,7 @@ def _own_network(key: str | None) -> bool:
     except ValueError:
         host = host.rstrip(".")
         return host == "localhost" or "." not in host or host.endswith(_PRIVATE_SUFFIXES)
-    return address.is_loopback or address.is_private or address.is_link_local
+    return not address.is_global
 
 
 def _engine_key(engine: object) -> str | None:

@@ -92,13 +92,13 @@ def test_functional_tasks_called_one_after_another_are_repeats(tmp_path: Path) -
     handler.close()
     turns = [tags for tags, _ in model.seen]
     assert len(turns) == 3 and all(t is not None for t in turns)
-    # the first turn starts as an instant fan-out sibling would (nothing tells them apart
-    # then); each later turn's prompt carries the turn before's reply: not a sibling
-    assert turns[0].group_kind == "fanout"  # type: ignore[union-attr]
-    assert all(t.group_id is None for t in turns[1:])  # type: ignore[union-attr]
+    # every call of the task takes one fan-out position; each turn's prompt carries the
+    # turn before's reply, so it is the next round there: a fan-out of its own
+    gids = [str(t.group_id) for t in turns]  # type: ignore[union-attr]
+    position = gids[0].removesuffix("#0")
+    assert gids == [f"{position}#0", f"{position}~1#0", f"{position}~2#0"]
     graph = handler.graph(turns[0].query_id)  # type: ignore[union-attr]
-    assert all(c.group_id is None for c in graph.llm_calls())  # the graph is corrected
-    assert graph.groups_of("fanout") == []
+    assert [len(g.members) for g in graph.groups_of("fanout")] == [1, 1, 1]
     (repeat,) = graph.groups_of("repeat")
     assert len(repeat.members) == 3
     metas = _metas(path)

@@ -206,6 +206,7 @@ class _Run:
     namespace: str
     push_index: int | None
     run_id: UUID | None = None  # None: known from a call's metadata only
+    task_call: bool = False  # pushed by a functional @task call (not a Send)
     tool_call_id: str | None = None  # a tool run's, from its start (an error has no output)
 
 
@@ -258,11 +259,22 @@ class _Query:
     observations: dict[str, str] = field(default_factory=dict)  # tool_call_id -> call id
     # the attempts of a root run that failed: its tasks re-run under the next root retry them
     failed_attempts: dict[_AttemptKey, _Attempt] = field(default_factory=dict)
-    # a pushed call's reply's message id -> that call (a later prompt carrying it depends on
-    # it: see _sequel_of)
+    # the rounds of functional @task calls (see _round_of), the newest _MAX_OBSERVATIONS
+    # of each: a reply's message id -> its call ("": an id several calls replied with)
     replies: dict[str, str] = field(default_factory=dict)
-    # a pushed call -> (the fan-out group its position gives, its agent instance)
-    slots: dict[str, tuple[str, str]] = field(default_factory=dict)
+    calls_round: dict[str, _Turn] = field(default_factory=dict)  # call id -> its task run's
+    runs_round: dict[str, _Turn] = field(default_factory=dict)  # task run namespace -> its
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """The round of a functional ``@task`` run at its fan-out position (see
+    :func:`_round_of`)."""
+
+    position: str  # the fan-out group id without round and ordinal
+    round: int
+    run: str  # the task run's namespace
+    instance: str  # the agent instance its calls are
 
 
 @dataclass
@@ -291,39 +303,49 @@ def _is_interrupt(error: BaseException) -> bool:
     return isinstance(error, GraphBubbleUp)
 
 
-def _sequel_of(query: _Query, gid: str, prompt: Sequence[BaseMessage] | str) -> str | None:
-    """The call of fan-out position ``gid`` whose reply ``prompt`` carries (the latest such
-    in the prompt), or ``None``.
+def _round_of(
+    query: _Query, position: str, run: str, prompt: Sequence[BaseMessage] | str
+) -> tuple[int, _Turn | None, str | None]:
+    """The round of a functional ``@task`` run at fan-out ``position``, from its first
+    call's ``prompt``: one more than the latest round whose replies it carries (replies of
+    earlier runs of that position), else 0; and, if it carries replies of exactly one run
+    of that round, that run and the last of its calls carried (this run continues them).
 
-    A functional ``@task`` is a pushed task each time it is called, so every call of one
-    task from one entrypoint run takes the same fan-out position, whether the calls ran
-    together or one after another: the callbacks cannot tell the two apart by timing (a
-    sibling may end before the next is submitted). A prompt that carries an earlier call's
-    reply can tell: that call had ended before this one was made, and this one continues
-    it (a ReAct loop's next turn), so the two are not siblings."""
+    Every call of one ``@task`` from one entrypoint run takes the same position, whether
+    the calls ran together or one after another, and a callback cannot tell the two
+    apart by timing (a sibling may end before the next is submitted). A prompt that
+    carries a reply can: that call had ended before this one began. So the turns of a
+    functional ReAct loop are rounds 0, 1, 2, … of one member each, a round of
+    refinements of one draft is round 1, and two agents looping side by side have their
+    turn ``n`` in round ``n`` together, as a ``Send`` fan-out's steps are."""
     if isinstance(prompt, str) or not query.replies:
-        return None
-    for message in reversed(prompt):
+        return 0, None, None
+    best = -1
+    runs: dict[str, tuple[_Turn, str]] = {}  # the carried runs of the latest round
+    for message in prompt:
         if not isinstance(message, AIMessage) or not message.id:
             continue
         call_id = query.replies.get(message.id)
-        slot = query.slots.get(call_id) if call_id is not None else None
-        if slot is not None and slot[0] == gid:
-            return call_id
-    return None
+        turn = query.calls_round.get(call_id) if call_id else None
+        if turn is None or call_id is None or turn.position != position or turn.run == run:
+            continue
+        if turn.round > best:
+            best, runs = turn.round, {}
+        if turn.round == best:
+            runs[turn.run] = (turn, call_id)  # the run's last call the prompt carries
+    if best < 0:
+        return 0, None, None
+    if len(runs) != 1:  # a new round of several (a debate's next round): no one agent's
+        return best + 1, None, None
+    ((turn, call_id),) = runs.values()
+    return best + 1, turn, call_id
 
 
-def _leave_singleton(graph: RedundancyGraph, gid: str, call_id: str) -> None:
-    """Take fan-out group ``gid`` out of the graph when ``call_id`` is its only member: a
-    later turn of that call showed it had no sibling. (The tags it was sent with keep the
-    group; only the graph, read afterwards, is corrected.)"""
-    group = graph.groups.get(gid)
-    if group is None or group.members != [call_id]:
-        return
-    del graph.groups[gid]
-    node = graph.calls.get(call_id)
-    if node is not None and node.group_id == gid:
-        node.group_id, node.group_kind = None, None
+def _remember(table: dict[str, Any], key: str, value: Any) -> None:
+    """Keep ``key`` in a table of the newest :data:`_MAX_OBSERVATIONS` entries."""
+    table[key] = value
+    while len(table) > _MAX_OBSERVATIONS:  # oldest first
+        del table[next(iter(table))]
 
 
 def _bounded(text: str, limit: int = MAX_ID_CHARS) -> str:
@@ -382,6 +404,17 @@ def _attach_spec_decoding(response: LLMResult, ticket: CallTicket) -> None:
     )
     if isinstance(metadata, dict):
         metadata.setdefault(SPEC_DECODING_KEY, stats)
+
+
+def _is_task_call(path: Any) -> bool:
+    """Whether a task was pushed by a functional ``@task`` call (its path holds the calling
+    task's path), not by a ``Send``."""
+    return (
+        isinstance(path, tuple | list)
+        and len(path) >= 2
+        and path[0] == "__pregel_push"
+        and isinstance(path[1], tuple | list)
+    )
 
 
 def _push_index(path: Any) -> int | None:
@@ -589,6 +622,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             namespace=str(md.get("langgraph_checkpoint_ns", "")) if is_node else "",
             push_index=_push_index(md.get("langgraph_path")) if is_node else None,
             run_id=run_id,
+            task_call=is_node and _is_task_call(md.get("langgraph_path")),
         )
         self._runs[run_id] = run
         self._roots[root].run_ids.add(run_id)
@@ -990,6 +1024,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                         step=md.get("langgraph_step"),
                         namespace=str(md.get("langgraph_checkpoint_ns", "")),
                         push_index=_push_index(md.get("langgraph_path")),
+                        task_call=_is_task_call(md.get("langgraph_path")),
                     )
                 ]
             inner = levels[-1] if levels else None
@@ -1075,22 +1110,33 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             # a middleware's own calls are an instance apart from its node's agent
             instance = (f"{path}/{source}" if source is not None else path) if path else agent_id
             pushed = [i for i, lv in enumerate(levels) if lv.push_index is not None]
+            follows: str | None = None  # the call this one's turn continues
             if pushed:
+                position = f"{qid}|fanout|{tmpl}"
+                task_run = levels[pushed[-1]]
+                if task_run.task_call:  # a functional @task: its round at the position
+                    turn = query.runs_round.get(task_run.namespace)
+                    if turn is None:
+                        rnd, carried, follows = _round_of(
+                            query, position, task_run.namespace, prompt
+                        )
+                        if carried is not None:  # it continues that run's agent
+                            instance = carried.instance
+                        turn = _Turn(position, rnd, task_run.namespace, instance)
+                        _remember(query.runs_round, task_run.namespace, turn)
+                    instance = turn.instance
+                    _remember(query.calls_round, call.call_id, turn)
+                    if turn.round:
+                        position += f"~{turn.round}"
                 # bounded before the ordinal, so that a group id of the whole still holds it
                 suffix = f"#{ordinal}"
-                gid = _bounded(f"{qid}|fanout|{tmpl}", MAX_ID_CHARS - len(suffix)) + suffix
-                sequel = _sequel_of(query, gid, prompt)
-                if sequel is None:
-                    graph.join(gid, "fanout", call.call_id)
-                    group = (gid, "fanout")
-                    # the fan-out itself: its template up to the level its siblings were
-                    # pushed at, so a sibling's calls at any inner step or position share
-                    # its key
-                    fanout = _bounded(f"{qid}|fanout|{'/'.join(pieces[: pushed[-1] + 1])}")
-                else:  # a later turn of that call's agent, not its sibling
-                    instance = query.slots[sequel][1]
-                    _leave_singleton(graph, gid, sequel)
-                query.slots[call.call_id] = (gid, instance)
+                gid = _bounded(position, MAX_ID_CHARS - len(suffix)) + suffix
+                graph.join(gid, "fanout", call.call_id)
+                group = (gid, "fanout")
+                # the fan-out itself: its template up to the level its siblings were pushed
+                # at, so a sibling's calls at any inner step or position (or round) share
+                # its key
+                fanout = _bounded(f"{qid}|fanout|{'/'.join(pieces[: pushed[-1] + 1])}")
             if inner is not None:  # same superstep at every graph level: parallel agents
                 steps = "/".join(str(s) for _, s in template)
                 graph.join(_bounded(f"{qid}|superstep|{steps}"), "superstep", call.call_id)
@@ -1100,6 +1146,8 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             if node_run is None and inner is not None:
                 scope = namespace or None
             previous = self._place_call(query, instance, scope, call.call_id)
+            if follows is not None:  # a functional @task's turn: it continues that call
+                previous = follows
             if previous is not None and previous_attempt is None:
                 gid = _bounded(f"{qid}|repeat|{instance}")
                 graph.join(gid, "repeat", previous)
@@ -1243,8 +1291,12 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                     message = getattr(gen, "message", None)
                     calls = has_tool_calls(message)  # invalid ones too: still a call
                     reply_id = getattr(message, "id", None)
-                    if query is not None and reply_id and call.call_id in query.slots:
-                        query.replies[str(reply_id)] = call.call_id
+                    if query is not None and reply_id and call.call_id in query.calls_round:
+                        # an id another call replied with too (a server that reuses
+                        # ids) is ambiguous: "" matches no call
+                        known = query.replies.get(str(reply_id), call.call_id)
+                        mine = call.call_id if known == call.call_id else ""
+                        _remember(query.replies, str(reply_id), mine)
                     call.actual_segment = derive.actual_segment(call.segment, calls)
                     if live.after_tool and query is not None:
                         query.after_tool[call.agent_id] = call.actual_segment

@@ -5,7 +5,8 @@ Relations are of two shapes:
 
 * **groups** (hyperedges) — ``fanout``: the calls at the same position (same step
   template and call ordinal) of the siblings of a ``Send`` fan-out, including calls inside
-  subgraphs those siblings run; ``superstep``: the LLM calls that run in the same superstep at
+  subgraphs those siblings run, or of one round of a functional ``@task``'s calls (the
+  handler's ``_round_of``); ``superstep``: the LLM calls that run in the same superstep at
   every graph level (parallel agents, also across sibling subgraphs); ``parallel``: the
   calls of one agent instance in one node run that ran at the same time (a ``generate``
   batch, an ``asyncio.gather``: each started while another of them was still running);

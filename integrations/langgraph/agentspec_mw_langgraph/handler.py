@@ -259,11 +259,13 @@ class _Query:
     observations: dict[str, str] = field(default_factory=dict)  # tool_call_id -> call id
     # the attempts of a root run that failed: its tasks re-run under the next root retry them
     failed_attempts: dict[_AttemptKey, _Attempt] = field(default_factory=dict)
-    # the rounds of functional @task calls (see _round_of), the newest _MAX_OBSERVATIONS
-    # of each: a reply's message id -> its call ("": an id several calls replied with)
+    # the rounds of functional @task calls (see _round_of), the _MAX_OBSERVATIONS used
+    # last of each: a reply (_reply_key) -> its call ("": several task runs replied so)
     replies: dict[str, str] = field(default_factory=dict)
-    calls_round: dict[str, _Turn] = field(default_factory=dict)  # call id -> its task run's
+    # call id -> its task run's turn, and its agent instance
+    calls_round: dict[str, tuple[_Turn, str]] = field(default_factory=dict)
     runs_round: dict[str, _Turn] = field(default_factory=dict)  # task run namespace -> its
+    runs_last: dict[str, str] = field(default_factory=dict)  # run + instance -> last call
 
 
 @dataclass(frozen=True)
@@ -274,7 +276,7 @@ class _Turn:
     position: str  # the fan-out group id without round and ordinal
     round: int
     run: str  # the task run's namespace
-    instance: str  # the agent instance its calls are
+    prefix: str  # its calls' agent instance down to the task level (a continued run's)
 
 
 @dataclass
@@ -305,11 +307,12 @@ def _is_interrupt(error: BaseException) -> bool:
 
 def _round_of(
     query: _Query, position: str, run: str, prompt: Sequence[BaseMessage] | str
-) -> tuple[int, _Turn | None, str | None]:
+) -> tuple[int, _Turn | None, list[str]]:
     """The round of a functional ``@task`` run at fan-out ``position``, from its first
     call's ``prompt``: one more than the latest round whose replies it carries (replies of
     earlier runs of that position), else 0; and, if it carries replies of exactly one run
-    of that round, that run and the last of its calls carried (this run continues them).
+    of that round, that run and its calls carried, in the prompt's order (this run
+    continues them).
 
     Every call of one ``@task`` from one entrypoint run takes the same position, whether
     the calls ran together or one after another, and a callback cannot tell the two
@@ -319,30 +322,45 @@ def _round_of(
     refinements of one draft is round 1, and two agents looping side by side have their
     turn ``n`` in round ``n`` together, as a ``Send`` fan-out's steps are."""
     if isinstance(prompt, str) or not query.replies:
-        return 0, None, None
+        return 0, None, []
     best = -1
-    runs: dict[str, tuple[_Turn, str]] = {}  # the carried runs of the latest round
+    runs: dict[str, tuple[_Turn, list[str]]] = {}  # the carried runs of the latest round
     for message in prompt:
-        if not isinstance(message, AIMessage) or not message.id:
+        key = _reply_key(message) if isinstance(message, AIMessage) else None
+        call_id = query.replies.get(key) if key is not None else None
+        known = query.calls_round.get(call_id) if call_id else None
+        if key is None or call_id is None or known is None:
             continue
-        call_id = query.replies.get(message.id)
-        turn = query.calls_round.get(call_id) if call_id else None
-        if turn is None or call_id is None or turn.position != position or turn.run == run:
+        turn = known[0]
+        if turn.position != position or turn.run == run:
             continue
+        _remember(query.replies, key, call_id)  # in use: kept
+        _remember(query.calls_round, call_id, known)
         if turn.round > best:
             best, runs = turn.round, {}
         if turn.round == best:
-            runs[turn.run] = (turn, call_id)  # the run's last call the prompt carries
+            runs.setdefault(turn.run, (turn, []))[1].append(call_id)
     if best < 0:
-        return 0, None, None
+        return 0, None, []
     if len(runs) != 1:  # a new round of several (a debate's next round): no one agent's
-        return best + 1, None, None
-    ((turn, call_id),) = runs.values()
-    return best + 1, turn, call_id
+        return best + 1, None, []
+    ((turn, calls),) = runs.values()
+    return best + 1, turn, calls
+
+
+def _reply_key(message: BaseMessage) -> str | None:
+    """What identifies a reply when a later prompt carries it: its id with a digest of its
+    text and tool calls (a model may set the same id on every reply), or ``None``."""
+    if not message.id:
+        return None
+    calls = tuple(str(c.get("id")) for c in getattr(message, "tool_calls", None) or ())
+    digest = hashlib.blake2b(repr((message.content, calls)).encode(), digest_size=8)
+    return f"{message.id}\x1f{digest.hexdigest()}"
 
 
 def _remember(table: dict[str, Any], key: str, value: Any) -> None:
-    """Keep ``key`` in a table of the newest :data:`_MAX_OBSERVATIONS` entries."""
+    """Put ``key`` in a table of the :data:`_MAX_OBSERVATIONS` entries used last."""
+    table.pop(key, None)
     table[key] = value
     while len(table) > _MAX_OBSERVATIONS:  # oldest first
         del table[next(iter(table))]
@@ -1111,21 +1129,39 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             instance = (f"{path}/{source}" if source is not None else path) if path else agent_id
             pushed = [i for i, lv in enumerate(levels) if lv.push_index is not None]
             follows: str | None = None  # the call this one's turn continues
+            run_ns: str | None = None  # a functional @task run's namespace
             if pushed:
                 position = f"{qid}|fanout|{tmpl}"
                 task_run = levels[pushed[-1]]
                 if task_run.task_call:  # a functional @task: its round at the position
+                    prefix = "/".join(
+                        f"{lv.node}[{lv.push_index}]" if lv.push_index is not None else lv.node
+                        for lv in levels[: pushed[-1] + 1]
+                        if lv.node
+                    )
                     turn = query.runs_round.get(task_run.namespace)
+                    carried_calls: list[str] = []
                     if turn is None:
-                        rnd, carried, follows = _round_of(
+                        rnd, carried, carried_calls = _round_of(
                             query, position, task_run.namespace, prompt
                         )
-                        if carried is not None:  # it continues that run's agent
-                            instance = carried.instance
-                        turn = _Turn(position, rnd, task_run.namespace, instance)
+                        # a run that continues another's agent is that instance at the
+                        # task level (its subgraph nodes and middleware sources its own)
+                        start = carried.prefix if carried is not None else prefix
+                        turn = _Turn(position, rnd, task_run.namespace, start)
+                    # the run's round is its agent's: a middleware's own call (a summary
+                    # made first) does not fix it
+                    if source is None or task_run.namespace in query.runs_round:
                         _remember(query.runs_round, task_run.namespace, turn)
-                    instance = turn.instance
-                    _remember(query.calls_round, call.call_id, turn)
+                    if instance.startswith(prefix):
+                        instance = turn.prefix + instance[len(prefix) :]
+                    # it continues the last call of its instance the prompt carries
+                    for carried_id in carried_calls:
+                        known = query.calls_round.get(carried_id)
+                        if known is not None and known[1] == instance:
+                            follows = carried_id
+                    _remember(query.calls_round, call.call_id, (turn, instance))
+                    run_ns = task_run.namespace
                     if turn.round:
                         position += f"~{turn.round}"
                 # bounded before the ordinal, so that a group id of the whole still holds it
@@ -1148,6 +1184,15 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
             previous = self._place_call(query, instance, scope, call.call_id)
             if follows is not None:  # a functional @task's turn: it continues that call
                 previous = follows
+            elif run_ns is not None and previous is not None:
+                # runs that continue one agent together (refinements of one draft) share
+                # its instance: a later call of a run repeats its own run's call
+                known = query.calls_round.get(previous)
+                own = query.runs_last.get(f"{run_ns}\x1f{instance}")
+                if own is not None and (known is None or known[0].run != run_ns):
+                    previous = own
+            if run_ns is not None:
+                _remember(query.runs_last, f"{run_ns}\x1f{instance}", call.call_id)
             if previous is not None and previous_attempt is None:
                 gid = _bounded(f"{qid}|repeat|{instance}")
                 graph.join(gid, "repeat", previous)
@@ -1290,13 +1335,17 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                     gen = first[0] if first else None
                     message = getattr(gen, "message", None)
                     calls = has_tool_calls(message)  # invalid ones too: still a call
-                    reply_id = getattr(message, "id", None)
-                    if query is not None and reply_id and call.call_id in query.calls_round:
-                        # an id another call replied with too (a server that reuses
-                        # ids) is ambiguous: "" matches no call
-                        known = query.replies.get(str(reply_id), call.call_id)
-                        mine = call.call_id if known == call.call_id else ""
-                        _remember(query.replies, str(reply_id), mine)
+                    mine = query.calls_round.get(call.call_id) if query is not None else None
+                    turn = mine[0] if mine is not None else None
+                    key = _reply_key(message) if isinstance(message, BaseMessage) else None
+                    if query is not None and turn is not None and key is not None:
+                        # a reply another task run gave too (a cached answer, a model
+                        # that sets ids) is ambiguous: "" matches no call; a re-run of
+                        # the same task (a resume, a retry) keeps it
+                        known = query.replies.get(key)
+                        other = query.calls_round.get(known) if known else None
+                        same = known is None or (other is not None and other[0].run == turn.run)
+                        _remember(query.replies, key, call.call_id if same else "")
                     call.actual_segment = derive.actual_segment(call.segment, calls)
                     if live.after_tool and query is not None:
                         query.after_tool[call.agent_id] = call.actual_segment

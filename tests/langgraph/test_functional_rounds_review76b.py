@@ -19,7 +19,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,63 +37,27 @@ from agentspec_mw.replay.run import issued_together
 from agentspec_mw.tags import StructureTags
 from agentspec_mw.traces.loader import iter_records
 from agentspec_mw.traces.tokenized import CallMeta
-from agentspec_mw_langgraph import TaggingConfig, get_handler, with_agentspec
-from agentspec_mw_langgraph.handler import AgentSpecCallbackHandler
+from agentspec_mw_langgraph import TaggingConfig, with_agentspec
 from agentspec_mw_langgraph.redundancy import RedundancyGraph
 
 from .fake_chat import ScriptedChatModel
+from .functional_apps import (
+    Overlap,
+    Script,
+    call_tool,
+    handler_of,
+    react_agent,
+    react_script,
+    trace_metas,
+    two_runs_at_once,
+)
 
 STRICT = TaggingConfig(adapter_raise_errors=True)
-Script = Callable[[list[BaseMessage], list[dict[str, Any]]], AIMessage]
 
 
 # ------------------------------------------------------------------------ helpers
-def react_script(tool_turns: int, delay: float = 0.0) -> Script:
-    """Calls a tool until ``tool_turns`` results are in, then answers."""
-
-    def script(messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessage:
-        if delay:
-            time.sleep(delay)
-        n = sum(isinstance(m, ToolMessage) for m in messages)
-        if n < tool_turns:
-            args = {"who": str(messages[0].content)}
-            call = {"name": "lookup", "args": args, "id": f"c{len(messages)}"}
-            return AIMessage(content="", tool_calls=[call])
-        return AIMessage(content=f"final {messages[0].content}")
-
-    return script
-
-
 def echo(messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessage:
     return AIMessage(content=f"{messages[-1].content}!")
-
-
-@task
-def call_tool(call: Any) -> ToolMessage:
-    return ToolMessage(content=f"res {call['args']['who']}", tool_call_id=call["id"])
-
-
-def react_agent(call_model: Any, checkpointer: Any = None) -> Any:
-    """A functional ReAct agent: ``call_model`` tasks one after another, each prompt
-    carrying every reply before it."""
-
-    @entrypoint(checkpointer=checkpointer)
-    def agent(question: str) -> AIMessage:
-        messages: list[BaseMessage] = [HumanMessage(question)]
-        reply = call_model(messages).result()
-        while reply.tool_calls:
-            results = [call_tool(c).result() for c in reply.tool_calls]
-            messages = [*messages, reply, *results]
-            reply = call_model(messages).result()
-        return reply  # type: ignore[no-any-return]
-
-    return agent
-
-
-def _handler(app: Any) -> AgentSpecCallbackHandler:
-    handler = get_handler(app)
-    assert handler is not None
-    return handler
 
 
 def _tags(model: ScriptedChatModel) -> list[StructureTags]:
@@ -122,7 +86,7 @@ def _graph_rounds(graph: RedundancyGraph) -> list[int]:
 
 
 def _graph(app: Any, model: ScriptedChatModel) -> RedundancyGraph:
-    return _handler(app).graph(_tags(model)[0].query_id)
+    return handler_of(app).graph(_tags(model)[0].query_id)
 
 
 def _edges(graph: RedundancyGraph, kind: str) -> list[tuple[int, int]]:
@@ -134,15 +98,6 @@ def _edges(graph: RedundancyGraph, kind: str) -> list[tuple[int, int]]:
 def _repeat_groups(graph: RedundancyGraph) -> list[list[int]]:
     index = {c.call_id: i for i, c in enumerate(graph.llm_calls())}
     return sorted(sorted(index[m] for m in g.members) for g in graph.groups_of("repeat"))
-
-
-def _metas(path: Path) -> list[CallMeta]:
-    """The trace's calls in file order, as the replay reads them."""
-    return [
-        CallMeta(r.workload, r.run_id, r.call_index, r.agent, r.segment_hint, r.parent_group,
-                 r.meta.get("step"))
-        for r in iter_records(path)
-    ]  # fmt: skip
 
 
 def _together(metas: list[CallMeta]) -> list[tuple[int, int]]:
@@ -212,7 +167,7 @@ def test_a_checkpointed_rerun_after_an_error_keeps_the_round() -> None:
         app.invoke("q", config)
     assert app.invoke(None, config).content == "final q"
     assert _rounds(model) == [0, 1, 1, 2]
-    graph = _handler(app).graph("thread:rerun")
+    graph = handler_of(app).graph("thread:rerun")
     assert _edges(graph, "retry") == [(1, 2)]
     assert _edges(graph, "repeat") == [(0, 1), (2, 3)]
 
@@ -221,7 +176,7 @@ def test_a_retry_answered_from_the_model_cache_keeps_the_rounds() -> None:
     model = ScriptedChatModel(script=react_script(2), cache=InMemoryCache())
     app = with_agentspec(_retried_agent(model), config=STRICT)
     app.invoke("q", {"configurable": {"thread_id": "retry-cache"}})
-    graph = _handler(app).graph("thread:retry-cache")
+    graph = handler_of(app).graph("thread:retry-cache")
     assert _edges(graph, "retry") == [(0, 1), (2, 3)]  # the attempts are still linked
     assert _graph_rounds(graph) == [0, 0, 1, 1, 2]  # observed: [0, 0, 0, 0, 0]
 
@@ -251,7 +206,7 @@ def test_a_task_resumed_after_an_interrupt_keeps_its_round() -> None:
     assert _run_to_end(app, "resume").content == "final q"
     # each turn's call, then that call made again by the resumed task run
     assert _rounds(model) == [0, 0, 1, 1, 2, 2]
-    graph = _handler(app).graph("thread:resume")
+    graph = handler_of(app).graph("thread:resume")
     assert _edges(graph, "repeat") == [(i - 1, i) for i in range(1, 6)]
     assert _repeat_groups(graph) == [list(range(6))]
 
@@ -260,7 +215,7 @@ def test_a_resumed_call_answered_from_the_model_cache_keeps_the_rounds() -> None
     model = ScriptedChatModel(script=react_script(2), cache=InMemoryCache())
     app = with_agentspec(_interrupting_agent(model), config=STRICT)
     assert _run_to_end(app, "resume-cache").content == "final q"
-    graph = _handler(app).graph("thread:resume-cache")
+    graph = handler_of(app).graph("thread:resume-cache")
     assert _graph_rounds(graph) == [0, 0, 1, 1, 2, 2]  # observed: [0] * 6
 
 
@@ -494,25 +449,8 @@ def test_a_middlewares_own_call_in_a_task_is_an_instance_apart(summary: str) -> 
     assert agent in _repeat_groups(graph)
 
 
-class _Overlap:
-    """A script that sleeps, counting how many calls ran at once."""
-
-    def __init__(self, delay: float) -> None:
-        self.delay, self.now, self.most = delay, 0, 0
-        self.lock = threading.Lock()
-
-    def __call__(self, messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessage:
-        with self.lock:
-            self.now += 1
-            self.most = max(self.most, self.now)
-        time.sleep(self.delay)
-        with self.lock:
-            self.now -= 1
-        return AIMessage(content=f"{messages[-1].content}!")
-
-
 def test_refinements_making_two_calls_each_repeat_their_own_first_call() -> None:
-    overlap = _Overlap(0.05)
+    overlap = Overlap(0.05)
     model = ScriptedChatModel(script=overlap)
 
     @task
@@ -612,8 +550,8 @@ def test_a_loops_turns_are_never_issued_together(tmp_path: Path) -> None:
     config = TaggingConfig(adapter_raise_errors=True, trace_path=path)
     app = with_agentspec(react_agent(call_model), config=config)
     app.invoke("q")
-    _handler(app).close()
-    metas = _metas(path)
+    handler_of(app).close()
+    metas = trace_metas(path)
     assert len(metas) == 4 and len({m.parent_group for m in metas}) == 4
     assert _together(metas) == []
 
@@ -671,13 +609,13 @@ def test_side_by_side_agents_turns_issued_together_ran_together(tmp_path: Path) 
 
     app = with_agentspec(flow, config=TaggingConfig(adapter_raise_errors=True, trace_path=path))
     assert app.invoke(["A", "B"]) == ["final A", "final B"]
-    _handler(app).close()
+    handler_of(app).close()
     a1, b1 = clock.spans[("A", 1)], clock.spans[("B", 1)]
     assert a1[1] < b1[0]  # A's turn 1 had ended before B's began
     # turn 1's prompts hold the question, the turn 0 reply and the tool result
     turn_one = {r.call_index for r in iter_records(path) if len(r.prompt) > 1}
     assert len(turn_one) == 2
-    together = _together(_metas(path))
+    together = _together(trace_metas(path))
     assert not any(a in turn_one and b in turn_one for a, b in together)  # observed: both
 
 
@@ -699,8 +637,8 @@ def test_a_rerun_call_is_not_issued_with_the_call_before_it(how: str, tmp_path: 
     else:
         app = with_agentspec(_retried_agent(model), config=config)
         app.invoke("q", {"configurable": {"thread_id": "t"}})
-    _handler(app).close()
-    metas = _metas(path)
+    handler_of(app).close()
+    metas = trace_metas(path)
     assert len(metas) == 4
     assert _together(metas) == []  # observed: [(0, 1), (2, 3)]
 
@@ -715,31 +653,14 @@ def test_concurrent_invocations_of_a_checkpointed_loop(threads: str) -> None:
         return model.invoke(messages)  # type: ignore[return-value]
 
     app = with_agentspec(react_agent(call_model, InMemorySaver()), config=STRICT)
-    barrier = threading.Barrier(2)
-    errors: list[BaseException] = []
 
-    def run(question: str) -> None:
-        thread_id = "shared" if threads == "one" else f"t-{question}"
-        try:
-            barrier.wait()
-            out = app.invoke(question, {"configurable": {"thread_id": thread_id}})
-            assert out.content == f"final {question}"
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+    def config(question: str) -> Any:
+        return {"configurable": {"thread_id": "shared" if threads == "one" else f"t-{question}"}}
 
-    workers = [threading.Thread(target=run, args=(q,)) for q in ("Q0", "Q1")]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    assert errors == []
-    by_run: dict[str, list[StructureTags]] = {"Q0": [], "Q1": []}
-    for tags, text in model.seen:
-        assert tags is not None
-        by_run[text.removeprefix("res ")].append(tags)
+    by_run = two_runs_at_once(app, lambda: model.seen, config)
     assert [len(v) for v in by_run.values()] == [4, 4]
     assert len({t.query_id for v in by_run.values() for t in v}) == 2
-    handler = _handler(app)
+    handler = handler_of(app)
     for tags_of_run in by_run.values():
         assert [_round(t) for t in tags_of_run] == [0, 1, 2, 3]
         graph = handler.graph(tags_of_run[0].query_id)

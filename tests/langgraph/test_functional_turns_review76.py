@@ -16,9 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import operator
-import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -36,65 +33,27 @@ from langgraph.types import Command, Send, interrupt
 
 from agentspec_mw.replay.run import issued_together
 from agentspec_mw.tags import StructureTags, tags_from_wire
-from agentspec_mw.traces.loader import iter_records
-from agentspec_mw.traces.tokenized import CallMeta
-from agentspec_mw_langgraph import TaggingConfig, get_handler, with_agentspec
-from agentspec_mw_langgraph.handler import AgentSpecCallbackHandler
+from agentspec_mw_langgraph import TaggingConfig, with_agentspec
 from agentspec_mw_langgraph.redundancy import RedundancyGraph
 
 from .fake_chat import ScriptedChatModel
 from .fake_openai import FakeOpenAI
+from .functional_apps import (
+    Overlap,
+    call_tool,
+    handler_of,
+    react_agent,
+    react_script,
+    trace_metas,
+    two_runs_at_once,
+)
 
 STRICT = TaggingConfig(adapter_raise_errors=True)
 URL = "http://127.0.0.1:9/v1"
 
 
-def react_script(tool_turns: int, delay: float = 0.0) -> Callable[..., AIMessage]:
-    """Calls a tool until ``tool_turns`` results are in, then answers; the tool call's
-    ``who`` is the first message's text (so a run's calls can be told apart)."""
-
-    def script(messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessage:
-        if delay:
-            time.sleep(delay)
-        n = sum(isinstance(m, ToolMessage) for m in messages)
-        if n < tool_turns:
-            args = {"who": str(messages[0].content)}
-            call = {"name": "lookup", "args": args, "id": f"c{len(messages)}"}
-            return AIMessage(content="", tool_calls=[call])
-        return AIMessage(content=f"final {messages[0].content}")
-
-    return script
-
-
 def echo(messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessage:
     return AIMessage(content=f"re: {messages[-1].content}")
-
-
-@task
-def call_tool(call: Any) -> ToolMessage:
-    return ToolMessage(content=f"res {call['args']['who']}", tool_call_id=call["id"])
-
-
-def sync_agent(call_model: Any) -> Any:
-    """A functional ReAct agent (its turns: ``call_model`` tasks, one after another)."""
-
-    @entrypoint()
-    def agent(question: str) -> AIMessage:
-        messages: list[BaseMessage] = [HumanMessage(question)]
-        reply = call_model(messages).result()
-        while reply.tool_calls:
-            results = [call_tool(c).result() for c in reply.tool_calls]
-            messages = [*messages, reply, *results]
-            reply = call_model(messages).result()
-        return reply  # type: ignore[no-any-return]
-
-    return agent
-
-
-def _handler(app: Any) -> AgentSpecCallbackHandler:
-    handler = get_handler(app)
-    assert handler is not None
-    return handler
 
 
 def _rounds(tags: list[StructureTags | None]) -> None:
@@ -164,7 +123,7 @@ def test_async_tasks_turns_are_repeats(how: str) -> None:
     asyncio.run(run())
     tags = _seen_tags(model)
     assert len(tags) == 3
-    _turns_are_repeats(tags, _handler(app).graph(tags[0].query_id))  # type: ignore[union-attr]
+    _turns_are_repeats(tags, handler_of(app).graph(tags[0].query_id))  # type: ignore[union-attr]
 
 
 # ------------------------------------------------------------ 2. streamed replies
@@ -204,7 +163,7 @@ def test_a_streamed_reply_is_recognised_in_the_next_prompt(how: str) -> None:
         app = with_agentspec(async_agent, config=STRICT)
         asyncio.run(app.ainvoke("q"))
     else:
-        app = with_agentspec(sync_agent(call_model), config=STRICT)
+        app = with_agentspec(react_agent(call_model), config=STRICT)
         if how == "stream":
             app.invoke("q")
         else:
@@ -212,7 +171,7 @@ def test_a_streamed_reply_is_recognised_in_the_next_prompt(how: str) -> None:
                 pass
     tags = _seen_tags(model)
     assert len(tags) == 3
-    _turns_are_repeats(tags, _handler(app).graph(tags[0].query_id))  # type: ignore[union-attr]
+    _turns_are_repeats(tags, handler_of(app).graph(tags[0].query_id))  # type: ignore[union-attr]
 
 
 # ------------------------------------------------ 3. ChatOpenAI against a fake server
@@ -268,7 +227,7 @@ def test_chat_openai_loop_turns_are_repeats(streaming: bool) -> None:
     assert len(replies) == 2 and all(str(r.id).startswith("lc_run-") for r in replies)
     tags = [tags_from_wire(body["vllm_xargs"]) for body in server.bodies]
     assert len(tags) == 2
-    _turns_are_repeats(tags, _handler(app).graph(tags[0].query_id))  # type: ignore[union-attr]
+    _turns_are_repeats(tags, handler_of(app).graph(tags[0].query_id))  # type: ignore[union-attr]
 
 
 def _responses_server(unique_ids: bool) -> httpx.MockTransport:
@@ -324,7 +283,7 @@ def _plan_then_research(model: BaseChatModel) -> Any:
 
 
 def _research_fanouts(app: Any) -> list[list[str]]:
-    handler = _handler(app)
+    handler = handler_of(app)
     (graph,) = handler.graphs().values()
     return [g.members for g in graph.groups_of("fanout") if "research" in g.group_id]
 
@@ -378,7 +337,7 @@ def test_interrupts_resumes_and_a_reinvocation_of_the_thread() -> None:
     assert resumes == 6 and isinstance(out, AIMessage)
     tags = _seen_tags(model)
     assert len(tags) == 4
-    graph = _handler(app).graph("thread:t76")
+    graph = handler_of(app).graph("thread:t76")
     _turns_are_repeats(tags, graph)
     # the thread's next run: a new position (its step), then that run's next turn
     out = app.invoke("q2", config)
@@ -388,7 +347,7 @@ def test_interrupts_resumes_and_a_reinvocation_of_the_thread() -> None:
     assert len(again) == 4 and again[0] is not None
     assert again[0].group_id != tags[0].group_id  # type: ignore[union-attr]
     _rounds(again)
-    graph = _handler(app).graph("thread:t76")
+    graph = handler_of(app).graph("thread:t76")
     assert [len(g.members) for g in graph.groups_of("fanout")] == [1] * 8
     (repeat,) = graph.groups_of("repeat")  # one instance across the thread's runs
     assert len(repeat.members) == 8
@@ -402,7 +361,7 @@ def test_a_loop_in_a_nested_entrypoint_run_by_a_task() -> None:
     def call_model(messages: list[BaseMessage]) -> AIMessage:
         return model.invoke(messages)  # type: ignore[return-value]
 
-    inner = sync_agent(call_model)
+    inner = react_agent(call_model)
 
     @task
     def run_agent(question: str) -> str:
@@ -416,7 +375,7 @@ def test_a_loop_in_a_nested_entrypoint_run_by_a_task() -> None:
     assert app.invoke("A") == "final A"
     tags = _seen_tags(model)
     assert len(tags) == 3
-    _turns_are_repeats(tags, _handler(app).graph(tags[0].query_id))  # type: ignore[union-attr]
+    _turns_are_repeats(tags, handler_of(app).graph(tags[0].query_id))  # type: ignore[union-attr]
 
 
 def test_a_loop_whose_model_runs_in_a_subgraph_the_task_invokes() -> None:
@@ -435,11 +394,11 @@ def test_a_loop_whose_model_runs_in_a_subgraph_the_task_invokes() -> None:
     def call_model(messages: list[BaseMessage]) -> AIMessage:
         return compiled.invoke({"messages": messages})["messages"][-1]  # type: ignore[no-any-return]
 
-    app = with_agentspec(sync_agent(call_model), config=STRICT)
+    app = with_agentspec(react_agent(call_model), config=STRICT)
     app.invoke("A")
     tags = _seen_tags(model)
     assert len(tags) == 3
-    _turns_are_repeats(tags, _handler(app).graph(tags[0].query_id))  # type: ignore[union-attr]
+    _turns_are_repeats(tags, handler_of(app).graph(tags[0].query_id))  # type: ignore[union-attr]
 
 
 # ------------------------------------- 7. Graph API: a Send fan-out of ReAct subgraphs
@@ -489,7 +448,7 @@ def test_send_fanout_of_react_subgraphs_is_unchanged() -> None:
     assert sorted(out["answers"]) == ["final A", "final B"]
     tags = _seen_tags(model)
     assert len(tags) == 6 and all(t is not None and t.group_kind == "fanout" for t in tags)
-    graph = _handler(app).graph(tags[0].query_id)  # type: ignore[union-attr]
+    graph = handler_of(app).graph(tags[0].query_id)  # type: ignore[union-attr]
     assert sorted(len(g.members) for g in graph.groups_of("fanout")) == [2, 2, 2]
     assert sorted(len(g.members) for g in graph.groups_of("repeat")) == [3, 3]
 
@@ -503,57 +462,21 @@ def test_concurrent_invocations_keep_their_turns_apart(thread_id: str | None) ->
     def call_model(messages: list[BaseMessage]) -> AIMessage:
         return model.invoke(messages)  # type: ignore[return-value]
 
-    app = with_agentspec(sync_agent(call_model), config=STRICT)
+    app = with_agentspec(react_agent(call_model), config=STRICT)
     config: Any = {"configurable": {"thread_id": thread_id}} if thread_id else None
-    barrier = threading.Barrier(2)
-    errors: list[BaseException] = []
-
-    def run(question: str) -> None:
-        try:
-            barrier.wait()
-            assert app.invoke(question, config).content == f"final {question}"
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(q,)) for q in ("Q0", "Q1")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
-    by_run: dict[str, list[StructureTags]] = {"Q0": [], "Q1": []}
-    for tags, text in model.seen:
-        assert tags is not None
-        by_run[text.removeprefix("res ")].append(tags)
+    by_run = two_runs_at_once(app, lambda: model.seen, lambda _: config)
     assert [len(v) for v in by_run.values()] == [4, 4]
     queries = {run: {t.query_id for t in v} for run, v in by_run.items()}
     assert all(len(q) == 1 for q in queries.values()) and queries["Q0"] != queries["Q1"]
     for tags_of_run in by_run.values():
-        graph = _handler(app).graph(tags_of_run[0].query_id)
+        graph = handler_of(app).graph(tags_of_run[0].query_id)
         _turns_are_repeats(list(tags_of_run), graph)
 
 
 # ------------------------------ 6. concurrent calls carrying one earlier reply (defects)
-class _Overlap:
-    """A script wrapper counting how many calls ran at once."""
-
-    def __init__(self, delay: float) -> None:
-        self.delay, self.now, self.most = delay, 0, 0
-        self.lock = threading.Lock()
-
-    def __call__(self, messages: list[BaseMessage], tools: list[dict[str, Any]]) -> AIMessage:
-        with self.lock:
-            self.now += 1
-            self.most = max(self.most, self.now)
-        time.sleep(self.delay)
-        with self.lock:
-            self.now -= 1
-        return AIMessage(content=f"{messages[-1].content}!")
-
-
-def _refinements(tmp_path: Path) -> tuple[Any, ScriptedChatModel, _Overlap, Path]:
+def _refinements(tmp_path: Path) -> tuple[Any, ScriptedChatModel, Overlap, Path]:
     """A draft, then three refinements of it made together."""
-    overlap = _Overlap(0.1)
+    overlap = Overlap(0.1)
     model = ScriptedChatModel(script=overlap)
 
     @task
@@ -570,7 +493,7 @@ def _refinements(tmp_path: Path) -> tuple[Any, ScriptedChatModel, _Overlap, Path
     path = tmp_path / "calls.jsonl"
     app = with_agentspec(flow, config=TaggingConfig(adapter_raise_errors=True, trace_path=path))
     app.invoke("q")
-    _handler(app).close()
+    handler_of(app).close()
     return app, model, overlap, path
 
 
@@ -591,22 +514,18 @@ def test_concurrent_refinements_repeat_the_draft_and_are_issued_together(
 ) -> None:
     app, model, overlap, path = _refinements(tmp_path)
     assert overlap.most == 3
-    graph = _handler(app).graph(_seen_tags(model)[0].query_id)  # type: ignore[union-attr]
+    graph = handler_of(app).graph(_seen_tags(model)[0].query_id)  # type: ignore[union-attr]
     index = _index(graph)
     repeats = sorted((index[e.src], index[e.dst]) for e in graph.edges if e.kind == "repeat")
     assert repeats == [(0, 1), (0, 2), (0, 3)]  # each refinement continues the draft
-    metas = [
-        CallMeta(r.workload, r.run_id, r.call_index, r.agent, r.segment_hint, r.parent_group,
-                 r.meta.get("step"))
-        for r in iter_records(path)
-    ]  # fmt: skip
+    metas = trace_metas(path)
     metas.sort(key=lambda m: m.call_index)
     one, two = np.array([1]), np.array([2])
     assert [issued_together(metas[i - 1], metas[i], one, two) for i in (2, 3)] == [True, True]
 
 
 def test_a_debate_round_is_not_one_debaters_chain_of_repeats() -> None:
-    overlap = _Overlap(0.05)
+    overlap = Overlap(0.05)
     model = ScriptedChatModel(script=overlap)
 
     @task
@@ -623,7 +542,7 @@ def test_a_debate_round_is_not_one_debaters_chain_of_repeats() -> None:
     app = with_agentspec(debate, config=STRICT)
     assert app.invoke("topic") == 7
     assert overlap.most == 3
-    graph = _handler(app).graph(_seen_tags(model)[0].query_id)  # type: ignore[union-attr]
+    graph = handler_of(app).graph(_seen_tags(model)[0].query_id)  # type: ignore[union-attr]
     index = _index(graph)
     round_two = {i for i in index.values() if i >= 3}
     chained = [e for e in graph.edges if index[e.src] in round_two and index[e.dst] in round_two]
@@ -639,7 +558,7 @@ def test_parallel_functional_agents_later_turns_are_a_fanout() -> None:
     def call_model(messages: list[BaseMessage]) -> AIMessage:
         return model.invoke(messages)  # type: ignore[return-value]
 
-    inner = sync_agent(call_model)
+    inner = react_agent(call_model)
 
     @task
     def run_agent(question: str) -> str:
@@ -653,7 +572,7 @@ def test_parallel_functional_agents_later_turns_are_a_fanout() -> None:
     assert app.invoke(["A", "B"]) == ["final A", "final B"]
     tags = _seen_tags(model)
     assert len(tags) == 6
-    graph = _handler(app).graph(tags[0].query_id)  # type: ignore[union-attr]
+    graph = handler_of(app).graph(tags[0].query_id)  # type: ignore[union-attr]
     assert sorted(len(g.members) for g in graph.groups_of("fanout")) == [2, 2, 2]
 
 
@@ -729,7 +648,7 @@ def test_the_reply_index_of_a_long_thread_is_bounded() -> None:
     app = with_agentspec(flow, config=TaggingConfig(adapter_raise_errors=True, graph_max_calls=8))
     for _ in range(30):
         app.invoke("q", {"configurable": {"thread_id": "long"}})
-    handler = _handler(app)
+    handler = handler_of(app)
     query = handler._finished["thread:long"]
     assert len(query.graph.calls) == 8
     assert max(len(query.replies), len(query.calls_round), len(query.runs_round)) <= 256
@@ -748,9 +667,9 @@ def test_turns_of_a_task_making_two_calls_are_repeats() -> None:
         draft = model.invoke(messages)
         return model.invoke([*messages, draft, HumanMessage("check")])  # type: ignore[return-value]
 
-    app = with_agentspec(sync_agent(call_model), config=STRICT)
+    app = with_agentspec(react_agent(call_model), config=STRICT)
     app.invoke("q")
     tags = _seen_tags(model)
     assert len(tags) == 6
-    graph = _handler(app).graph(tags[0].query_id)  # type: ignore[union-attr]
+    graph = handler_of(app).graph(tags[0].query_id)  # type: ignore[union-attr]
     assert graph.groups_of("fanout", min_size=2) == []

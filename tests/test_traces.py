@@ -165,6 +165,52 @@ def test_each_calls_step_is_kept_and_added_to_an_older_cache_entry(
     assert [c.step for c in again.calls] == [1, 2, 2, None, None, None]
 
 
+def test_times_tell_calls_that_ran_one_after_another_and_reach_an_older_entry(
+    tiny_tokenizer,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
+    """A call of a fan-out's group and step that started after the call before it ended
+    (a later round, a call re-made after an interrupt) is not issued with it; records
+    without usable times keep the group-and-step rule."""
+    from agentspec_mw.replay.run import build_calls
+
+    def rec(i: int, times: object) -> dict[str, object]:
+        meta: dict[str, object] = {"step": 2}
+        if times is not None:
+            meta["started"], meta["ended"] = times  # type: ignore[misc]
+        return {
+            "workload": "w",
+            "run_id": "r",
+            "call_index": i,
+            "agent": "a",
+            "parent_group": "g",
+            "prompt": f"field {i}",
+            "output": f"out {i}",
+            "meta": meta,
+        }
+
+    rows = [
+        rec(0, (10.0, 12.0)),
+        rec(1, (10.5, 11.0)),  # overlapped call 0: together
+        rec(2, (11.5, 13.0)),  # started after call 1 ended: not together
+        rec(3, (True, 14.0)),  # not times: the rule without them (same group and step)
+        rec(4, (15.0, float("inf"))),  # not finite: none
+        rec(5, (17.0, 16.0)),  # ended before it started: none
+        rec(6, None),
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache = tmp_path / "cache"
+    tr = tokenize_trace(path, tiny_tokenizer, cache_dir=cache, progress=False)
+    spans = [(c.started, c.ended) for c in tr.calls]
+    assert spans == [(10.0, 12.0), (10.5, 11.0), (11.5, 13.0)] + [(None, None)] * 4
+    together = [c.with_previous for c in build_calls([tr])["w"]]
+    assert together == [False, True, False, True, True, True, True]
+    (tr.folder / "times.json").unlink()  # an entry written before times were kept
+    again = tokenize_trace(path, tiny_tokenizer, cache_dir=cache, progress=False)
+    assert [(c.started, c.ended) for c in again.calls] == spans
+
+
 def test_a_cache_entry_that_cannot_take_steps_still_loads(
     sample_path: Path,
     tiny_tokenizer,  # type: ignore[no-untyped-def]

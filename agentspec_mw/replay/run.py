@@ -262,15 +262,19 @@ def issued_together(
 ) -> bool:
     """Whether the trace says call ``meta`` (prompt token ids ``prompt``) was issued
     together with ``prev``, the call before it in its run: both in one redundancy group
-    (``parent_group``) and either issued at the same step of the run (``meta.step``: a
-    LangGraph superstep's fan-out, a ToT frontier's proposals) or asking the same prompt
-    (the samples of one request). A group without a step whose prompts differ
-    (Reflexion's attempts at one question) stays sequential. The prompts are compared
-    only when the rest leaves it open."""
+    (``parent_group``), ``meta`` not started after ``prev`` ended where the trace has
+    both times (``meta.started``, ``meta.ended``: a recording of this project's handler),
+    and either issued at the same step of the run (``meta.step``: a LangGraph superstep's
+    fan-out, a ToT frontier's proposals) or asking the same prompt (the samples of one
+    request). A group without a step whose prompts differ (Reflexion's attempts at one
+    question) stays sequential. The prompts are compared only when the rest leaves it
+    open."""
     if (prev.workload, prev.run_id) != (meta.workload, meta.run_id) or meta.parent_group is None:
         return False
     if prev.parent_group != meta.parent_group:
         return False
+    if prev.ended is not None and meta.started is not None and meta.started >= prev.ended:
+        return False  # it waited for that one (a later round, a re-run after an interrupt)
     if meta.step is not None and prev.step is not None:
         return meta.step == prev.step
     return bool(np.array_equal(prev_prompt, prompt))

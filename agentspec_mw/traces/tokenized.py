@@ -3,19 +3,21 @@
 Tokenizing the shared traces naively takes ~15 minutes; the cache makes a second replay
 skip it. The key is ``sha256(trace file bytes)`` + a fingerprint of the tokenizer
 (vocabulary, merges, chat template) + :data:`RENDER_VERSION` + :data:`CACHE_VERSION`. An
-entry is a folder with ``calls.json`` (per-call metadata), ``steps.json`` (each call's
-``meta.step``), ``load.json`` (the loader's counts: records, skipped malformed ones and
-their first messages, which a cache hit reports again), ``tokens.bin`` (int32, prompt then
-output per call) and ``offsets.npy``; an entry lacking ``steps.json`` or ``load.json``
-gets them from the trace file, without tokenizing again. It is written to a temporary
-folder and renamed into place, so an interrupted run never leaves a half entry. Tokens are
-memory-mapped, not loaded.
+entry is a folder with ``calls.json`` (per-call metadata), ``steps.json`` and
+``times.json`` (each call's ``meta.step`` and ``[meta.started, meta.ended]``),
+``load.json`` (the loader's counts: records, skipped malformed ones and their first
+messages, which a cache hit reports again), ``tokens.bin`` (int32, prompt then output per
+call) and ``offsets.npy``; an entry lacking ``steps.json``, ``times.json`` or
+``load.json`` (an older one) gets them from the trace file, without tokenizing again. It
+is written to a temporary folder and renamed into place, so an interrupted run never
+leaves a half entry. Tokens are memory-mapped, not loaded.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -37,6 +39,7 @@ __all__ = [
     "CACHE_VERSION",
     "CallMeta",
     "TokenizedTrace",
+    "call_meta",
     "default_cache_dir",
     "load_tokenizer",
     "tokenize_trace",
@@ -127,11 +130,26 @@ class CallMeta:
     issued at (a LangGraph superstep, a ToT search step); calls of one run and redundancy
     group issued at the same step were issued together
     (:func:`agentspec_mw.replay.run.issued_together`)."""
+    started: float | None = None
+    """``meta.started`` of the record (wall-clock seconds), where it and ``meta.ended``
+    are finite numbers in order: a call that started after the one before it ended was not
+    issued with it, whatever its group and step."""
+    ended: float | None = None
+    """``meta.ended`` of the record, with ``started``."""
 
 
 def _step_of(rec: TraceRecord) -> int | None:
     step = rec.meta.get("step")
     return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _times_of(rec: TraceRecord) -> list[float] | None:
+    """``[meta.started, meta.ended]`` where both are finite numbers, started first."""
+    times = [rec.meta.get("started"), rec.meta.get("ended")]
+    if not all(isinstance(t, int | float) and not isinstance(t, bool) for t in times):
+        return None
+    start, end = float(times[0]), float(times[1])  # type: ignore[arg-type]
+    return [start, end] if math.isfinite(start) and math.isfinite(end) and start <= end else None
 
 
 class TokenizedTrace:
@@ -141,13 +159,14 @@ class TokenizedTrace:
         self.folder = folder
         raw = json.loads((folder / "calls.json").read_text())
         self.source = raw["source"]
-        steps_file = folder / "steps.json"
-        steps = json.loads(steps_file.read_text()) if steps_file.is_file() else None
-        if steps is None or len(steps) != len(raw["calls"]):
-            steps = [None] * len(raw["calls"])
+        n = len(raw["calls"])
+        steps = _read_list(folder / "steps.json", n)
+        times = _read_list(folder / "times.json", n)
         self.calls = [
-            CallMeta(w, run, i, agent, segment, group, step)
-            for (w, run, i, agent, segment, group), step in zip(raw["calls"], steps, strict=True)
+            CallMeta(w, run, i, agent, segment, group, step, *(span or (None, None)))
+            for (w, run, i, agent, segment, group), step, span in zip(
+                raw["calls"], steps, times, strict=True
+            )
         ]
         self.prompt_lens = np.asarray(raw["prompt_lens"], dtype=np.int64)
         self.offsets = np.load(folder / "offsets.npy")
@@ -180,11 +199,28 @@ def _encode(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
 
 
+def call_meta(rec: TraceRecord) -> CallMeta:
+    """The metadata the replay keeps of a record (what a cache entry stores of it)."""
+    span = _times_of(rec) or (None, None)
+    return CallMeta(
+        rec.workload, rec.run_id, rec.call_index, rec.agent, rec.segment_hint,
+        rec.parent_group, _step_of(rec), *span,
+    )  # fmt: skip
+
+
+def _read_list(path: Path, n: int) -> list[Any]:
+    """A per-call list an entry keeps beside ``calls.json`` (``None`` each where it lacks
+    one of ``n`` items)."""
+    values = json.loads(path.read_text()) if path.is_file() else None
+    return values if isinstance(values, list) and len(values) == n else [None] * n
+
+
 def _write_entry(
     records: Iterator[TraceRecord], tokenizer: Any, out: Path, source: str, progress: bool
 ) -> None:
     calls: list[list[Any]] = []
     steps: list[int | None] = []
+    times: list[list[float] | None] = []
     prompt_lens: list[int] = []
     offsets = [0]
     with (
@@ -212,6 +248,7 @@ def _write_entry(
                     ]
                 )
                 steps.append(_step_of(rec))
+                times.append(_times_of(rec))
             bar.update(len(chunk))
             chunk.clear()
 
@@ -223,6 +260,7 @@ def _write_entry(
             flush()
     np.save(out / "offsets.npy", np.asarray(offsets, dtype=np.int64))
     (out / "steps.json").write_text(json.dumps(steps))
+    (out / "times.json").write_text(json.dumps(times))
     (out / "calls.json").write_text(
         json.dumps({"source": source, "calls": calls, "prompt_lens": prompt_lens})
     )
@@ -251,16 +289,19 @@ def _read_load(entry: Path, path: Path) -> LoadStats | None:
 
 
 def _add_missing(entry: Path, path: Path, skip_malformed: bool) -> LoadStats:
-    """Write ``steps.json`` and ``load.json`` into a cache entry lacking them, from the trace
-    file (no tokenizing); return the loader's counts. A cache that cannot be written to
-    keeps the entry as it is, with a warning: without steps its calls have none (only the
-    samples of one request are issued together)."""
+    """Write ``steps.json``, ``times.json`` and ``load.json`` into a cache entry lacking
+    them, from the trace file (no tokenizing); return the loader's counts. A cache that
+    cannot be written to keeps the entry as it is, with a warning: without steps its calls
+    have none (only the samples of one request are issued together), without times none."""
     stats = LoadStats()
-    steps = [
-        _step_of(rec) for rec in iter_records(path, skip_malformed=skip_malformed, stats=stats)
-    ]
+    steps: list[int | None] = []
+    times: list[list[float] | None] = []
+    for rec in iter_records(path, skip_malformed=skip_malformed, stats=stats):
+        steps.append(_step_of(rec))
+        times.append(_times_of(rec))
     missing = {
         "steps.json": ("the calls' steps", steps),
+        "times.json": ("the calls' times", times),
         "load.json": ("the load counts", _load_json(path, stats)),
     }
     for name, (what, value) in missing.items():
@@ -300,7 +341,7 @@ def tokenize_trace(
     entry = cache / "tokens" / key
     if (entry / "calls.json").is_file():
         loaded = _read_load(entry, p)
-        if loaded is None or not (entry / "steps.json").is_file():
+        if loaded is None or not all((entry / f).is_file() for f in ("steps.json", "times.json")):
             loaded = _add_missing(entry, p, skip_malformed)
         _add_counts(stats, loaded)
         return TokenizedTrace(entry)

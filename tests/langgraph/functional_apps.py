@@ -15,7 +15,7 @@ from langgraph.func import entrypoint, task
 
 from agentspec_mw.tags import StructureTags
 from agentspec_mw.traces.loader import iter_records
-from agentspec_mw.traces.tokenized import CallMeta
+from agentspec_mw.traces.tokenized import CallMeta, call_meta
 from agentspec_mw_langgraph import get_handler
 from agentspec_mw_langgraph.handler import AgentSpecCallbackHandler
 
@@ -88,11 +88,7 @@ class Overlap:
 
 def trace_metas(path: Path) -> list[CallMeta]:
     """A trace's calls in file order, as the replay reads them."""
-    return [
-        CallMeta(r.workload, r.run_id, r.call_index, r.agent, r.segment_hint, r.parent_group,
-                 r.meta.get("step"))
-        for r in iter_records(path)
-    ]  # fmt: skip
+    return [call_meta(r) for r in iter_records(path)]
 
 
 def two_runs_at_once(

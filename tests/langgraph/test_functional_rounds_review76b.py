@@ -10,8 +10,8 @@ continue one draft together making two calls each, reply ids a model sets itself
 ``AIMessageChunk``), trace records and the replay's ``issued_together``, concurrent
 invocations with one ``thread_id`` and with several.
 
-The defects it found were fixed with it; the cases still marked ``xfail`` are limits
-left, each reason saying why."""
+The defects it found were fixed with it; the replay tells calls that ran one after
+another apart by the times trace records carry (``meta.started``, ``meta.ended``)."""
 
 from __future__ import annotations
 
@@ -572,13 +572,6 @@ class _Clock:
         return reply
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a limitation of rounds, not a regression (a Send fan-out's inner steps do "
-    "the same): handler._round_of puts agent A's turn 1 and agent B's turn 1 in "
-    "one round whatever their timing, so the replay issues them together though A's had "
-    "ended before B's began",
-)
 def test_side_by_side_agents_turns_issued_together_ran_together(tmp_path: Path) -> None:
     path = tmp_path / "calls.jsonl"
     clock = _Clock(react_script(1))
@@ -619,13 +612,6 @@ def test_side_by_side_agents_turns_issued_together_ran_together(tmp_path: Path) 
     assert not any(a in turn_one and b in turn_one for a, b in together)  # observed: both
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="predates 1a990e8 (Send-pushed tasks too): a resumed or retried task run's call "
-    "joins the fan-out group of the call made before the interrupt or error "
-    "(handler._tag_call: the run's round is kept in runs_round), at the same step, so "
-    "the replay issues the two together though one ran after the other",
-)
 @pytest.mark.parametrize("how", ["resume", "retry"])
 def test_a_rerun_call_is_not_issued_with_the_call_before_it(how: str, tmp_path: Path) -> None:
     path = tmp_path / "calls.jsonl"

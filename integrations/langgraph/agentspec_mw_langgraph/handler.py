@@ -84,6 +84,7 @@ import asyncio
 import hashlib
 import logging
 import threading
+import time
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
@@ -294,6 +295,7 @@ class _Live:
     ticket: CallTicket | None = None
     streamed: bool = False  # a token of it arrived (it runs: its start was not rejected)
     task: asyncio.Task[Any] | None = None  # the asyncio task that made it, if any
+    started: float | None = None  # wall clock (s) when its tags were made: its start
 
 
 def _is_interrupt(error: BaseException) -> bool:
@@ -1224,6 +1226,7 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                 after_tool=after_tool,
                 prompt=wire_prompt,
                 model=str(params.get("model") or params.get("model_name") or model_name),
+                started=time.time(),
             )
             query.next_call_index += 1
             self._stats.tags_derived += 1
@@ -1390,6 +1393,10 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                     "model": live.model,
                     "call_id": call.call_id,
                     "query_id": live.query_id,
+                    # wall clock (s): the replay issues a call with the one before it only
+                    # if it started before that one ended
+                    "started": live.started,
+                    "ended": time.time(),
                 },
             }
         )

@@ -12,6 +12,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langgraph.func import entrypoint, task
+from langgraph.graph import END, START, MessagesState, StateGraph
 
 from agentspec_mw.tags import StructureTags
 from agentspec_mw.traces.loader import iter_records
@@ -121,3 +122,26 @@ def two_runs_at_once(
         assert tags is not None
         by_run[text.removeprefix("res ")].append(tags)
     return by_run
+
+
+def react_subgraph(llm: Callable[[list[BaseMessage]], BaseMessage]) -> Any:
+    """A Graph-API ReAct loop, compiled: node ``llm`` (``llm(messages)``'s reply), then
+    node ``tools`` (a result for each tool call) while the reply calls tools."""
+
+    def call(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [llm(list(state["messages"]))]}
+
+    def tools(state: MessagesState) -> dict[str, Any]:
+        last: Any = state["messages"][-1]
+        return {"messages": [ToolMessage("res", tool_call_id=c["id"]) for c in last.tool_calls]}
+
+    def route(state: MessagesState) -> str:
+        return "tools" if getattr(state["messages"][-1], "tool_calls", None) else END
+
+    g = StateGraph(MessagesState)
+    g.add_node("llm", call)
+    g.add_node("tools", tools)
+    g.add_edge(START, "llm")
+    g.add_conditional_edges("llm", route)
+    g.add_edge("tools", "llm")
+    return g.compile()

@@ -48,6 +48,7 @@ from .functional_apps import (
     handler_of,
     react_agent,
     react_script,
+    react_subgraph,
     trace_metas,
     two_runs_at_once,
 )
@@ -351,24 +352,7 @@ def test_a_task_called_in_a_state_graph_node() -> None:
     def call_model2(messages: list[BaseMessage]) -> AIMessage:
         return model2.invoke(messages)  # type: ignore[return-value]
 
-    def llm(state: MessagesState) -> dict[str, Any]:
-        messages: list[BaseMessage] = list(state["messages"])
-        return {"messages": [call_model2(messages).result()]}
-
-    def tools(state: MessagesState) -> dict[str, Any]:
-        last: Any = state["messages"][-1]
-        return {"messages": [ToolMessage("res", tool_call_id=c["id"]) for c in last.tool_calls]}
-
-    def route(state: MessagesState) -> str:
-        return "tools" if getattr(state["messages"][-1], "tool_calls", None) else END
-
-    g2 = StateGraph(MessagesState)
-    g2.add_node("llm", llm)
-    g2.add_node("tools", tools)
-    g2.add_edge(START, "llm")
-    g2.add_conditional_edges("llm", route)
-    g2.add_edge("tools", "llm")
-    app2 = with_agentspec(g2.compile(), config=STRICT)
+    app2 = with_agentspec(react_subgraph(lambda m: call_model2(m).result()), config=STRICT)
     app2.invoke({"messages": [HumanMessage("q")]})
     tags = _tags(model2)
     assert [_round(t) for t in tags] == [0, 0, 0]

@@ -44,6 +44,7 @@ from .functional_apps import (
     handler_of,
     react_agent,
     react_script,
+    react_subgraph,
     trace_metas,
     two_runs_at_once,
 )
@@ -194,18 +195,13 @@ def _chat_openai(transport: httpx.MockTransport, **kwargs: Any) -> BaseChatModel
     )
 
 
-@pytest.mark.parametrize("streaming", [False, True])
-def test_chat_openai_loop_turns_are_repeats(streaming: bool) -> None:
-    """The fake server answers every request with the id ``chatcmpl-1``: harmless, the
-    chat-completions message's id is LangChain's run id (the provider's id is in its
-    ``response_metadata``)."""
-    server = FakeOpenAI()
-    model = _chat_openai(server.transport, streaming=streaming).bind_tools([lookup])
-    replies: list[AIMessage] = []
+def _openai_agent(model: Any, replies: list[AIMessage]) -> Any:
+    """A functional ReAct agent on a ``ChatOpenAI`` with ``lookup`` bound, keeping its
+    replies in ``replies``."""
 
     @task
     def call_model(messages: list[BaseMessage]) -> AIMessage:
-        reply: AIMessage = model.invoke(messages)  # type: ignore[assignment]
+        reply: AIMessage = model.invoke(messages)
         replies.append(reply)
         return reply
 
@@ -222,7 +218,18 @@ def test_chat_openai_loop_turns_are_repeats(streaming: bool) -> None:
             reply = call_model(messages).result()
         return reply
 
-    app = with_agentspec(agent, config=STRICT, engine=URL)
+    return agent
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_chat_openai_loop_turns_are_repeats(streaming: bool) -> None:
+    """The fake server answers every request with the id ``chatcmpl-1``: harmless, the
+    chat-completions message's id is LangChain's run id (the provider's id is in its
+    ``response_metadata``)."""
+    server = FakeOpenAI()
+    model = _chat_openai(server.transport, streaming=streaming).bind_tools([lookup])
+    replies: list[AIMessage] = []
+    app = with_agentspec(_openai_agent(model, replies), config=STRICT, engine=URL)
     app.invoke("q")
     assert len(replies) == 2 and all(str(r.id).startswith("lc_run-") for r in replies)
     tags = [tags_from_wire(body["vllm_xargs"]) for body in server.bodies]
@@ -407,31 +414,11 @@ class _Fan(TypedDict):
     answers: Annotated[list[str], operator.add]
 
 
-def _react_subgraph(model: ScriptedChatModel) -> Any:
-    def llm(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [model.invoke(state["messages"])]}
-
-    def tools(state: MessagesState) -> dict[str, Any]:
-        last: Any = state["messages"][-1]
-        return {"messages": [ToolMessage("res", tool_call_id=c["id"]) for c in last.tool_calls]}
-
-    def route(state: MessagesState) -> str:
-        return "tools" if getattr(state["messages"][-1], "tool_calls", None) else END
-
-    g = StateGraph(MessagesState)
-    g.add_node("llm", llm)
-    g.add_node("tools", tools)
-    g.add_edge(START, "llm")
-    g.add_conditional_edges("llm", route)
-    g.add_edge("tools", "llm")
-    return g.compile()
-
-
 def test_send_fanout_of_react_subgraphs_is_unchanged() -> None:
     """Each turn of the siblings is a fan-out (the inner step is part of the position),
     each sibling's turns a repeat of its own (as before 04d195a)."""
     model = ScriptedChatModel(script=react_script(2))
-    react = _react_subgraph(model)
+    react = react_subgraph(model.invoke)
 
     def worker(state: Any) -> dict[str, Any]:
         out = react.invoke({"messages": [HumanMessage(state["q"])]})
@@ -608,26 +595,8 @@ def test_send_siblings_in_a_threads_next_run_stay_a_fanout() -> None:
 def test_fanout_routing_keeps_a_functional_agents_turns_on_one_replica() -> None:
     server = FakeOpenAI()
     model = _chat_openai(server.transport).bind_tools([lookup])
-
-    @task
-    def call_model(messages: list[BaseMessage]) -> AIMessage:
-        return model.invoke(messages)  # type: ignore[return-value]
-
-    @task
-    def run_tool(call: Any) -> ToolMessage:
-        return lookup.invoke({**call, "type": "tool_call"})  # type: ignore[no-any-return]
-
-    @entrypoint()
-    def agent(question: str) -> AIMessage:
-        messages: list[BaseMessage] = [HumanMessage(question)]
-        reply = call_model(messages).result()
-        while reply.tool_calls:
-            messages = [*messages, reply, *[run_tool(c).result() for c in reply.tool_calls]]
-            reply = call_model(messages).result()
-        return reply
-
     config = TaggingConfig(adapter_raise_errors=True, routing_granularity="fanout")
-    app = with_agentspec(agent, config=config, engine=URL)
+    app = with_agentspec(_openai_agent(model, []), config=config, engine=URL)
     app.invoke("q")
     keys = [h["x-session-id"] for h in server.headers]
     assert len(keys) == 2

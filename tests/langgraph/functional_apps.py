@@ -45,6 +45,16 @@ def call_tool(call: Any) -> ToolMessage:
     return ToolMessage(content=f"res {call['args']['who']}", tool_call_id=call["id"])
 
 
+def model_task(model: Any) -> Any:
+    """A ``@task`` named ``call_model`` that invokes ``model`` on its messages."""
+
+    @task
+    def call_model(messages: list[BaseMessage]) -> AIMessage:
+        return model.invoke(messages)  # type: ignore[no-any-return]
+
+    return call_model
+
+
 def react_agent(call_model: Any, checkpointer: Any = None) -> Any:
     """A functional ReAct agent: ``call_model`` tasks one after another, each prompt
     carrying every reply before it."""

@@ -46,6 +46,7 @@ from .functional_apps import (
     Script,
     call_tool,
     handler_of,
+    model_task,
     react_agent,
     react_script,
     react_subgraph,
@@ -224,9 +225,7 @@ def test_a_resumed_call_answered_from_the_model_cache_keeps_the_rounds() -> None
 def test_a_loop_longer_than_the_tables_keeps_counting_rounds() -> None:
     model = ScriptedChatModel(script=react_script(260))
 
-    @task
-    def call_model(messages: list[BaseMessage]) -> AIMessage:
-        return model.invoke(messages)  # type: ignore[return-value]
+    call_model = model_task(model)
 
     app = with_agentspec(react_agent(call_model), config=STRICT)
     assert app.invoke("q").content == "final q"
@@ -261,9 +260,7 @@ def test_a_prompt_carrying_a_planners_and_its_own_replies() -> None:
     def plan(question: str) -> AIMessage:
         return model.invoke([HumanMessage(f"plan {question}")])  # type: ignore[return-value]
 
-    @task
-    def call_model(messages: list[BaseMessage]) -> AIMessage:
-        return model.invoke(messages)  # type: ignore[return-value]
+    call_model = model_task(model)
 
     @entrypoint()
     def flow(question: str) -> AIMessage:
@@ -292,9 +289,7 @@ def test_tasks_called_from_a_task_count_rounds() -> None:
     """Legal in this LangGraph: an inner task's namespace is nested in the outer one's."""
     model = ScriptedChatModel(script=react_script(2))
 
-    @task
-    def call_model(messages: list[BaseMessage]) -> AIMessage:
-        return model.invoke(messages)  # type: ignore[return-value]
+    call_model = model_task(model)
 
     @task
     def run_agent(question: str) -> str:
@@ -325,9 +320,7 @@ def test_a_task_called_in_a_state_graph_node() -> None:
     steps of the graph is another position each step (round 0)."""
     model = ScriptedChatModel(script=react_script(2))
 
-    @task
-    def call_model(messages: list[BaseMessage]) -> AIMessage:
-        return model.invoke(messages)  # type: ignore[return-value]
+    call_model = model_task(model)
 
     def looping(state: MessagesState) -> dict[str, Any]:
         messages: list[BaseMessage] = list(state["messages"])
@@ -527,9 +520,7 @@ def test_a_loops_turns_are_never_issued_together(tmp_path: Path) -> None:
     path = tmp_path / "calls.jsonl"
     model = ScriptedChatModel(script=react_script(3))
 
-    @task
-    def call_model(messages: list[BaseMessage]) -> AIMessage:
-        return model.invoke(messages)  # type: ignore[return-value]
+    call_model = model_task(model)
 
     config = TaggingConfig(adapter_raise_errors=True, trace_path=path)
     app = with_agentspec(react_agent(call_model), config=config)
@@ -561,9 +552,7 @@ def test_side_by_side_agents_turns_issued_together_ran_together(tmp_path: Path) 
     clock = _Clock(react_script(1))
     model = ScriptedChatModel(script=clock)
 
-    @task
-    def call_model(messages: list[BaseMessage]) -> AIMessage:
-        return model.invoke(messages)  # type: ignore[return-value]
+    call_model = model_task(model)
 
     @task
     def slow_for_b(call: Any) -> ToolMessage:
@@ -618,9 +607,7 @@ def test_a_rerun_call_is_not_issued_with_the_call_before_it(how: str, tmp_path: 
 def test_concurrent_invocations_of_a_checkpointed_loop(threads: str) -> None:
     model = ScriptedChatModel(script=react_script(3, delay=0.01))
 
-    @task
-    def call_model(messages: list[BaseMessage]) -> AIMessage:
-        return model.invoke(messages)  # type: ignore[return-value]
+    call_model = model_task(model)
 
     app = with_agentspec(react_agent(call_model, InMemorySaver()), config=STRICT)
 

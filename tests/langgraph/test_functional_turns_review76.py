@@ -42,6 +42,7 @@ from .functional_apps import (
     Overlap,
     call_tool,
     handler_of,
+    model_task,
     react_agent,
     react_script,
     react_subgraph,
@@ -314,9 +315,7 @@ def test_responses_api_siblings_with_reused_ids_stay_a_fanout() -> None:
 def test_interrupts_resumes_and_a_reinvocation_of_the_thread() -> None:
     model = ScriptedChatModel(script=react_script(3))
 
-    @task
-    def call_model(messages: list[BaseMessage]) -> AIMessage:
-        return model.invoke(messages)  # type: ignore[return-value]
+    call_model = model_task(model)
 
     @task
     def approved_tool(call: Any) -> ToolMessage:
@@ -364,9 +363,7 @@ def test_interrupts_resumes_and_a_reinvocation_of_the_thread() -> None:
 def test_a_loop_in_a_nested_entrypoint_run_by_a_task() -> None:
     model = ScriptedChatModel(script=react_script(2))
 
-    @task
-    def call_model(messages: list[BaseMessage]) -> AIMessage:
-        return model.invoke(messages)  # type: ignore[return-value]
+    call_model = model_task(model)
 
     inner = react_agent(call_model)
 
@@ -445,9 +442,7 @@ def test_send_fanout_of_react_subgraphs_is_unchanged() -> None:
 def test_concurrent_invocations_keep_their_turns_apart(thread_id: str | None) -> None:
     model = ScriptedChatModel(script=react_script(3, delay=0.01))
 
-    @task
-    def call_model(messages: list[BaseMessage]) -> AIMessage:
-        return model.invoke(messages)  # type: ignore[return-value]
+    call_model = model_task(model)
 
     app = with_agentspec(react_agent(call_model), config=STRICT)
     config: Any = {"configurable": {"thread_id": thread_id}} if thread_id else None
@@ -541,9 +536,7 @@ def test_a_debate_round_is_not_one_debaters_chain_of_repeats() -> None:
 def test_parallel_functional_agents_later_turns_are_a_fanout() -> None:
     model = ScriptedChatModel(script=react_script(2, delay=0.02))
 
-    @task
-    def call_model(messages: list[BaseMessage]) -> AIMessage:
-        return model.invoke(messages)  # type: ignore[return-value]
+    call_model = model_task(model)
 
     inner = react_agent(call_model)
 

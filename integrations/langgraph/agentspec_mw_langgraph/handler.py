@@ -1338,16 +1338,21 @@ class AgentSpecCallbackHandler(BaseCallbackHandler):
                     gen = first[0] if first else None
                     message = getattr(gen, "message", None)
                     calls = has_tool_calls(message)  # invalid ones too: still a call
+                    # a functional @task call's reply, for the rounds (only those: the
+                    # digest is not made for other calls)
                     mine = query.calls_round.get(call.call_id) if query is not None else None
-                    turn = mine[0] if mine is not None else None
-                    key = _reply_key(message) if isinstance(message, BaseMessage) else None
-                    if query is not None and turn is not None and key is not None:
+                    key = (
+                        _reply_key(message)
+                        if mine is not None and isinstance(message, BaseMessage)
+                        else None
+                    )
+                    if query is not None and mine is not None and key is not None:
                         # a reply another task run gave too (a cached answer, a model
                         # that sets ids) is ambiguous: "" matches no call; a re-run of
                         # the same task (a resume, a retry) keeps it
                         known = query.replies.get(key)
                         other = query.calls_round.get(known) if known else None
-                        same = known is None or (other is not None and other[0].run == turn.run)
+                        same = known is None or (other is not None and other[0].run == mine[0].run)
                         _remember(query.replies, key, call.call_id if same else "")
                     call.actual_segment = derive.actual_segment(call.segment, calls)
                     if live.after_tool and query is not None:
